@@ -1,0 +1,63 @@
+"""The prepared-data folder (WS/data): the contract between `prepare` and everything after it.
+
+    WS/data/dataset/      a `datasets` save_to_disk folder, one row per sample:
+                          input_ids (list[int]), loss_mask (list[int], 1 on assistant tokens),
+                          messages (str, JSON of the rendered conversation)
+    WS/data/prepare.json  source, target identity, template hash, counts, tokens
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdraft.errors import SpecdraftError
+from specdraft.io import read_json, write_json
+
+META = "prepare.json"
+DATASET = "dataset"
+
+
+def save_prepared(out: str | Path, rows: dict[str, list], meta: dict) -> None:
+    """Write rows (columns input_ids, loss_mask, messages) then prepare.json last: a folder
+    without prepare.json is an unfinished prepare and is never read."""
+    import datasets
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta_path = out / META
+    if meta_path.exists():
+        meta_path.unlink()
+    ds = datasets.Dataset.from_dict(rows)
+    tmp = out / (DATASET + ".tmp")
+    if tmp.exists():
+        import shutil
+        shutil.rmtree(tmp)
+    ds.save_to_disk(str(tmp))
+    final = out / DATASET
+    if final.exists():
+        import shutil
+        shutil.rmtree(final)
+    tmp.rename(final)
+    write_json(meta_path, meta)
+
+
+def load_prepared(path: str | Path):
+    """Return (datasets.Dataset, meta dict) or fail with one line naming the folder."""
+    import datasets
+
+    path = Path(path)
+    if not path.exists():
+        raise SpecdraftError(f"{path}: prepared data folder not found; run `specdraft prepare --out {path}` first")
+    if not path.is_dir():
+        raise SpecdraftError(f"{path}: expected the folder written by `specdraft prepare`, got a file")
+    if not (path / META).exists():
+        raise SpecdraftError(f"{path}: no {META} (prepare did not finish); re-run `specdraft prepare`")
+    meta = read_json(path / META, "prepare.json")
+    try:
+        ds = datasets.load_from_disk(str(path / DATASET))
+    except (FileNotFoundError, ValueError) as e:
+        raise SpecdraftError(f"{path / DATASET}: unreadable dataset ({e}); re-run `specdraft prepare`") from None
+    for col in ("input_ids", "loss_mask"):
+        if col not in ds.column_names:
+            raise SpecdraftError(f"{path / DATASET}: missing column '{col}'; re-run `specdraft prepare`")
+    return ds, meta

@@ -1,0 +1,83 @@
+"""Small file helpers shared by every stage: atomic writes, json, hashing."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from specdraft.errors import SpecdraftError
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; on success fsync and rename it over `path`.
+
+    A reader never sees a half-written file: either the old file or the new one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: str | os.PathLike, what: str = "file") -> Any:
+    path = Path(path)
+    if not path.exists():
+        raise SpecdraftError(f"{path}: {what} not found")
+    if path.is_dir():
+        raise SpecdraftError(f"{path}: is a directory, expected a JSON {what}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpecdraftError(f"{path}: not valid JSON ({e}); re-create the {what}") from None
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def ensure_writable_dir(path: str | os.PathLike) -> Path:
+    """Create `path` (and parents) or fail with one line saying why."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise SpecdraftError(f"{path}: exists and is not a directory; pass a folder for --out")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecdraftError(f"{path}: cannot create output folder ({e.strerror})") from None
+    if not os.access(path, os.W_OK):
+        raise SpecdraftError(f"{path}: output folder is not writable; choose another --out")
+    return path

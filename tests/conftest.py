@@ -1,0 +1,21 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+# Keep tests off the user's cache and off any network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory) -> Path:
+    """A tiny random Llama (8 layers, H=64) + byte-level ChatML tokenizer as an HF folder."""
+    from specdraft.testing import save_tiny_target
+
+    return save_tiny_target(tmp_path_factory.mktemp("tiny") / "target")
