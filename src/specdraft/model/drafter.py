@@ -1,0 +1,182 @@
+"""The EAGLE-3 drafter: fc over three aux hidden states, one Llama decoder layer whose attention
+takes [embed(token); hidden] (2H wide), a final norm, and an lm_head over the draft vocab.
+
+    aux [B,T,3H] --fc--> h [B,T,H]
+    x = cat(input_layernorm(embed(tok)), hidden_norm(h))          [B,T,2H]
+    h = residual + attn(x)        residual = h (or hidden_norm(h) with norm_before_residual)
+    h = h + mlp(post_attention_layernorm(h))                      -> hidden_out (pre-norm) [B,T,H]
+    logits = lm_head(norm(hidden_out))                            [B,T,draft_vocab]
+
+Attention keeps its keys/values in a `KVCache` that simply grows: training-time test (TTT) appends
+one block of T keys per unrolled step and passes an explicit boolean mask (see `ttt_mask`), and
+speculative generation appends the accepted/drafted tokens and crops on rejection. One code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
+                                                      apply_rotary_pos_emb, repeat_kv)
+
+from specdraft.model.config import DrafterConfig
+
+
+@dataclass
+class KVCache:
+    """Keys/values seen so far: [B, kv_heads, S, head_dim]. `crop(n)` drops everything after n."""
+
+    key: torch.Tensor | None = None
+    value: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.key = k if self.key is None else torch.cat([self.key, k], dim=2)
+        self.value = v if self.value is None else torch.cat([self.value, v], dim=2)
+        return self.key, self.value
+
+    def __len__(self) -> int:
+        return 0 if self.key is None else self.key.shape[2]
+
+    def crop(self, n: int) -> None:
+        if self.key is not None:
+            self.key, self.value = self.key[:, :, :n], self.value[:, :, :n]
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        H, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.q_proj = nn.Linear(2 * H, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * H, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * H, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, H, bias=False)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)    # [B,nh,T,hd]
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)   # [B,nkv,T,hd]
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k_all, v_all = cache.append(k, v)                                    # [B,nkv,S+T,hd]
+        groups = self.nh // self.nkv
+        out = F.scaled_dot_product_attention(q, repeat_kv(k_all, groups), repeat_kv(v_all, groups),
+                                             attn_mask=mask)               # mask [B|1,1,T,S+T] bool
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+
+
+class DrafterLayer(nn.Module):
+    """Names match speculators/vLLM (`layers.0.*`): input_layernorm, hidden_norm, self_attn, mlp."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        H = cfg.hidden_size
+        self.norm_before_residual = cfg.norm_before_residual
+        self.input_layernorm = LlamaRMSNorm(H, cfg.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(H, cfg.rms_norm_eps)
+        self.self_attn = DrafterAttention(cfg)
+        self.post_attention_layernorm = LlamaRMSNorm(H, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg.llama_config())
+
+    def forward(self, embeds, hidden, cos, sin, mask, cache):
+        normed_hidden = self.hidden_norm(hidden)
+        residual = normed_hidden if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed_hidden], dim=-1)  # [B,T,2H]
+        h = residual + self.self_attn(x, cos, sin, mask, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        H = cfg.hidden_size
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
+        self.fc = nn.Linear(3 * H, H, bias=False)
+        self.layers = nn.ModuleList([DrafterLayer(cfg)])
+        self.norm = LlamaRMSNorm(H, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(cfg.llama_config())
+        # target_id = draft_id + d2t[draft_id]; t2d[target_id] is True for the draft vocab
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        if cfg.tie_embeddings_to_target:
+            self.embed_tokens.weight.requires_grad_(False)
+
+    def combine_aux(self, aux: torch.Tensor) -> torch.Tensor:
+        """aux [B,T,3,H] or [B,T,3H] -> fc -> [B,T,H]."""
+        return self.fc(aux.flatten(-2) if aux.dim() == 4 else aux)
+
+    def forward(self, input_ids, hidden, position_ids, mask, cache: KVCache):
+        """One drafter pass: tokens [B,T] + hidden [B,T,H] -> (logits [B,T,Vd], hidden_out [B,T,H]).
+
+        `hidden` is fc(aux) at step 0 and the previous step's hidden_out afterwards; `hidden_out` is
+        pre-norm (what vLLM feeds back) unless config.norm_output.
+        """
+        embeds = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(hidden, position_ids)
+        out = self.layers[0](embeds.to(hidden.dtype), hidden, cos, sin, mask, cache)
+        normed = self.norm(out)
+        logits = self.lm_head(normed)
+        return logits, (normed if self.config.norm_output else out)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    @torch.no_grad()
+    def init_from_target(self, target_model, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        """Copy the target's embeddings (frozen) and start lm_head from the target's rows for the
+        draft tokens, so a fresh drafter already speaks the target's output space."""
+        self.embed_tokens.weight.copy_(target_model.get_input_embeddings().weight.float())
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+        draft_to_target = torch.arange(len(d2t)) + d2t
+        self.lm_head.weight.copy_(target_model.get_output_embeddings().weight[draft_to_target].float())
+        self.norm.weight.copy_(target_model.model.norm.weight.float())
+
+
+def causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """[B,T] document ids (-1 = padding) -> bool [B,1,T,T]: query i sees key j <= i of its own document."""
+    T = doc_ids.shape[1]
+    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]                      # [B,T,T]
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
+    mask = same_doc & causal
+    mask |= torch.eye(T, dtype=torch.bool, device=doc_ids.device)            # padding sees itself: no NaN rows
+    return mask[:, None]
+
+
+def ttt_mask(doc_ids: torch.Tensor, step: int) -> torch.Tensor:
+    """Mask for TTT step `step` over the keys of steps 0..step, [B,1,T,(step+1)*T].
+
+    Query i sees the causal prefix of step 0 (keys j <= i, same document) plus key i of every
+    step 1..step (one diagonal per step, its own included).
+    """
+    T = doc_ids.shape[1]
+    eye = torch.eye(T, dtype=torch.bool, device=doc_ids.device).expand(doc_ids.shape[0], 1, T, T)
+    return torch.cat([causal_mask(doc_ids)] + [eye] * step, dim=-1)
+
+
+def save_drafter(model: Eagle3Drafter, folder, layout: str = "speculators") -> None:
+    from specdraft.formats import save_checkpoint
+
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()
+               if not k.startswith("rotary_emb")}
+    save_checkpoint(folder, tensors, model.config, layout=layout)
+
+
+def load_drafter(folder, dtype: torch.dtype = torch.float32) -> Eagle3Drafter:
+    from specdraft.formats import load_checkpoint
+
+    tensors, cfg, _layout = load_checkpoint(folder)
+    model = Eagle3Drafter(cfg)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in missing if not k.startswith("rotary_emb")]
+    if missing or unexpected:
+        from specdraft.errors import SpecdraftError
+        raise SpecdraftError(f"{folder}: checkpoint tensors do not match the drafter "
+                             f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+    return model.to(dtype).eval()
