@@ -1,0 +1,221 @@
+"""Drafter checkpoints on disk: our layout (speculators, which vLLM serves directly), the
+SGLang layout, and the official EAGLE-3 repo layout; export and import between them.
+
+Everything here works on (tensors dict with canonical names, DrafterConfig); the nn.Module lives
+in specdraft.model.drafter. Canonical names are the speculators ones (`layers.0.*`), see
+formats.validate.REQUIRED / OPTIONAL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.formats import sglang, speculators
+from specdraft.formats.eagle import WEIGHT_FILES, read_weights, weights_file
+from specdraft.formats.validate import validate
+from specdraft.io import fsync_dir, read_json
+from specdraft.model.config import DrafterConfig
+from specdraft.vocab import t2d_from_d2t
+
+LAYOUTS = ("speculators", "sglang")           # what we write
+DETECTED = ("speculators", "sglang", "eagle")  # what we read ("eagle": .bin from the official repo)
+IGNORED_KEYS = ("verifier_norm.weight", "verifier_lm_head.weight")  # older speculators saves
+
+
+def dtype_name(tensors: dict[str, torch.Tensor]) -> str:
+    t = tensors.get("fc.weight", tensors.get("lm_head.weight"))
+    return str(t.dtype).removeprefix("torch.") if t is not None else "float32"
+
+
+def verifier_architectures(verifier: str) -> list[str]:
+    """The verifier's architectures when it is a local folder; [] otherwise (no network here)."""
+    if verifier and (Path(verifier) / "config.json").is_file():
+        try:
+            return list(read_json(Path(verifier) / "config.json").get("architectures") or [])
+        except SpecdraftError:
+            return []
+    return []
+
+
+def _plain_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU, contiguous, no shared storage (safetensors refuses aliasing tensors)."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in tensors.items():
+        v = v.detach().cpu().contiguous()
+        ptr = v.untyped_storage().data_ptr()
+        if ptr in seen:
+            v = v.clone()
+        seen.add(v.untyped_storage().data_ptr())
+        out[k] = v
+    return out
+
+
+def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> None:
+    """Write everything into a temp sibling, fsync, then swap it in: a failure leaves `folder` as it was."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise SpecdraftError(f"{folder}: exists and is not a folder; choose another --out")
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / "config.json").exists():
+        raise SpecdraftError(f"{folder}: not empty and not a checkpoint; refusing to replace it, "
+                             "choose an empty or new --out")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    old = None
+    try:
+        write(tmp)
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb+") as fh:
+                    os.fsync(fh.fileno())
+        fsync_dir(tmp)
+        if folder.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".old", dir=folder.parent))
+            os.replace(folder, old / folder.name)
+        os.replace(tmp, folder)
+        fsync_dir(folder.parent)
+    except BaseException:
+        if old is not None and not folder.exists():
+            os.replace(old / folder.name, folder)  # put the previous checkpoint back
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def save_checkpoint(folder: str | Path, tensors: dict[str, torch.Tensor], cfg: DrafterConfig,
+                    layout: str = "speculators", speculative_tokens: int = 3,
+                    extra_files: dict[str, Callable[[Path], None]] | None = None) -> Path:
+    """Write a drafter checkpoint folder (config.json + model.safetensors), atomically.
+
+    `tensors` use canonical names; `extra_files` maps a file name to a function that writes it
+    (e.g. optimizer state), so it lands inside the same atomic swap."""
+    from safetensors.torch import save_file
+
+    from specdraft.io import write_json
+
+    folder = Path(folder)
+    if layout not in LAYOUTS:
+        raise SpecdraftError(f"--format {layout}: unknown; choose one of {', '.join(LAYOUTS)}")
+    tensors = _plain_tensors(tensors)
+    validate(tensors, cfg, str(folder))
+    dtype = dtype_name(tensors)
+    if layout == "speculators":
+        config = speculators.build_config(cfg, dtype, speculative_tokens, verifier_architectures(cfg.verifier))
+        on_disk = tensors
+    else:
+        config = sglang.build_config(cfg, dtype, str(folder))
+        on_disk = sglang.to_sglang_names(tensors)
+
+    def write(tmp: Path) -> None:
+        save_file(on_disk, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_json(tmp / "config.json", config)
+        for name, writer in (extra_files or {}).items():
+            writer(tmp / name)
+
+    _write_folder_atomically(folder, write)
+    return folder
+
+
+def detect_layout(folder: Path, config: dict | None = None) -> str:
+    """'speculators', 'sglang' or 'eagle', or fail listing what was looked for."""
+    looked_for = ("config.json with speculators_model_type 'eagle3' (speculators/vLLM), or with "
+                  "architectures ['LlamaForCausalLMEagle3'] (SGLang / EAGLE-3), plus "
+                  + " or ".join(WEIGHT_FILES))
+    if not folder.is_dir():
+        raise SpecdraftError(f"{folder}: not a folder; expected a drafter checkpoint ({looked_for})")
+    if config is None:
+        if not (folder / "config.json").exists():
+            raise SpecdraftError(f"{folder}: unknown checkpoint layout: no config.json; looked for {looked_for}")
+        config = read_json(folder / "config.json", "drafter config")
+    weights = weights_file(folder)
+    if weights is None:
+        raise SpecdraftError(f"{folder}: unknown checkpoint layout: no weights; looked for {looked_for}")
+    if "speculators_model_type" in config:
+        if config["speculators_model_type"] != speculators.MODEL_TYPE:
+            raise SpecdraftError(f"{folder}: speculators_model_type {config['speculators_model_type']!r} is not "
+                                 "supported; only 'eagle3' drafters")
+        return "speculators"
+    if sglang.ARCHITECTURE in (config.get("architectures") or []):
+        return "eagle" if weights.name == "pytorch_model.bin" else "sglang"
+    raise SpecdraftError(f"{folder}: unknown checkpoint layout (architectures {config.get('architectures')}); "
+                         f"looked for {looked_for}")
+
+
+def load_checkpoint(folder: str | Path) -> tuple[dict[str, torch.Tensor], DrafterConfig, str]:
+    """Read any supported layout -> (tensors with canonical names, DrafterConfig, layout)."""
+    folder = Path(folder)
+    config = read_json(folder / "config.json", "drafter config") if (folder / "config.json").is_file() else None
+    layout = detect_layout(folder, config)
+    tensors = read_weights(folder)
+    for k in IGNORED_KEYS:
+        tensors.pop(k, None)
+    where = str(folder)
+    if layout == "speculators":
+        cfg = speculators.parse_config(config, where)
+    else:
+        tensors = sglang.to_canonical_names(tensors)
+        lm_head = tensors.get("lm_head.weight")
+        cfg = sglang.parse_config(config, where, None if lm_head is None else lm_head.shape[0])
+    if "d2t" in tensors:
+        tensors["d2t"] = tensors["d2t"].to(torch.long)
+        if "t2d" in tensors:
+            tensors["t2d"] = tensors["t2d"].to(torch.bool)
+        elif tensors["d2t"].numel() != cfg.vocab_size:
+            from specdraft.vocab import check_mapping
+            check_mapping(tensors["d2t"], None, where, cfg.vocab_size)
+            tensors["t2d"] = t2d_from_d2t(tensors["d2t"], cfg.vocab_size)
+    validate(tensors, cfg, where)
+    return tensors, cfg, layout
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder, or a run folder: its best/ checkpoint, else the newest checkpoints/epoch-N/."""
+    path = Path(path)
+    if not path.exists():
+        raise SpecdraftError(f"{path}: not found; pass a checkpoint folder or a run folder WS/runs/NAME")
+    if (path / "config.json").is_file():
+        return path
+    if (path / "best" / "config.json").is_file():
+        return path / "best"
+    epochs = []
+    for d in (path / "checkpoints").glob("epoch-*"):
+        m = re.fullmatch(r"epoch-(\d+)", d.name)
+        if m and (d / "config.json").is_file():
+            epochs.append((int(m.group(1)), d))
+    if epochs:
+        return max(epochs)[1]
+    raise SpecdraftError(f"{path}: no checkpoint found (looked for {path}/config.json, {path}/best/, "
+                         f"{path}/checkpoints/epoch-N/)")
+
+
+def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: int = 3) -> dict:
+    """Re-write a checkpoint (or a run's best/newest one) in a serving engine's layout."""
+    ckpt = resolve_checkpoint(src)
+    out = Path(out)
+    if out.resolve() == ckpt.resolve():
+        raise SpecdraftError(f"--out {out}: is the source checkpoint; choose another folder")
+    tensors, cfg, src_layout = load_checkpoint(ckpt)
+    save_checkpoint(out, tensors, cfg, layout=layout, speculative_tokens=speculative_tokens)
+    return {"source": str(ckpt), "source_layout": src_layout, "layout": layout, "out": str(out),
+            "tensors": len(tensors), "has_embed_tokens": "embed_tokens.weight" in tensors}
+
+
+def import_checkpoint(src: str | Path, out: str | Path) -> dict:
+    """Any supported layout -> ours (speculators)."""
+    src, out = Path(src), Path(out)
+    if out.exists() and out.resolve() == src.resolve():
+        raise SpecdraftError(f"--out {out}: is the source checkpoint; choose another folder")
+    tensors, cfg, layout = load_checkpoint(src)
+    save_checkpoint(out, tensors, cfg, layout="speculators")
+    return {"source": str(src), "source_layout": layout, "out": str(out), "tensors": len(tensors),
+            "has_embed_tokens": "embed_tokens.weight" in tensors, "aux_layer_ids": list(cfg.aux_layer_ids)}

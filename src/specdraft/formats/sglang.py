@@ -1,0 +1,58 @@
+"""The SGLang / official EAGLE-3 layout: a plain Llama config.json with
+`architectures: ["LlamaForCausalLMEagle3"]` and `draft_vocab_size`, tensors named `midlayer.*`
+instead of `layers.0.*` (fc, norm, lm_head, embed_tokens, d2t, t2d unchanged).
+
+Aux layer ids: SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` and captures layer
+id+1's input ("the output of layer i"), so it stores OUR id - 1 there. vLLM reads the
+top-level `eagle_aux_hidden_state_layer_ids` with our meaning, so both are written."""
+
+from __future__ import annotations
+
+from specdraft.errors import SpecdraftError
+from specdraft.formats.speculators import FORMAT_VERSION, drafter_config_from_llama, llama_layer_dict
+from specdraft.model.config import DrafterConfig
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+OURS, THEIRS = "layers.0.", "midlayer."
+
+
+def to_sglang_names(tensors: dict) -> dict:
+    return {(THEIRS + k[len(OURS):] if k.startswith(OURS) else k): v for k, v in tensors.items()}
+
+
+def to_canonical_names(tensors: dict) -> dict:
+    return {(OURS + k[len(THEIRS):] if k.startswith(THEIRS) else k): v for k, v in tensors.items()}
+
+
+def build_config(cfg: DrafterConfig, dtype: str, where: str) -> dict:
+    if cfg.norm_before_residual:
+        raise SpecdraftError(f"{where}: the drafter uses norm_before_residual, which SGLang's "
+                             "LlamaForCausalLMEagle3 does not implement; export --format speculators (vLLM)")
+    if cfg.norm_output:
+        raise SpecdraftError(f"{where}: the drafter uses norm_output (post-norm hidden fed back), which SGLang "
+                             "does not implement; export --format speculators (vLLM)")
+    config = llama_layer_dict(cfg, dtype)
+    config.update({"architectures": [ARCHITECTURE], "draft_vocab_size": cfg.draft_vocab_size,
+                   "tie_word_embeddings": False, "norm_before_residual": False,
+                   "specdraft": {"format_version": FORMAT_VERSION, "drafter_config": cfg.to_dict()}})
+    if cfg.aux_layer_ids:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.aux_layer_ids],
+                                  "use_aux_hidden_state": True}
+        config["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layer_ids)
+    return config
+
+
+def parse_config(config: dict, where: str, lm_head_rows: int | None) -> DrafterConfig:
+    block = config.get("specdraft") or {}
+    if block.get("drafter_config"):
+        return DrafterConfig.from_dict(block["drafter_config"])
+    eagle = config.get("eagle_config") or {}
+    if eagle.get("eagle_aux_hidden_state_layer_ids"):
+        aux = [i + 1 for i in eagle["eagle_aux_hidden_state_layer_ids"]]   # SGLang meaning -> ours
+    else:
+        aux = list(config.get("eagle_aux_hidden_state_layer_ids") or [])
+    draft_vocab = config.get("draft_vocab_size") or lm_head_rows or config.get("vocab_size")
+    return drafter_config_from_llama(
+        config, where, draft_vocab_size=int(draft_vocab), aux_layer_ids=aux,
+        norm_before_residual=bool(config.get("norm_before_residual", False)),
+        verifier="")  # EAGLE configs do not name the verifier

@@ -1,0 +1,82 @@
+"""Checks shared by export and import: the tensors agree with the config, the vocab mapping follows
+the offsets convention, the aux layers exist in the verifier. Each failure is one line naming
+the tensor or config key and the fix."""
+
+from __future__ import annotations
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.model.config import DrafterConfig
+from specdraft.vocab import check_mapping
+
+LAYER = "layers.0."
+REQUIRED = ["fc.weight",
+            *(f"{LAYER}self_attn.{p}_proj.weight" for p in ("q", "k", "v", "o")),
+            *(f"{LAYER}mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
+            *(f"{LAYER}{n}.weight" for n in ("input_layernorm", "post_attention_layernorm", "hidden_norm")),
+            "norm.weight", "lm_head.weight"]
+OPTIONAL = ["embed_tokens.weight", "d2t", "t2d"]  # embed_tokens: vLLM/SGLang share the target's when absent
+
+
+def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical (speculators) tensor names -> shapes implied by the config."""
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    q_out = cfg.num_attention_heads * cfg.head_dim
+    kv_out = cfg.num_key_value_heads * cfg.head_dim
+    n_aux = len(cfg.aux_layer_ids) or 3
+    return {
+        "embed_tokens.weight": (cfg.vocab_size, H),
+        "fc.weight": (H, n_aux * H),
+        f"{LAYER}self_attn.q_proj.weight": (q_out, 2 * H),
+        f"{LAYER}self_attn.k_proj.weight": (kv_out, 2 * H),
+        f"{LAYER}self_attn.v_proj.weight": (kv_out, 2 * H),
+        f"{LAYER}self_attn.o_proj.weight": (H, q_out),
+        f"{LAYER}mlp.gate_proj.weight": (I, H),
+        f"{LAYER}mlp.up_proj.weight": (I, H),
+        f"{LAYER}mlp.down_proj.weight": (H, I),
+        f"{LAYER}input_layernorm.weight": (H,),
+        f"{LAYER}post_attention_layernorm.weight": (H,),
+        f"{LAYER}hidden_norm.weight": (H,),
+        "norm.weight": (H,),
+        "lm_head.weight": (cfg.draft_vocab_size, H),
+        "d2t": (cfg.draft_vocab_size,),
+        "t2d": (cfg.vocab_size,),
+    }
+
+
+def validate(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, where: str) -> None:
+    """Fail on the first missing, unknown or misshapen tensor, a bad mapping or bad aux ids."""
+    shapes = expected_shapes(cfg)
+    missing = [k for k in REQUIRED if k not in tensors]
+    if missing:
+        raise SpecdraftError(f"{where}: missing tensor(s) {', '.join(missing)}; not a complete EAGLE-3 drafter")
+    unknown = sorted(k for k in tensors if k not in shapes)
+    if unknown:
+        raise SpecdraftError(f"{where}: unexpected tensor(s) {', '.join(unknown[:5])}; expected only "
+                             "the EAGLE-3 drafter tensors (one decoder layer)")
+    for name, t in tensors.items():
+        if tuple(t.shape) != shapes[name]:
+            raise SpecdraftError(f"{where}: tensor {name} has shape {list(t.shape)} but the config implies "
+                                 f"{list(shapes[name])} (hidden_size {cfg.hidden_size}, draft_vocab_size "
+                                 f"{cfg.draft_vocab_size}, vocab_size {cfg.vocab_size}); config and weights "
+                                 "disagree")
+    if "d2t" in tensors:
+        check_mapping(tensors["d2t"], tensors.get("t2d"), where, cfg.vocab_size)
+    elif cfg.draft_vocab_size != cfg.vocab_size:
+        raise SpecdraftError(f"{where}: no d2t tensor but draft_vocab_size {cfg.draft_vocab_size} != vocab_size "
+                             f"{cfg.vocab_size}; the draft-to-target mapping is required")
+    ids = list(cfg.aux_layer_ids)
+    if ids and len(ids) != 3:
+        raise SpecdraftError(f"{where}: eagle_aux_hidden_state_layer_ids {ids}: EAGLE-3 needs exactly 3")
+    if ids and cfg.target_num_layers:
+        bad = [i for i in ids if not 0 <= i < cfg.target_num_layers]
+        if bad:
+            raise SpecdraftError(f"{where}: aux layer id(s) {bad} outside the verifier's "
+                                 f"{cfg.target_num_layers} layers (valid 0..{cfg.target_num_layers - 1})")
+
+
+def require_keys(d: dict, keys: list[str], where: str, fix: str) -> None:
+    missing = [k for k in keys if d.get(k) is None]
+    if missing:
+        raise SpecdraftError(f"{where}: missing config key(s) {', '.join(missing)}; {fix}")
