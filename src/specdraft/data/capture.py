@@ -1,0 +1,339 @@
+"""`specdraft capture`: run the target over prepared data and store, per token, the residual
+stream entering the three aux layers and the last decoder layer's output before the final norm.
+
+Hooks instead of output_hidden_states: a pre-hook on decoder layer l sees exactly HF's
+hidden_states[l] (the residual stream after l layers, what vLLM feeds the drafter), and a forward
+hook on the last decoder layer sees its output before model.model.norm. We call the base model
+(model.model), never the CausalLM, so no [B, T, vocab] logits are computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from specdraft.data import store as st
+from specdraft.errors import SpecdraftError
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def sample_columns(ds) -> tuple[list[int], str, int]:
+    """Per-sample token counts, a fingerprint of input_ids + loss_mask (fast, via Arrow), and
+    the largest token id."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    table = ds.with_format("arrow")[0:len(ds)]
+    h = hashlib.sha256()
+    lengths, max_id = None, -1
+    for col in ("input_ids", "loss_mask"):
+        arr = table.column(col)
+        col_lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+        if lengths is None:
+            lengths = col_lengths
+        elif not np.array_equal(lengths, col_lengths):
+            row = int(np.nonzero(lengths != col_lengths)[0][0])
+            raise SpecdraftError(f"prepared data: row {row} has {lengths[row]} input_ids but "
+                                 f"{col_lengths[row]} loss_mask entries; re-run `specdraft prepare`")
+        values = pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+        if col == "input_ids" and len(values):
+            max_id = int(values.max())
+            if int(values.min()) < 0:
+                raise SpecdraftError("prepared data: negative token id in input_ids; re-run `specdraft prepare`")
+        h.update(col.encode())
+        h.update(col_lengths.tobytes())
+        h.update(values.tobytes())
+    lengths = [int(n) for n in lengths]
+    empty = [i for i, n in enumerate(lengths) if n == 0]
+    if empty:
+        raise SpecdraftError(f"prepared data: row {empty[0]} has no tokens; re-run `specdraft prepare`")
+    return lengths, h.hexdigest()[:32], max_id
+
+
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices grouped into padded batches of at most batch_tokens (rows x longest row):
+    longest first, so each batch holds samples of similar length and little padding."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+# ---------------------------------------------------------------------------- hooks
+
+
+def decoder_layers(model: torch.nn.Module):
+    """(base model without lm_head, its list of decoder layers)."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise SpecdraftError(f"{type(model).__name__}: no decoder `layers` list found; "
+                             "capture supports Llama-style decoder models")
+    return base, layers
+
+
+class Recorder:
+    """Forward hooks that copy, for each row of the running batch, its real (unpadded) tokens
+    straight into preallocated shard buffers, converting to the store dtype on the way."""
+
+    def __init__(self, layers, layer_ids: list[int]):
+        self.rows: list[tuple[int, int, int]] = []   # (batch row, first token in shard, length)
+        self.aux: torch.Tensor | None = None          # [shard tokens, 3, H]
+        self.last: torch.Tensor | None = None         # [shard tokens, H]
+        self.handles = []
+        for slot, lid in enumerate(layer_ids):
+            self.handles.append(layers[lid].register_forward_pre_hook(self._aux_hook(slot), with_kwargs=True))
+        self.handles.append(layers[-1].register_forward_hook(self._last_hook))
+
+    def _aux_hook(self, slot: int):
+        def hook(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]   # [B, T, H], input of layer l
+            for b, start, n in self.rows:
+                self.aux[start:start + n, slot].copy_(hidden[b, :n])
+        return hook
+
+    def _last_hook(self, module, args, output):
+        hidden = output[0] if isinstance(output, (tuple, list)) else output   # [B, T, H], pre-norm
+        for b, start, n in self.rows:
+            self.last[start:start + n].copy_(hidden[b, :n])
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+@contextmanager
+def recording(model, layer_ids: list[int]):
+    _, layers = decoder_layers(model)
+    rec = Recorder(layers, layer_ids)
+    try:
+        yield rec
+    finally:
+        rec.remove()
+
+
+def capture_samples(model, samples: list[list[int]], layer_ids: list[int], store_dtype: torch.dtype,
+                    batch_tokens: int, rec: Recorder, on_batch=None, first_index: int = 0):
+    """Forward `samples` (token id lists, kept in their order) in length-bucketed batches.
+
+    Returns aux [N, 3, H], last [N, H] in store_dtype and offsets [S+1], N = total tokens.
+    """
+    base, _ = decoder_layers(model)
+    H = model.config.hidden_size
+    lengths = [len(s) for s in samples]
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    total = int(offsets[-1])
+    rec.aux = torch.empty(total, 3, H, dtype=store_dtype)   # [N, 3, H]
+    rec.last = torch.empty(total, H, dtype=store_dtype)     # [N, H]
+    device = next(model.parameters()).device
+    for batch in length_batches(lengths, batch_tokens):
+        T = lengths[batch[0]]
+        ids = torch.zeros(len(batch), T, dtype=torch.long)           # [B, T], right-padded
+        mask = torch.zeros(len(batch), T, dtype=torch.long)
+        for b, i in enumerate(batch):
+            ids[b, :lengths[i]] = torch.tensor(samples[i])
+            mask[b, :lengths[i]] = 1
+        rec.rows = [(b, int(offsets[i]), lengths[i]) for b, i in enumerate(batch)]
+        padded = bool((mask == 0).any())
+        with torch.inference_mode():
+            base(input_ids=ids.to(device), attention_mask=mask.to(device) if padded else None, use_cache=False)
+        if on_batch is not None:
+            on_batch(sum(lengths[i] for i in batch))
+    rec.rows = []
+    check_finite(rec.aux, rec.last, offsets, layer_ids, first_index)
+    return rec.aux, rec.last, offsets
+
+
+def check_finite(aux, last, offsets, layer_ids, first_index: int) -> None:
+    """NaN/inf in a hidden state would poison training silently: name the sample instead."""
+    bad_aux = ~torch.isfinite(aux).all(dim=-1)    # [N, 3]
+    bad_last = ~torch.isfinite(last).all(dim=-1)  # [N]
+    bad = bad_aux.any(dim=-1) | bad_last
+    if not bad.any():
+        return
+    token = int(bad.nonzero()[0, 0])
+    sample = int(torch.searchsorted(offsets, torch.tensor(token), right=True)) - 1
+    where = [f"aux layer {layer_ids[k]}" for k in range(3) if bad_aux[token, k]]
+    where += ["last"] if bad_last[token] else []
+    raise SpecdraftError(f"sample {first_index + sample}: non-finite hidden states (NaN/inf) at token "
+                         f"{token - int(offsets[sample])} in {', '.join(where)}; the target overflows in this "
+                         "dtype: try --compute-dtype float32 or --dtype float32, or drop the sample")
+
+
+# ---------------------------------------------------------------------------- capture
+
+
+def _clean_temp_files(out: Path) -> None:
+    """Remove half-written temp files a killed capture may leave (atomic_path names them .NAME.*.tmp)."""
+    for p in out.glob(".*.tmp"):
+        if p.name.startswith((".shard-", f".{st.MANIFEST}.")):
+            p.unlink(missing_ok=True)
+
+
+def _resume_manifest(out: Path, want: dict) -> dict:
+    """The existing manifest cut back to its shards that are present and hash-correct, after
+    checking it was captured with the same target, layers, dtype, data and shard size."""
+    manifest = st.read_manifest(out)
+    have_t, want_t = manifest["target"], want["target"]
+    if have_t.get("fingerprint") != want_t.get("fingerprint"):
+        raise SpecdraftError(f"{out}: store was captured from {have_t.get('id')} (fingerprint "
+                             f"{have_t.get('fingerprint')}) but --model is {want_t.get('id')} (fingerprint "
+                             f"{want_t.get('fingerprint')}); pass the same --model or another --out")
+    for key, option in (("layer_ids", "--layers"), ("dtype", "--dtype"), ("hidden_size", "--model"),
+                        ("shard_tokens", "--shard-tokens"), ("compute_dtype", "--compute-dtype")):
+        if manifest.get(key) != want.get(key):
+            raise SpecdraftError(f"{out}: store has {key} {manifest.get(key)} but this capture would use "
+                                 f"{want.get(key)}; pass {option} {manifest.get(key)} or another --out")
+    if manifest.get("data", {}).get("fingerprint") != want["data"]["fingerprint"]:
+        raise SpecdraftError(f"{out}: store was captured from other prepared data than --data "
+                             f"{want['data']['path']}; pass the same --data or another --out")
+    good = []
+    for entry in manifest["shards"]:
+        path = st.safe_shard_path(out, entry["file"])
+        if not path.is_file() or st.sha256_file(path) != entry["sha256"]:
+            break
+        good.append(entry)
+    manifest["shards"] = good
+    manifest["num_samples"] = good[-1]["samples"][1] if good else 0
+    manifest["num_tokens"] = sum(e["num_tokens"] for e in good)
+    manifest["complete"] = False
+    return manifest
+
+
+def _check_disk(out: Path, tokens: int, hidden_size: int, dtype: str) -> None:
+    need = tokens * st.bytes_per_token(hidden_size, dtype)
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise SpecdraftError(f"{out}: not enough disk space: {tokens:,} tokens x 4 x {hidden_size} x "
+                             f"{st.STORE_DTYPES[dtype].itemsize} B needs {need / 1e9:.2f} GB but only "
+                             f"{free / 1e9:.2f} GB is free; free space, choose another --out, or use --limit "
+                             "at prepare time")
+
+
+def _progress():
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
+                               TimeRemainingColumn)
+    from rich.text import Text
+
+    class TokensPerSecond(ProgressColumn):
+        def render(self, task):
+            speed = task.finished_speed or task.speed
+            return Text(f"{speed:,.0f} tok/s" if speed else "- tok/s")
+
+    from rich.console import Console
+    return Progress(TextColumn("capture"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                    TokensPerSecond(), TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+
+
+def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | None = None,
+            dtype: str = "bfloat16", batch_tokens: int = 4096, shard_tokens: int = 65536,
+            resume: bool = False, trust_remote_code: bool = False, compute_dtype: str = "float32",
+            device: str = "cpu", target=None, progress: bool = True) -> dict:
+    """Capture the store for prepared `data` into `out`; returns the final manifest.
+
+    `target` may be an already loaded specdraft.targets.Target (benchmarks, online use).
+    """
+    from specdraft.data.prepared import load_prepared
+    from specdraft.io import ensure_writable_dir
+    from specdraft.targets import DTYPES, check_aux_layers, default_aux_layers, load_target
+
+    dtype = st.dtype_name(dtype)
+    if compute_dtype not in DTYPES:
+        raise SpecdraftError(f"--compute-dtype {compute_dtype}: use float32, bfloat16 or float16")
+    if batch_tokens <= 0:
+        raise SpecdraftError(f"--batch-tokens {batch_tokens}: must be positive")
+    if shard_tokens <= 0:
+        raise SpecdraftError(f"--shard-tokens {shard_tokens}: must be positive")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise SpecdraftError(f"{out}: exists and is not a directory; pass a folder for --out")
+    if out.is_dir() and any(out.iterdir()) and not resume:
+        raise SpecdraftError(f"{out}: already holds files (a previous capture?); pass --resume to continue "
+                             "it or choose another --out")
+
+    ds, meta = load_prepared(data)
+    lengths, data_fingerprint, max_id = sample_columns(ds)
+    if target is None:
+        target = load_target(model, dtype=compute_dtype, device=device, trust_remote_code=trust_remote_code)
+    prepared_for = meta.get("target") or {}
+    if prepared_for.get("fingerprint") and prepared_for["fingerprint"] != target.identity["fingerprint"]:
+        raise SpecdraftError(f"{data}: prepared for {prepared_for.get('id')} (fingerprint "
+                             f"{prepared_for['fingerprint']}) but --model is {target.name} (fingerprint "
+                             f"{target.identity['fingerprint']}); capture with the target the data was "
+                             "prepared for, or re-run prepare with this --model")
+    if max_id >= target.vocab_size:
+        raise SpecdraftError(f"{data}: token id {max_id} is outside the vocabulary of {target.name} "
+                             f"({target.vocab_size} tokens); the data was tokenized for another model")
+    L = target.num_layers
+    layer_ids = check_aux_layers(list(layers) if layers is not None else default_aux_layers(L), L)
+
+    want = st.new_manifest(target.identity, layer_ids, dtype, target.hidden_size, shard_tokens=shard_tokens,
+                           batch_tokens=batch_tokens, compute_dtype=str(DTYPES[compute_dtype]).removeprefix("torch."),
+                           data={"path": str(data), "fingerprint": data_fingerprint,
+                                 "num_samples": len(lengths), "num_tokens": sum(lengths)})
+    ensure_writable_dir(out)
+    if resume and (out / st.MANIFEST).exists():
+        _clean_temp_files(out)
+        manifest = _resume_manifest(out, want)
+        # The stored batch layout keeps resumed shards byte-identical to an uninterrupted run.
+        batch_tokens = int(manifest.get("batch_tokens", batch_tokens))
+    elif resume and any(p for p in out.iterdir() if not p.name.endswith(".tmp")):
+        raise SpecdraftError(f"{out}: has files but no {st.MANIFEST}, so there is nothing to resume; "
+                             "choose another --out or empty it")
+    else:
+        _clean_temp_files(out)
+        manifest = want
+
+    plan = st.plan_shards(lengths, shard_tokens)
+    writer = st.StoreWriter(out, manifest)
+    todo = plan[writer.next_shard:]
+    remaining = sum(lengths[writer.next_sample:])
+    _check_disk(out, remaining, target.hidden_size, dtype)
+
+    store_dtype = st.STORE_DTYPES[dtype]
+    bar = _progress() if progress else None
+    task = bar.add_task("capture", total=sum(lengths), completed=sum(lengths) - remaining) if bar else None
+    advance = (lambda n: bar.advance(task, n)) if bar else None
+    try:
+        if bar:
+            bar.start()
+        with recording(target.model, layer_ids) as rec:
+            for start, end in todo:
+                rows = ds[start:end]
+                aux, last, offsets = capture_samples(target.model, rows["input_ids"], layer_ids, store_dtype,
+                                                     batch_tokens, rec, on_batch=advance, first_index=start)
+                input_ids = torch.tensor([t for s in rows["input_ids"] for t in s], dtype=torch.int64)
+                loss_mask = torch.tensor([m for s in rows["loss_mask"] for m in s], dtype=torch.uint8)
+                writer.write_shard(aux, last, input_ids, loss_mask, offsets)
+                del aux, last
+    finally:
+        if bar:
+            bar.stop()
+    writer.save(complete=True)
+    return writer.manifest
+
+
+def verify_store(out: str | Path) -> dict:
+    """Re-hash every shard and open it; report counts or raise naming the bad shards."""
+    out = Path(out)
+    manifest = st.read_manifest(out)
+    st.verify_shards(out, manifest)
+    store = st.HiddenStore(out, allow_incomplete=True)
+    for k in range(len(store.shards)):
+        store._handle(k)   # opens each shard and checks its offsets against the manifest
+    if not manifest.get("complete", False):
+        raise SpecdraftError(f"{out}: the {len(manifest['shards'])} shards written so far are intact but "
+                             "the capture did not finish; re-run `specdraft capture --resume`")
+    return {"shards": len(manifest["shards"]), "samples": manifest["num_samples"],
+            "tokens": manifest["num_tokens"]}

@@ -1,0 +1,335 @@
+"""The hidden-state store (WS/hidden): what `capture` writes and `train` reads.
+
+    WS/hidden/manifest.json             format, target identity, layer ids, dtype, H, shards
+    WS/hidden/shard-00000.safetensors   many samples, token-major:
+        aux        [tokens, 3, H]  residual stream entering the 3 aux layers (bf16 | fp16 | fp32)
+        last       [tokens, H]     last decoder layer output, before the final norm
+        input_ids  [tokens]        int64 (int32 accepted)
+        loss_mask  [tokens]        uint8, 1 on trained (assistant) tokens
+        offsets    [samples + 1]   int64, sample k of the shard is tokens offsets[k]:offsets[k+1]
+
+Shards are written whole and atomically (temp file, fsync, rename) and the manifest is
+rewritten after each one, so a killed capture leaves only complete, hashed shards behind.
+Readers memory-map the shards (safetensors `safe_open`) and slice one sample at a time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.io import atomic_path, read_json, sha256_file, write_json
+
+FORMAT = "specdraft-hidden-store"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SHARD_NAME = re.compile(r"^shard-\d{5,}\.safetensors$")
+STORE_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+                "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+TENSORS = ("aux", "last", "input_ids", "loss_mask", "offsets")
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """Canonical name ('bfloat16', 'float16', 'float32') of a store dtype, or a one-line error."""
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
+    if dtype not in STORE_DTYPES:
+        raise SpecdraftError(f"--dtype {dtype}: unsupported; use bfloat16, float16 or float32")
+    return str(STORE_DTYPES[dtype]).removeprefix("torch.")
+
+
+def bytes_per_token(hidden_size: int, dtype: str | torch.dtype, ids_bytes: int = 8) -> int:
+    """Store bytes per token: 3 aux + last hidden states, plus the id and mask byte."""
+    return 4 * hidden_size * STORE_DTYPES[dtype_name(dtype)].itemsize + ids_bytes + 1
+
+
+def plan_shards(lengths: list[int], shard_tokens: int) -> list[tuple[int, int]]:
+    """Consecutive sample ranges [start, end) of at most ~shard_tokens tokens each.
+
+    Deterministic in (lengths, shard_tokens), which is what lets a resumed capture write
+    byte-identical shards. A sample longer than shard_tokens gets a shard of its own.
+    """
+    if shard_tokens <= 0:
+        raise SpecdraftError(f"--shard-tokens {shard_tokens}: must be positive")
+    ranges, start, tokens = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and tokens + n > shard_tokens:
+            ranges.append((start, i))
+            start, tokens = i, 0
+        tokens += n
+    if start < len(lengths):
+        ranges.append((start, len(lengths)))
+    return ranges
+
+
+# ---------------------------------------------------------------------------- manifest
+
+
+def safe_shard_path(root: Path, name: object) -> Path:
+    """A manifest shard entry is a plain file name inside the store; anything else is refused."""
+    if (not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", "..")
+            or Path(name).is_absolute() or Path(name).name != name):
+        raise SpecdraftError(f"{root / MANIFEST}: shard path {name!r} points outside the store; "
+                             "shard entries must be plain file names such as shard-00000.safetensors")
+    return root / name
+
+
+def read_manifest(root: str | Path) -> dict:
+    """Read and sanity-check manifest.json (fields, types, shard file names)."""
+    root = Path(root)
+    path = root / MANIFEST
+    if not root.is_dir():
+        raise SpecdraftError(f"{root}: hidden-state store not found; run `specdraft capture --out {root}`")
+    if not path.exists():
+        raise SpecdraftError(f"{path}: not found; {root} is not a finished hidden-state store "
+                             "(run `specdraft capture`, or --resume an interrupted one)")
+    manifest = read_json(path, "hidden-store manifest")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise SpecdraftError(f"{path}: not a specdraft hidden-store manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise SpecdraftError(f"{path}: format_version {manifest.get('format_version')} is not supported "
+                             f"(this specdraft reads {FORMAT_VERSION}); re-run capture")
+    for key in ("target", "layer_ids", "dtype", "hidden_size", "num_samples", "num_tokens", "shards"):
+        if key not in manifest:
+            raise SpecdraftError(f"{path}: missing field '{key}'; re-run capture")
+    dtype_name(manifest["dtype"])
+    expect = 0
+    for entry in manifest["shards"]:
+        if not isinstance(entry, dict) or not {"file", "samples", "num_tokens", "sha256"} <= entry.keys():
+            raise SpecdraftError(f"{path}: malformed shard entry {entry!r}; re-run capture")
+        safe_shard_path(root, entry["file"])
+        start, end = entry["samples"]
+        if start != expect or end < start:
+            raise SpecdraftError(f"{path}: shard {entry['file']} covers samples [{start}, {end}) but the "
+                                 f"previous shard ended at {expect}; re-run capture")
+        expect = end
+    return manifest
+
+
+def new_manifest(target: dict, layer_ids: list[int], dtype: str, hidden_size: int, **extra) -> dict:
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "target": dict(target),
+            "layer_ids": list(layer_ids), "dtype": dtype_name(dtype), "hidden_size": int(hidden_size),
+            "num_samples": 0, "num_tokens": 0, "complete": False, **extra, "shards": []}
+
+
+# ---------------------------------------------------------------------------- writer
+
+
+@dataclass
+class StoreWriter:
+    """Writes shards one at a time, each atomically, and the manifest after each.
+
+    `manifest` is the dict from `new_manifest` (or a resumed one truncated to its good shards).
+    """
+
+    root: Path
+    manifest: dict
+
+    def __post_init__(self):
+        self.root = Path(self.root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.dtype = STORE_DTYPES[self.manifest["dtype"]]
+        self.hidden_size = int(self.manifest["hidden_size"])
+
+    @property
+    def next_shard(self) -> int:
+        return len(self.manifest["shards"])
+
+    @property
+    def next_sample(self) -> int:
+        shards = self.manifest["shards"]
+        return shards[-1]["samples"][1] if shards else 0
+
+    def write_shard(self, aux: torch.Tensor, last: torch.Tensor, input_ids: torch.Tensor,
+                    loss_mask: torch.Tensor, offsets: torch.Tensor) -> dict:
+        """Write the next shard (samples next_sample.. next_sample + len(offsets) - 1)."""
+        from safetensors.torch import save_file
+
+        n, H = int(offsets[-1]), self.hidden_size
+        if aux.shape != (n, 3, H) or last.shape != (n, H) or input_ids.shape != (n,) or loss_mask.shape != (n,):
+            raise ValueError(f"shard tensors disagree: aux {tuple(aux.shape)}, last {tuple(last.shape)}, "
+                             f"input_ids {tuple(input_ids.shape)}, loss_mask {tuple(loss_mask.shape)}, {n} tokens")
+        start = self.next_sample
+        end = start + len(offsets) - 1
+        name = shard_name(self.next_shard)
+        tensors = {"aux": aux.to(self.dtype).contiguous(), "last": last.to(self.dtype).contiguous(),
+                   "input_ids": input_ids.contiguous(), "loss_mask": loss_mask.to(torch.uint8).contiguous(),
+                   "offsets": offsets.to(torch.int64).contiguous()}
+        # One metadata key: safetensors writes several in hash order, which would make
+        # otherwise identical shards (e.g. after a resume) differ byte-wise.
+        metadata = {"specdraft": json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION,
+                                             "samples": [start, end]}, sort_keys=True)}
+        with atomic_path(self.root / name) as tmp:
+            save_file(tensors, str(tmp), metadata=metadata)
+            digest = sha256_file(tmp)
+        entry = {"file": name, "samples": [start, end], "num_tokens": n, "sha256": digest}
+        self.manifest["shards"].append(entry)
+        self.manifest["num_samples"] = end
+        self.manifest["num_tokens"] += n
+        self.save()
+        return entry
+
+    def save(self, complete: bool | None = None) -> None:
+        if complete is not None:
+            self.manifest["complete"] = complete
+        write_json(self.root / MANIFEST, self.manifest)
+
+
+# ---------------------------------------------------------------------------- reader
+
+
+def open_shard(path: Path):
+    """safe_open a shard (memory-mapped), turning a truncated/corrupt file into one line."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise SpecdraftError(f"{path}: shard listed in the manifest is missing; re-run capture with --resume")
+    try:
+        handle = safe_open(str(path), framework="pt")
+        keys = set(handle.keys())
+    except Exception as e:  # safetensors raises its own error types for bad headers / short files
+        raise SpecdraftError(f"{path}: corrupt or truncated shard ({str(e).splitlines()[0]}); "
+                             "delete it and re-run capture with --resume") from None
+    missing = [k for k in TENSORS if k not in keys]
+    if missing:
+        raise SpecdraftError(f"{path}: not a hidden-store shard (missing {', '.join(missing)}); re-run capture")
+    return handle
+
+
+def verify_shards(root: str | Path, manifest: dict | None = None) -> None:
+    """Re-hash every shard; raise one error listing every shard whose sha256 does not match."""
+    root = Path(root)
+    manifest = manifest if manifest is not None else read_manifest(root)
+    bad, missing = [], []
+    for entry in manifest["shards"]:
+        path = safe_shard_path(root, entry["file"])
+        if not path.is_file():
+            missing.append(entry["file"])
+        elif sha256_file(path) != entry["sha256"]:
+            bad.append(entry["file"])
+    problems = []
+    if bad:
+        problems.append(f"sha256 mismatch in {', '.join(bad)} (corrupt or modified)")
+    if missing:
+        problems.append(f"missing {', '.join(missing)}")
+    if problems:
+        raise SpecdraftError(f"{root}: {'; '.join(problems)}; delete the bad shards and re-run "
+                             "`specdraft capture --resume` (it re-captures from the first bad shard)")
+
+
+class HiddenStore(torch.utils.data.Dataset):
+    """Random access to captured samples: store[i] -> dict(input_ids [T] long, loss_mask [T] uint8,
+    aux [T, 3, H], last [T, H]) read through memory-mapped safetensors, one sample at a time.
+
+    verify=True re-hashes every shard first (slow on big stores, but never trusts a bad one).
+    Shards open lazily per process, so DataLoader workers each map their own.
+    """
+
+    def __init__(self, path: str | Path, verify: bool = False, allow_incomplete: bool = False):
+        self.root = Path(path)
+        self.manifest = read_manifest(self.root)
+        if not self.manifest.get("complete", False) and not allow_incomplete:
+            raise SpecdraftError(f"{self.root}: capture did not finish ({len(self.manifest['shards'])} shards, "
+                                 f"{self.manifest['num_samples']} samples so far); "
+                                 "re-run `specdraft capture --resume` with the same --out")
+        if verify:
+            verify_shards(self.root, self.manifest)
+        self.shards = self.manifest["shards"]
+        self._starts = [s["samples"][0] for s in self.shards]
+        self._handles: dict[int, object] = {}
+        self._offsets: dict[int, list[int]] = {}
+
+    # -- metadata
+    def __len__(self) -> int:
+        return int(self.manifest["num_samples"])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.manifest["hidden_size"])
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return list(self.manifest["layer_ids"])
+
+    @property
+    def target(self) -> dict:
+        return dict(self.manifest["target"])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return STORE_DTYPES[self.manifest["dtype"]]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.manifest["num_tokens"])
+
+    @property
+    def sample_lengths(self) -> list[int]:
+        """Token count of every sample, in store order (reads only the small offsets tensors)."""
+        lengths: list[int] = []
+        for k in range(len(self.shards)):
+            off = self._shard_offsets(k)
+            lengths.extend(b - a for a, b in zip(off[:-1], off[1:]))
+        return lengths
+
+    # -- access
+    def _handle(self, k: int):
+        if k not in self._handles:
+            path = safe_shard_path(self.root, self.shards[k]["file"])
+            handle = open_shard(path)
+            off = handle.get_tensor("offsets").tolist()
+            start, end = self.shards[k]["samples"]
+            if len(off) != end - start + 1 or off[0] != 0 or off[-1] != self.shards[k]["num_tokens"]:
+                raise SpecdraftError(f"{path}: offsets disagree with the manifest (samples [{start}, {end}), "
+                                     f"{self.shards[k]['num_tokens']} tokens); re-run capture")
+            self._handles[k], self._offsets[k] = handle, off
+        return self._handles[k]
+
+    def _shard_offsets(self, k: int) -> list[int]:
+        self._handle(k)
+        return self._offsets[k]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"sample {i} out of range for a store of {len(self)} samples")
+        i = i % len(self)
+        k = bisect.bisect_right(self._starts, i) - 1
+        handle = self._handle(k)
+        j = i - self._starts[k]
+        a, b = self._offsets[k][j], self._offsets[k][j + 1]
+        return {"input_ids": handle.get_slice("input_ids")[a:b].long(),
+                "loss_mask": handle.get_slice("loss_mask")[a:b],
+                "aux": handle.get_slice("aux")[a:b],      # [T, 3, H]
+                "last": handle.get_slice("last")[a:b]}    # [T, H]
+
+    def __getstate__(self):
+        # safetensors handles do not pickle; each DataLoader worker opens its own.
+        state = self.__dict__.copy()
+        state["_handles"], state["_offsets"] = {}, {}
+        return state
+
+
+def pad_collate(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """DataLoader collate_fn: right-pad samples to the longest; adds attention_mask [B, T]."""
+    T = max(s["input_ids"].shape[0] for s in batch)
+    out = {}
+    for key in ("input_ids", "loss_mask", "aux", "last"):
+        first = batch[0][key]
+        padded = first.new_zeros((len(batch), T, *first.shape[1:]))
+        for b, s in enumerate(batch):
+            padded[b, : s[key].shape[0]] = s[key]
+        out[key] = padded
+    out["attention_mask"] = torch.zeros(len(batch), T, dtype=torch.long)
+    for b, s in enumerate(batch):
+        out["attention_mask"][b, : s["input_ids"].shape[0]] = 1
+    return out

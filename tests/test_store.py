@@ -1,0 +1,180 @@
+"""The hidden-state store on its own: format, atomic shards, hashes, memory-mapped reading."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdraft.data import store as st
+from specdraft.errors import SpecdraftError
+
+H = 16
+TARGET = {"id": "tiny", "fingerprint": "f" * 32, "hidden_size": H}
+
+
+def random_samples(n: int, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        T = 3 + (i * 7) % 11
+        out.append({"input_ids": torch.randint(0, 1000, (T,), generator=g),
+                    "loss_mask": (torch.rand(T, generator=g) > 0.5).to(torch.uint8),
+                    "aux": torch.randn(T, 3, H, generator=g), "last": torch.randn(T, H, generator=g)})
+    return out
+
+
+def write_store(root: Path, samples: list[dict], shard_tokens: int = 40, dtype: str = "float32") -> dict:
+    manifest = st.new_manifest(TARGET, [1, 2, 3], dtype, H, shard_tokens=shard_tokens)
+    writer = st.StoreWriter(root, manifest)
+    for start, end in st.plan_shards([len(s["input_ids"]) for s in samples], shard_tokens):
+        part = samples[start:end]
+        offsets = torch.tensor([0] + [len(s["input_ids"]) for s in part]).cumsum(0)
+        writer.write_shard(torch.cat([s["aux"] for s in part]), torch.cat([s["last"] for s in part]),
+                           torch.cat([s["input_ids"] for s in part]), torch.cat([s["loss_mask"] for s in part]),
+                           offsets)
+    writer.save(complete=True)
+    return writer.manifest
+
+
+def test_plan_shards_is_consecutive_and_bounded():
+    lengths = [10, 20, 5, 50, 3, 3, 40]
+    plan = st.plan_shards(lengths, 30)
+    assert plan == [(0, 2), (2, 3), (3, 4), (4, 6), (6, 7)]
+    assert plan[0][0] == 0 and plan[-1][1] == len(lengths)
+    for (a, b), (c, _) in zip(plan, plan[1:]):
+        assert b == c
+    for a, b in plan:
+        assert b - a == 1 or sum(lengths[a:b]) <= 30
+
+
+def test_round_trip_fp32_exact(tmp_path):
+    samples = random_samples(9)
+    manifest = write_store(tmp_path / "hidden", samples)
+    assert len(manifest["shards"]) > 1
+    store = st.HiddenStore(tmp_path / "hidden", verify=True)
+    assert len(store) == 9
+    assert store.hidden_size == H and store.layer_ids == [1, 2, 3] and store.target == TARGET
+    assert store.dtype == torch.float32
+    assert store.sample_lengths == [len(s["input_ids"]) for s in samples]
+    assert store.num_tokens == sum(store.sample_lengths)
+    for i, s in enumerate(samples):
+        got = store[i]
+        assert got["input_ids"].dtype == torch.long
+        assert torch.equal(got["input_ids"], s["input_ids"])
+        assert torch.equal(got["loss_mask"], s["loss_mask"])
+        assert torch.equal(got["aux"], s["aux"]) and got["aux"].shape == (len(s["input_ids"]), 3, H)
+        assert torch.equal(got["last"], s["last"])
+    assert torch.equal(store[-1]["last"], samples[-1]["last"])
+    with pytest.raises(IndexError):
+        store[9]
+
+
+def test_shard_layout_and_manifest(tmp_path):
+    from safetensors import safe_open
+
+    samples = random_samples(5)
+    manifest = write_store(tmp_path / "h", samples, shard_tokens=10_000, dtype="bfloat16")
+    assert [e["file"] for e in manifest["shards"]] == ["shard-00000.safetensors"]
+    assert manifest["shards"][0]["samples"] == [0, 5]
+    on_disk = json.loads((tmp_path / "h" / "manifest.json").read_text())
+    assert on_disk == manifest and on_disk["complete"] is True
+    n = sum(len(s["input_ids"]) for s in samples)
+    with safe_open(str(tmp_path / "h" / "shard-00000.safetensors"), "pt") as f:
+        assert f.get_slice("aux").get_shape() == [n, 3, H]
+        assert f.get_slice("aux").get_dtype() == "BF16"
+        assert f.get_slice("last").get_shape() == [n, H]
+        assert f.get_slice("input_ids").get_dtype() == "I64"
+        assert f.get_slice("loss_mask").get_dtype() == "U8"
+        assert f.get_tensor("offsets").tolist()[-1] == n
+    got = st.HiddenStore(tmp_path / "h")[2]
+    assert got["aux"].dtype == torch.bfloat16
+    assert torch.equal(got["aux"], samples[2]["aux"].bfloat16())
+
+
+def test_no_temp_files_left(tmp_path):
+    write_store(tmp_path / "h", random_samples(6))
+    assert not [p for p in (tmp_path / "h").iterdir() if p.name.startswith(".")]
+
+
+def test_corrupt_shard_reported_by_name(tmp_path):
+    write_store(tmp_path / "h", random_samples(9))
+    shard = tmp_path / "h" / "shard-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF                       # flip a byte inside the tensor data: header still valid
+    shard.write_bytes(bytes(data))
+    st.HiddenStore(tmp_path / "h")         # without verify nothing is hashed ...
+    with pytest.raises(SpecdraftError, match="shard-00001.safetensors") as e:
+        st.HiddenStore(tmp_path / "h", verify=True)
+    assert "sha256" in str(e.value) and "shard-00000" not in str(e.value)
+    with pytest.raises(SpecdraftError, match="shard-00001.safetensors"):
+        st.verify_shards(tmp_path / "h")
+
+
+def test_truncated_shard_is_one_line_error(tmp_path):
+    write_store(tmp_path / "h", random_samples(9))
+    shard = tmp_path / "h" / "shard-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    store = st.HiddenStore(tmp_path / "h")
+    with pytest.raises(SpecdraftError, match="shard-00000.safetensors: corrupt or truncated") as e:
+        store[0]
+    assert "\n" not in str(e.value)
+
+
+def test_missing_shard_named(tmp_path):
+    write_store(tmp_path / "h", random_samples(9))
+    (tmp_path / "h" / "shard-00001.safetensors").unlink()
+    with pytest.raises(SpecdraftError, match="missing shard-00001.safetensors"):
+        st.verify_shards(tmp_path / "h")
+
+
+@pytest.mark.parametrize("bad", ["../outside.safetensors", "/etc/passwd", "sub/shard-00000.safetensors", ".."])
+def test_manifest_path_outside_store_rejected(tmp_path, bad):
+    write_store(tmp_path / "h", random_samples(4))
+    path = tmp_path / "h" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["shards"][0]["file"] = bad
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(SpecdraftError, match="points outside the store"):
+        st.HiddenStore(tmp_path / "h")
+
+
+def test_incomplete_and_foreign_manifests(tmp_path):
+    write_store(tmp_path / "h", random_samples(4))
+    path = tmp_path / "h" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "complete": False}))
+    with pytest.raises(SpecdraftError, match="--resume"):
+        st.HiddenStore(tmp_path / "h")
+    assert len(st.HiddenStore(tmp_path / "h", allow_incomplete=True)) == 4
+    path.write_text(json.dumps({**manifest, "format_version": 99}))
+    with pytest.raises(SpecdraftError, match="format_version 99"):
+        st.HiddenStore(tmp_path / "h")
+    path.write_text("{not json")
+    with pytest.raises(SpecdraftError, match="not valid JSON"):
+        st.HiddenStore(tmp_path / "h")
+    with pytest.raises(SpecdraftError, match="not found"):
+        st.HiddenStore(tmp_path / "nowhere")
+
+
+def test_dataloader_with_workers_and_padding(tmp_path):
+    samples = random_samples(7)
+    write_store(tmp_path / "h", samples)
+    store = st.HiddenStore(tmp_path / "h")
+    store[0]  # open a handle in the parent: workers must not inherit it through pickling
+    loader = torch.utils.data.DataLoader(store, batch_size=3, collate_fn=st.pad_collate, num_workers=1)
+    seen = 0
+    for batch in loader:
+        B, T = batch["input_ids"].shape
+        assert batch["aux"].shape == (B, T, 3, H) and batch["last"].shape == (B, T, H)
+        for b in range(B):
+            s = samples[seen + b]
+            n = len(s["input_ids"])
+            assert int(batch["attention_mask"][b].sum()) == n
+            assert torch.equal(batch["aux"][b, :n], s["aux"])
+            assert not batch["aux"][b, n:].any()
+        seen += B
+    assert seen == 7
+    # default collation works too for batch_size=1
+    one = next(iter(torch.utils.data.DataLoader(store, batch_size=1)))
+    assert one["aux"].shape == (1, len(samples[0]["input_ids"]), 3, H)
