@@ -1,0 +1,224 @@
+"""`specdraft compare RUN...`: validation metrics per epoch side by side (the seed's "38% vs
+74.7%" table) and training curves aligned by tokens_seen, so runs of other batch sizes or
+data sizes line up at equal work.
+
+metrics.jsonl: one JSON object per line with split ("train"/"val"), epoch, step, tokens_seen,
+lr and the metrics loss_k, full_acc_k, cond_acc_k, accept_len (flat, or nested under "metrics").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specdraft.errors import SpecdraftError
+
+DEFAULT_TABLE_METRICS = ("full_acc_0", "cond_acc_1", "accept_len", "loss_0")
+STEP_METRIC = re.compile(r"^(loss|full_acc|cond_acc)_(\d+)$")
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path                      # the run folder (or the metrics file's folder)
+    records: list[dict] = field(default_factory=list)
+
+    def split(self, name: str) -> list[dict]:
+        return [r for r in self.records if r.get("split") == name]
+
+    def val_by_epoch(self) -> dict[int, dict]:
+        """Last validation record of each epoch."""
+        return {int(r["epoch"]): r for r in self.split("val") if "epoch" in r}
+
+
+def flatten(record: dict) -> dict:
+    """Metrics may sit at the top level or under "metrics"; callers see one flat dict."""
+    flat = {k: v for k, v in record.items() if k != "metrics"}
+    flat.update(record.get("metrics") or {})
+    return flat
+
+
+def load_run(path: str | Path, name: str | None = None) -> Run:
+    """A run folder holding metrics.jsonl, or the metrics.jsonl file itself."""
+    path = Path(path)
+    file = path / "metrics.jsonl" if path.is_dir() else path
+    if not file.exists():
+        raise SpecdraftError(f"{path}: no metrics.jsonl; pass a run folder written by `specdraft train`")
+    records = []
+    lines = file.read_text().splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines):
+                continue  # a live run may be mid-write on its last line
+            raise SpecdraftError(f"{file}:{n}: not a JSON object; the metrics file is damaged") from None
+        if not isinstance(rec, dict):
+            raise SpecdraftError(f"{file}:{n}: expected a JSON object per line")
+        records.append(flatten(rec))
+    folder = file.parent
+    return Run(name or folder.name, folder, records)
+
+
+def unique_names(runs: list[Run]) -> list[Run]:
+    """Two runs named alike (runs/a/x, runs/b/x) get their parent folder prefixed."""
+    seen = [r.name for r in runs]
+    for r in runs:
+        if seen.count(r.name) > 1:
+            r.name = f"{r.path.parent.name}/{r.name}"
+    return runs
+
+
+def steps_in(runs: list[Run], family: str) -> list[int]:
+    ks = {int(m.group(2)) for r in runs for rec in r.records for key in rec
+          if (m := STEP_METRIC.match(key)) and m.group(1) == family}
+    return sorted(ks)
+
+
+def epoch_table(runs: list[Run], metrics: tuple[str, ...] = DEFAULT_TABLE_METRICS) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): one row per epoch, one column per (run, metric), '-' where missing."""
+    epochs = sorted({e for r in runs for e in r.val_by_epoch()})
+    header = ["epoch"] + [f"{r.name} {m}" for r in runs for m in metrics]
+    rows = []
+    for e in epochs:
+        row = [str(e)]
+        for r in runs:
+            rec = r.val_by_epoch().get(e, {})
+            row += [format_value(m, rec.get(m)) for m in metrics]
+        rows.append(row)
+    return header, rows
+
+
+def format_value(metric: str, value) -> str:
+    if value is None:
+        return "-"
+    if "acc" in metric and metric != "accept_len":
+        return f"{100 * float(value):.1f}%"
+    return f"{float(value):.3f}"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def ema(values: np.ndarray, alpha: float) -> np.ndarray:
+    """Exponential moving average (bias-corrected, so the first points are not pulled to 0)."""
+    out, acc, weight = np.empty_like(values, dtype=float), 0.0, 0.0
+    for i, v in enumerate(values):
+        acc = alpha * acc + (1 - alpha) * v
+        weight = alpha * weight + (1 - alpha)
+        out[i] = acc / weight
+    return out
+
+
+def curve(run: Run, split: str, metric: str, smooth: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens_seen, value) of `metric` over `split`, sorted by tokens, optionally EMA-smoothed."""
+    pts = sorted((float(r["tokens_seen"]), float(r[metric])) for r in run.split(split)
+                 if r.get(metric) is not None and r.get("tokens_seen") is not None)
+    if not pts:
+        return np.zeros(0), np.zeros(0)
+    x, y = (np.array(v) for v in zip(*pts))
+    return x, (ema(y, smooth) if smooth else y)
+
+
+def plot_curves(runs: list[Run], out: str | Path, max_steps: int = 6, smooth: float = 0.9) -> Path | None:
+    """curves.png: rows loss_k and cond_acc_k, one column per step k; train (EMA) lines and
+    validation markers per run, x = tokens_seen. None when no run has any curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = sorted(set(steps_in(runs, "loss")) | set(steps_in(runs, "cond_acc")))[:max_steps]
+    if not ks:
+        return None
+    fig, axes = plt.subplots(2, len(ks), figsize=(3.2 * len(ks) + 1, 6), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for row, family in enumerate(("loss", "cond_acc")):
+        for col, k in enumerate(ks):
+            ax, metric = axes[row][col], f"{family}_{k}"
+            for i, r in enumerate(runs):
+                c = colors[i % len(colors)]
+                x, y = curve(r, "train", metric, smooth)
+                if len(x):
+                    ax.plot(x, y, color=c, lw=1, alpha=0.8, label=f"{r.name} train")
+                x, y = curve(r, "val", metric)
+                if len(x):
+                    ax.plot(x, y, "o--", color=c, ms=4, label=f"{r.name} val")
+            ax.set_title(metric, fontsize=9)
+            ax.set_xlabel("tokens seen", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from specdraft.io import atomic_path
+
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+    plt.close(fig)
+    return out
+
+
+def compare(paths: list[str | Path], out: str | Path | None = None,
+            metrics: tuple[str, ...] = DEFAULT_TABLE_METRICS, baseline: str | Path | None = None,
+            margin: float = 0.05) -> dict:
+    """Load the runs, build the table; with `out`, write compare.md and curves.png there; with
+    `baseline`, replay the baseline watch over each run and report which ones stay behind."""
+    if not paths:
+        raise SpecdraftError("compare: pass at least one run folder")
+    runs = unique_names([load_run(p) for p in paths])
+    header, rows = epoch_table(runs, metrics)
+    result = {"runs": [r.name for r in runs], "header": header, "rows": rows, "files": {}, "watch": {}}
+    if baseline is not None:
+        from specdraft.analysis.watch import WatchConfig, replay
+
+        base = load_run(baseline)
+        for r in runs:
+            if r.path.resolve() != base.path.resolve():
+                verdict, _ = replay(r, base, WatchConfig(margin=margin))
+                result["watch"][r.name] = verdict.message if verdict else "not behind baseline"
+    if out is not None:
+        from specdraft.io import atomic_path, ensure_writable_dir
+
+        out = ensure_writable_dir(out)
+        md = out / "compare.md"
+        text = f"# Validation per epoch\n\n{markdown_table(header, rows)}"
+        if result["watch"]:
+            text += "\n## Against the baseline\n\n" + "".join(f"- {k}: {v}\n" for k, v in result["watch"].items())
+        with atomic_path(md) as tmp:
+            tmp.write_text(text)
+        result["files"]["markdown"] = str(md)
+        png = plot_curves(runs, out / "curves.png")
+        if png:
+            result["files"]["curves"] = str(png)
+    return result
+
+
+def print_result(result: dict) -> None:
+    """Rich table on stdout, then the watch verdicts and the files written."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="validation per epoch")
+    for i, col in enumerate(result["header"]):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in result["rows"]:
+        table.add_row(*row)
+    console = Console()
+    console.print(table)
+    for name, text in result["watch"].items():
+        console.print(f"{name}: {text}", highlight=False)
+    for kind, path in result["files"].items():
+        console.print(f"{kind}: {path}", highlight=False)
