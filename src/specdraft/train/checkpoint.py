@@ -1,0 +1,90 @@
+"""Training checkpoints: a drafter folder in the speculators layout (servable as is) plus
+trainer_state.pt (optimizer, scheduler, RNG states, data position, counters) written inside the
+same atomic folder swap, so a checkpoint is either wholly there or the previous one is.
+
+    RUN/checkpoints/epoch-N/   after each epoch (all kept)
+    RUN/checkpoints/step-S/    every save_every steps (the last keep_step_checkpoints kept)
+    RUN/best/                  lowest validation loss so far (weights + val.json)
+
+trainer_state.pt holds only tensors and plain containers: it is loaded with weights_only=True.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.model.drafter import Eagle3Drafter
+
+STATE_FILE = "trainer_state.pt"
+PROGRESS_FILE = "progress.json"      # {step, epoch, batch, tokens_seen}: readable without torch.load
+CHECKPOINT_NAME = re.compile(r"^(epoch|step)-(\d+)$")
+
+
+def drafter_tensors(model: Eagle3Drafter) -> dict[str, torch.Tensor]:
+    return {k: v.detach().contiguous() for k, v in model.state_dict().items() if not k.startswith("rotary_emb")}
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def save(folder: str | Path, model: Eagle3Drafter, trainer_state: dict | None = None,
+         extra_json: dict[str, dict] | None = None) -> Path:
+    """Drafter weights + config.json (+ trainer_state.pt, + small json files), atomically."""
+    from specdraft.formats import save_checkpoint
+
+    extra = {}
+    if trainer_state is not None:
+        extra[STATE_FILE] = lambda path: torch.save(trainer_state, path)
+    for name, obj in (extra_json or {}).items():
+        extra[name] = lambda path, obj=obj: path.write_text(json.dumps(obj, indent=2) + "\n")
+    return save_checkpoint(folder, drafter_tensors(model), model.config, extra_files=extra)
+
+
+def load_trainer_state(folder: str | Path) -> dict:
+    path = Path(folder) / STATE_FILE
+    if not path.is_file():
+        raise SpecdraftError(f"{path}: not found; {folder} is not a training checkpoint (cannot resume from it)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file
+        raise SpecdraftError(f"{path}: unreadable trainer state ({str(e).splitlines()[0]}); "
+                             "resume from an earlier checkpoint") from None
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, str, Path]]:
+    """(step, kind, folder) of every finished checkpoint in RUN/checkpoints, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    found = []
+    if root.is_dir():
+        for folder in root.iterdir():
+            m = CHECKPOINT_NAME.match(folder.name)
+            if m and all((folder / f).is_file() for f in (STATE_FILE, PROGRESS_FILE, "config.json")):
+                step = json.loads((folder / PROGRESS_FILE).read_text())["step"]
+                found.append((int(step), m.group(1), folder))
+    # at equal steps prefer the epoch checkpoint (it also holds that epoch's validation)
+    return sorted(found, key=lambda x: (x[0], x[1] == "epoch"))
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1][2] if found else None
+
+
+def prune_step_checkpoints(run_dir: str | Path, keep: int) -> None:
+    steps = [c for c in list_checkpoints(run_dir) if c[1] == "step"]
+    for _, _, folder in steps[:max(0, len(steps) - keep)]:
+        shutil.rmtree(folder, ignore_errors=True)

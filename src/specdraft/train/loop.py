@@ -1,0 +1,438 @@
+"""The training recipe: checks, drafter (fresh, from a pretrained one with vocab remap, or resumed),
+AdamW with warm-up + cosine/linear decay, TTT steps, validation, metrics.jsonl, checkpoints.
+
+Reads top to bottom in `train()`. What distributed or online training swaps in is a `Runtime`
+(rank, world size, device, how metric sums are all-reduced, how the objective is wrapped) and a
+`TrainData` (where batches come from); the defaults are one process reading the hidden store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Protocol
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.model.config import DrafterConfig
+from specdraft.model.drafter import Eagle3Drafter, load_drafter
+from specdraft.train import checkpoint as ckpt
+from specdraft.train.config import RunConfig, save_yaml
+from specdraft.train.objective import TeacherHead, TTTObjective, add_sums, finalize_metrics
+
+
+# ----------------------------------------------------------------------------- plug-in points
+
+@dataclass
+class Runtime:
+    """One process by default; train/distributed.py fills in the rest."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    reduce_sums: Callable[[dict], dict] = lambda sums: sums          # all_reduce(SUM) of metric sums
+    wrap_model: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m   # DDP / FSDP
+    barrier: Callable[[], None] = lambda: None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+class Batches(Protocol):
+    def num_batches(self, epoch: int) -> int: ...
+    def batches(self, epoch: int, start: int = 0) -> Iterator[dict[str, torch.Tensor]]: ...
+
+
+@dataclass
+class TrainData:
+    """Where batches come from: this rank's train and validation batches, and what produced them."""
+
+    train: Batches
+    val: Batches | None
+    hidden_size: int
+    layer_ids: list[int]
+    target: dict                        # identity of the target the hidden states came from
+    source: str = ""                    # for messages (the store path)
+
+
+def store_data(cfg: RunConfig, runtime: Runtime) -> TrainData:
+    """The default data: packed batches from the hidden store, split by sample."""
+    from specdraft.data.store import HiddenStore
+    from specdraft.train.batches import StoreBatches, split_samples
+
+    store = HiddenStore(cfg.store)
+    train_ids, val_ids = split_samples(len(store), cfg.val_fraction, cfg.seed)
+    common = dict(max_tokens=cfg.max_tokens, rows_per_batch=cfg.rows_per_batch, seed=cfg.seed,
+                  rank=runtime.rank, world_size=runtime.world_size)
+    train = StoreBatches(store, train_ids, shuffle=True, **common)
+    val = StoreBatches(store, val_ids, shuffle=False, **common) if val_ids else None
+    return TrainData(train, val, store.hidden_size, store.layer_ids, store.target, str(cfg.store))
+
+
+# ----------------------------------------------------------------------------- checks
+
+def check_inputs(cfg: RunConfig, data: TrainData, target, vocab) -> None:
+    """Refuse mismatched inputs with one line naming both sides and their numbers."""
+    if data.hidden_size != target.hidden_size:
+        raise SpecdraftError(f"hidden size: store {data.source} has H={data.hidden_size} but target "
+                             f"{target.name} has H={target.hidden_size}; capture the store with --model {cfg.model}")
+    if vocab.target_vocab_size != target.vocab_size:
+        raise SpecdraftError(f"vocab size: {cfg.vocab} is for a target vocab of {vocab.target_vocab_size} tokens but "
+                             f"target {target.name} has {target.vocab_size}; build it with `specdraft vocab build "
+                             f"--model {cfg.model}`")
+    store_fp = str(data.target.get("fingerprint", ""))
+    vocab_fp = str(vocab.meta.get("fingerprint", ""))
+    if store_fp and vocab_fp and store_fp != vocab_fp:
+        raise SpecdraftError(f"target fingerprint: store {data.source} was captured from "
+                             f"{data.target.get('id')} ({store_fp}) but {cfg.vocab} was built for "
+                             f"{vocab.meta.get('target_id') or 'another target'} ({vocab_fp}); rebuild the vocab from this store")
+    target_fp = str(target.identity.get("fingerprint", ""))
+    if store_fp and target_fp and store_fp != target_fp:
+        raise SpecdraftError(f"target fingerprint: store {data.source} was captured from "
+                             f"{data.target.get('id')} ({store_fp}) but --model {cfg.model} is {target_fp}; "
+                             "train with the target the store was captured from")
+
+
+# ----------------------------------------------------------------------------- the drafter
+
+def fresh_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int]) -> Eagle3Drafter:
+    torch.manual_seed(cfg.seed)
+    dcfg = DrafterConfig.from_target(target.config, draft_vocab_size=vocab.draft_vocab_size,
+                                     aux_layer_ids=layer_ids, verifier=target.name,
+                                     norm_before_residual=cfg.norm_before_residual)
+    drafter = Eagle3Drafter(dcfg)
+    drafter.init_from_target(target.model, vocab.d2t, vocab.t2d)
+    return drafter
+
+
+def pretrained_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int], log) -> tuple[Eagle3Drafter, dict]:
+    """Load --from-pretrained; move its lm_head rows to the run's vocab when the mappings differ."""
+    from specdraft import vocab as vocab_mod
+
+    src = load_drafter(cfg.from_pretrained)
+    where = f"--from-pretrained {cfg.from_pretrained}"
+    if src.config.hidden_size != target.hidden_size:
+        raise SpecdraftError(f"hidden size: {where} has H={src.config.hidden_size} but target {target.name} "
+                             f"has H={target.hidden_size}; train from scratch for this target")
+    if src.config.vocab_size != target.vocab_size:
+        raise SpecdraftError(f"vocab size: {where} embeds {src.config.vocab_size} target tokens but target "
+                             f"{target.name} has {target.vocab_size}; the drafter belongs to another tokenizer")
+    report = {"from_pretrained": str(cfg.from_pretrained), "remapped": False}
+    src_vocab = vocab_mod.Vocab(src.d2t.clone(), src.t2d.clone(), {"source": str(cfg.from_pretrained)})
+    same = (src_vocab.draft_vocab_size == vocab.draft_vocab_size and torch.equal(src_vocab.d2t, vocab.d2t))
+    dcfg = DrafterConfig.from_dict({**src.config.to_dict(), "draft_vocab_size": vocab.draft_vocab_size,
+                                    "aux_layer_ids": list(layer_ids), "verifier": target.name})
+    drafter = Eagle3Drafter(dcfg)
+    tensors = ckpt.drafter_tensors(src)
+    if not same:
+        d = vocab_mod.diff(src_vocab, vocab)
+        numbers = (f"token overlap {d['overlap']['count']}/{vocab.draft_vocab_size}, positional matches "
+                   f"{d['positional_matches']['count']}/{vocab.draft_vocab_size}")
+        if not cfg.remap:
+            raise SpecdraftError(f"draft vocab: {where} and --vocab {cfg.vocab} map draft ids differently "
+                                 f"({numbers}); pass --remap to move the lm_head rows, or train with the "
+                                 "drafter's own mapping")
+        target_rows = target.model.get_output_embeddings().weight.detach().float()
+        weight, counts = vocab_mod.remap_lm_head(src.lm_head.weight.detach(), src_vocab, vocab, target_rows)
+        tensors["lm_head.weight"] = weight
+        report.update(remapped=True, overlap=d["overlap"]["count"],
+                      positional_matches=d["positional_matches"]["count"], **counts)
+        log(f"remapped lm_head to {cfg.vocab}: {numbers}; rows carried {counts['carried']}, "
+            f"from the target's lm_head {counts['from_target']}, zero {counts['zeros']}")
+    tensors["d2t"], tensors["t2d"] = vocab.d2t.clone(), vocab.t2d.clone()
+    if dcfg.tie_embeddings_to_target:   # the frozen embeddings are the (new) target's
+        tensors["embed_tokens.weight"] = target.model.get_input_embeddings().weight.detach().float()
+    drafter.load_state_dict(tensors, strict=False)
+    if list(src.config.aux_layer_ids) != list(layer_ids):
+        log(f"note: {where} was trained on aux layers {src.config.aux_layer_ids}; the store has {layer_ids}")
+    return drafter.float().train(), report
+
+
+# ----------------------------------------------------------------------------- schedule
+
+def lr_lambda(cfg: RunConfig, total_steps: int) -> Callable[[int], float]:
+    """Linear warm-up to lr, then cosine/linear decay to lr * min_lr_ratio (or constant)."""
+    warmup = max(0, min(cfg.warmup_steps, total_steps - 1))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup - 1))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+
+    return factor
+
+
+def use_bf16(cfg: RunConfig, device: torch.device) -> bool:
+    """bf16 autocast where the hardware does it natively; without AVX512-BF16/AMX a CPU runs bf16
+    matmuls an order of magnitude slower than fp32."""
+    if cfg.precision != "auto":
+        return cfg.precision == "bf16"
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+# ----------------------------------------------------------------------------- logging
+
+class MetricsLog:
+    """RUN/metrics.jsonl (one JSON object per line), optional TensorBoard, rich console table."""
+
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, console):
+        self.path = run_dir / "metrics.jsonl"
+        self.enabled, self.console, self.tb = enabled, console, None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            except ImportError:
+                console.print("[yellow]note:[/] tensorboard is not installed; logging to metrics.jsonl only")
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines logged after `step` (a resumed run logs them again)."""
+        if not (self.enabled and self.path.exists()):
+            return
+        from specdraft.io import atomic_path
+
+        keep = [line for line in self.path.read_text().splitlines() if line.strip()
+                and json.loads(line)["step"] <= step]
+        with atomic_path(self.path) as tmp:
+            tmp.write_text("".join(line + "\n" for line in keep))
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for k, v in record["metrics"].items():
+                self.tb.add_scalar(f"{record['split']}/{k}", v, record["step"])
+            self.tb.add_scalar("lr", record["lr"], record["step"])
+
+    def epoch_table(self, epoch: int, rows: list[tuple[str, dict]], steps: int, tokens_per_s: float) -> None:
+        if not self.enabled:
+            return
+        from rich.table import Table
+
+        table = Table(title=f"epoch {epoch + 1}  ({tokens_per_s:,.0f} train tok/s)", title_justify="left")
+        cols = ["split", "loss"] + [f"acc_{k}" for k in range(steps)] + [f"cond_{k}" for k in range(steps)] + ["accept"]
+        for c in cols:
+            table.add_column(c, justify="right")
+        for split, m in rows:
+            table.add_row(split, f"{m['loss']:.4f}", *[f"{m[f'full_acc_{k}']:.3f}" for k in range(steps)],
+                          *[f"{m[f'cond_acc_{k}']:.3f}" for k in range(steps)], f"{m['accept_len']:.3f}")
+        self.console.print(table)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+def evaluate(model: torch.nn.Module, batches: Batches, runtime: Runtime, bf16: bool) -> dict:
+    model.eval()
+    sums = None
+    with torch.no_grad(), torch.autocast(runtime.device.type, dtype=torch.bfloat16, enabled=bf16):
+        for batch in batches.batches(0):
+            batch = {k: v.to(runtime.device) for k, v in batch.items()}
+            sums = add_sums(sums, model(batch)[1])
+    model.train()
+    return finalize_metrics(runtime.reduce_sums(sums)) if sums is not None else {}
+
+
+def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None = None,
+          target=None) -> dict:
+    """Run (or resume) training as configured; returns a summary (steps, tokens, last val metrics)."""
+    from rich.console import Console
+
+    from specdraft import vocab as vocab_mod
+    from specdraft.targets import load_target
+
+    cfg.check()
+    runtime = runtime or Runtime()
+    console = Console(stderr=True)
+    log = (lambda msg: console.print(msg, highlight=False)) if runtime.is_main else (lambda msg: None)
+    run_dir = Path(cfg.out)
+
+    # -- inputs and checks
+    resume_from = None
+    if cfg.resume:
+        resume_from = ckpt.latest_checkpoint(run_dir)
+        if resume_from is None:
+            raise SpecdraftError(f"{run_dir}: no checkpoint to resume from (checkpoints/epoch-N or step-N "
+                                 "with trainer_state.pt); start without --resume")
+    vocab = vocab_mod.load(cfg.vocab)
+    data = data or store_data(cfg, runtime)
+    target = target or load_target(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    check_inputs(cfg, data, target, vocab)
+
+    # -- the drafter and the teacher
+    remap_report = None
+    if resume_from is not None:
+        drafter = load_drafter(resume_from).train()
+        if not torch.equal(drafter.d2t, vocab.d2t):
+            raise SpecdraftError(f"draft vocab: checkpoint {resume_from} was trained with another mapping than "
+                                 f"--vocab {cfg.vocab}; resume with the run's own vocab")
+        log(f"resuming from {resume_from}")
+    elif cfg.from_pretrained:
+        drafter, remap_report = pretrained_drafter(cfg, target, vocab, data.layer_ids, log)
+    else:
+        drafter = fresh_drafter(cfg, target, vocab, data.layer_ids)
+    drafter.to(runtime.device).train()
+    teacher = TeacherHead.from_target(target.model, vocab.d2t).to(runtime.device)
+    objective = TTTObjective(drafter, teacher, cfg.ttt_steps, cfg.step_decay, cfg.loss, cfg.aux_noise)
+    model = runtime.wrap_model(objective)
+    bf16 = use_bf16(cfg, runtime.device)
+
+    # -- optimizer and schedule over the whole run
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    batches_per_epoch = [data.train.num_batches(e) for e in range(cfg.epochs)]
+    total_steps = sum(batches_per_epoch)
+    if total_steps == 0:
+        raise SpecdraftError(f"{data.source}: no training samples (val_fraction {cfg.val_fraction} took them all?)")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_steps))
+
+    # -- state (restored on resume)
+    state = {"epoch": 0, "batch": 0, "step": 0, "tokens_seen": 0, "best_val": float("inf"), "window": None}
+    if resume_from is not None:
+        saved = ckpt.load_trainer_state(resume_from)
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        ckpt.set_rng_state(saved["rng"])
+        state.update({k: saved[k] for k in ("epoch", "batch", "step", "tokens_seen", "best_val", "window")})
+    metrics_log = MetricsLog(run_dir, runtime.is_main, cfg.tensorboard, console)
+    if runtime.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_yaml(cfg, run_dir / "config.yaml")
+        if remap_report is not None:
+            from specdraft.io import write_json
+            write_json(run_dir / "remap.json", remap_report)
+        metrics_log.truncate_after(state["step"])
+    log(f"training {sum(p.numel() for p in params):,} parameters, {total_steps} steps, "
+        f"TTT {cfg.ttt_steps}, {'bf16 autocast' if bf16 else 'fp32'} -> {run_dir}")
+
+    def record(split: str, metrics: dict, lr: float, **extra) -> None:
+        metrics_log.write({"split": split, "epoch": state["epoch"], "step": state["step"],
+                           "tokens_seen": state["tokens_seen"], "lr": lr, "metrics": metrics, **extra})
+
+    def save(folder: Path, val: dict | None = None) -> None:
+        trainer_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                         "rng": ckpt.rng_state(), **state}
+        progress = {k: state[k] for k in ("epoch", "batch", "step", "tokens_seen")}
+        extra = {ckpt.PROGRESS_FILE: progress}
+        if val:
+            extra["val.json"] = val
+        if runtime.is_main:
+            ckpt.save(folder, drafter, trainer_state, extra)
+        runtime.barrier()
+
+    steps_this_run = 0
+    last_val: dict = {}
+    with _progress(cfg.progress and runtime.is_main, total_steps, state["step"]) as bar:
+        for epoch in range(state["epoch"], cfg.epochs):
+            state["epoch"] = epoch
+            epoch_start, epoch_tokens = time.perf_counter(), 0
+            train_sums = None
+            for b, batch in enumerate(data.train.batches(epoch, state["batch"]), state["batch"]):
+                batch = {k: v.to(runtime.device) for k, v in batch.items()}
+                lr = optimizer.param_groups[0]["lr"]
+                with torch.autocast(runtime.device.type, dtype=torch.bfloat16, enabled=bf16):
+                    loss, sums = model(batch)
+                if not torch.isfinite(loss):
+                    raise _nan_error("loss", loss, state, epoch, b, run_dir)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+                if not torch.isfinite(grad_norm):
+                    raise _nan_error("gradient norm", grad_norm, state, epoch, b, run_dir)
+                optimizer.step()
+                scheduler.step()
+
+                tokens = int(runtime.reduce_sums({"tokens": (batch["doc_ids"] >= 0).sum().double()})["tokens"])
+                state["step"] += 1
+                state["batch"] = b + 1
+                state["tokens_seen"] += tokens
+                epoch_tokens += tokens
+                steps_this_run += 1
+                state["window"] = add_sums(state["window"], sums)
+                train_sums = add_sums(train_sums, sums)
+                bar(tokens)
+                last_of_epoch = b + 1 == batches_per_epoch[epoch]
+                if state["step"] % cfg.log_every == 0 or last_of_epoch:
+                    record("train", finalize_metrics(runtime.reduce_sums(state["window"])), lr,
+                           grad_norm=float(grad_norm))
+                    state["window"] = None
+                if cfg.val_every and state["step"] % cfg.val_every == 0 and data.val is not None and not last_of_epoch:
+                    record("val", evaluate(model, data.val, runtime, bf16), lr)
+                if cfg.save_every and state["step"] % cfg.save_every == 0 and not last_of_epoch:
+                    save(run_dir / "checkpoints" / f"step-{state['step']}")
+                    if runtime.is_main:
+                        ckpt.prune_step_checkpoints(run_dir, cfg.keep_step_checkpoints)
+                if cfg.stop_after and steps_this_run >= cfg.stop_after:
+                    return {"stopped_at_step": state["step"], "tokens_seen": state["tokens_seen"]}
+
+            # -- end of epoch: validate, checkpoint, best
+            elapsed = time.perf_counter() - epoch_start
+            tokens_per_s = epoch_tokens / elapsed if elapsed > 0 else 0.0
+            lr = optimizer.param_groups[0]["lr"]
+            rows = [("train", finalize_metrics(runtime.reduce_sums(train_sums)))] if train_sums else []
+            if data.val is not None:
+                last_val = evaluate(model, data.val, runtime, bf16)
+                record("val", last_val, lr)
+                rows.append(("val", last_val))
+            metrics_log.epoch_table(epoch, rows, cfg.ttt_steps, tokens_per_s)
+            state["epoch"], state["batch"] = epoch + 1, 0
+            save(run_dir / "checkpoints" / f"epoch-{epoch + 1}", last_val)
+            val_loss = last_val.get("loss", float("nan"))
+            if last_val and val_loss < state["best_val"]:
+                state["best_val"] = val_loss
+                if runtime.is_main:
+                    ckpt.save(run_dir / "best", drafter,
+                              extra_json={"val.json": {"epoch": epoch + 1, "step": state["step"], **last_val}})
+                runtime.barrier()
+    return {"steps": state["step"], "tokens_seen": state["tokens_seen"], "val": last_val,
+            "best_val_loss": state["best_val"]}
+
+
+def _nan_error(what: str, value: torch.Tensor, state: dict, epoch: int, batch: int, run_dir: Path) -> SpecdraftError:
+    last = ckpt.latest_checkpoint(run_dir)
+    kept = f"last good checkpoint {last} is intact" if last else "no checkpoint was written yet"
+    return SpecdraftError(f"training stopped: {what} is {float(value.detach())} at step {state['step'] + 1} (epoch "
+                          f"{epoch + 1}, batch {batch}); {kept}; check the store for inf/NaN or lower --lr")
+
+
+class _progress:
+    """A rich progress bar over optimizer steps with tokens/s, or nothing."""
+
+    def __init__(self, enabled: bool, total: int, done: int):
+        self.enabled, self.total, self.done = enabled, total, done
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda tokens: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[tps]} tok/s"), TimeRemainingColumn(),
+                                 console=Console(stderr=True), transient=True)
+        self.progress.start()
+        task = self.progress.add_task("train", total=self.total, completed=self.done, tps="-")
+        start, seen = time.perf_counter(), [0]
+
+        def advance(tokens: int) -> None:
+            seen[0] += tokens
+            rate = seen[0] / max(time.perf_counter() - start, 1e-9)
+            self.progress.update(task, advance=1, tps=f"{rate:,.0f}")
+        return advance
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.progress.stop()
+        return False

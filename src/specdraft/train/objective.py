@@ -1,0 +1,206 @@
+"""The training-time-test (TTT) objective of EAGLE-3 and its metrics.
+
+Alignment (docs/DESIGN.md): at position t the drafter sees aux(t) and token t+1 and predicts token
+t+2. Unrolled step k>0 feeds the drafter's own hidden_out of step k-1 and token t+k+1 at position
+t+k, and predicts token t+k+2. The teacher for that prediction is the target's distribution at
+position t+k+1, softmax(lm_head(final_norm(last[t+k+1]))) restricted to the draft vocab rows and
+renormalised. A prediction is trained iff token t+k+2 is in the same document and loss-masked.
+
+Efficiency: the teacher's log-probs are computed once per batch, only over draft rows and only at
+positions whose next token is trained; the drafter's lm_head runs only on the rows trained at each
+step (the hidden states of all rows still flow into the next step's attention). No [T, V_target]
+tensor is ever built.
+
+Metric sums are plain 0-dim float64 tensors (numerators and denominators), so batches and ranks
+add them up (`add_sums`, or an all_reduce) and `finalize_metrics` turns them into rates.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdraft.model.drafter import Eagle3Drafter, KVCache, ttt_mask
+
+MAX_TTT_STEPS = 7
+
+
+class TeacherHead(nn.Module):
+    """The target's final RMSNorm and its lm_head rows for the draft vocab: [N, H].
+
+    Kept as buffers (never trained); `log_probs(last)` gives the teacher distribution over the
+    draft vocab, renormalised (log_softmax over the N draft logits only).
+    """
+
+    def __init__(self, norm_weight: torch.Tensor, lm_head_rows: torch.Tensor, eps: float):
+        super().__init__()
+        self.register_buffer("norm_weight", norm_weight.detach().float().clone())     # [H]
+        self.register_buffer("lm_head", lm_head_rows.detach().float().clone())        # [N, H]
+        self.eps = float(eps)
+
+    @classmethod
+    def from_target(cls, target_model: nn.Module, d2t: torch.Tensor) -> "TeacherHead":
+        """Final norm + lm_head rows of the draft tokens (target_id = draft_id + d2t[draft_id])."""
+        inner = getattr(target_model, "model", target_model)
+        norm = inner.norm
+        eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) \
+            or getattr(target_model.config, "rms_norm_eps", 1e-6)
+        draft_to_target = torch.arange(d2t.numel()) + d2t.to(torch.long)
+        lm_head = target_model.get_output_embeddings().weight
+        return cls(norm.weight, lm_head[draft_to_target], eps)
+
+    def logits(self, last: torch.Tensor) -> torch.Tensor:
+        """last [..., H] (pre-norm) -> draft-vocab logits [..., N]."""
+        x = last.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight
+        return F.linear(x, self.lm_head)
+
+    def log_probs(self, last: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.logits(last).float(), dim=-1)
+
+
+def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
+    """x[:, t] <- x[:, t+n] along dim 1, the last n entries set to `fill`."""
+    if n == 0:
+        return x
+    out = torch.full_like(x, fill)
+    out[:, :-n] = x[:, n:]
+    return out
+
+
+def in_document(doc_ids: torch.Tensor, step: int) -> torch.Tensor:
+    """bool [B,T]: token t+step+2 exists in the same document as t (so the prediction has a teacher)."""
+    ahead = step + 2
+    return (shift_left(doc_ids, ahead, -1) == doc_ids) & (doc_ids >= 0)
+
+
+def valid_positions(doc_ids: torch.Tensor, loss_mask: torch.Tensor, step: int) -> torch.Tensor:
+    """bool [B,T]: the prediction of token t+step+2 at position t is trained (same document,
+    loss-masked, not padding)."""
+    return in_document(doc_ids, step) & shift_left(loss_mask.bool(), step + 2, False)
+
+
+def empty_sums(steps: int, device=None) -> dict[str, torch.Tensor]:
+    z = lambda: torch.zeros((), dtype=torch.float64, device=device)  # noqa: E731
+    sums = {}
+    for k in range(steps):
+        sums.update({f"loss_sum_{k}": z(), f"count_{k}": z(), f"full_correct_{k}": z(), f"prev_correct_{k}": z()})
+    return sums
+
+
+def add_sums(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if a is None:
+        return {k: v.detach().clone() for k, v in b.items()}
+    return {k: a[k] + b[k].detach() for k in b}
+
+
+def finalize_metrics(sums: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """Sums -> {loss_k, full_acc_k, cond_acc_k, loss (mean over steps), accept_len}.
+
+    full_acc_k = correct at every step 0..k / trained at k; cond_acc_k = same numerator /
+    trained at k and correct through k-1; accept_len = 1 + sum_k prod_{i<=k} cond_acc_i.
+    """
+    steps = len([k for k in sums if k.startswith("count_")])
+    out: dict[str, float] = {}
+    losses, prod, accept = [], 1.0, 1.0
+    for k in range(steps):
+        count = float(sums[f"count_{k}"])
+        prev = float(sums[f"prev_correct_{k}"])
+        full = float(sums[f"full_correct_{k}"])
+        out[f"loss_{k}"] = float(sums[f"loss_sum_{k}"]) / count if count else float("nan")
+        out[f"full_acc_{k}"] = full / count if count else 0.0
+        out[f"cond_acc_{k}"] = full / prev if prev else 0.0
+        losses.append(out[f"loss_{k}"])
+        prod *= out[f"cond_acc_{k}"]
+        accept += prod
+    out["loss"] = sum(losses) / len(losses) if losses else float("nan")
+    out["accept_len"] = accept
+    return out
+
+
+def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, torch.Tensor], steps: int = 3,
+                step_decay: float = 1.0, loss: str = "kl", aux_noise: float = 0.0
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Unroll `steps` draft steps over a packed batch -> (loss, metric sums).
+
+    loss = sum_k step_decay**k * mean over trained positions of KL(teacher || draft) (or CE on the
+    teacher argmax with loss="ce"). As in speculators, a position is correct "through k" when it
+    matched the teacher at every step 0..k, trained or not (a draft that misses a prompt token is
+    rejected at serving time just the same); the rates count loss-masked positions only.
+    """
+    if not 1 <= steps <= MAX_TTT_STEPS:
+        raise ValueError(f"ttt steps must be in 1..{MAX_TTT_STEPS}, got {steps}")
+    if loss not in ("kl", "ce"):
+        raise ValueError(f"loss must be 'kl' or 'ce', got {loss!r}")
+    input_ids, doc_ids, loss_mask = batch["input_ids"], batch["doc_ids"], batch["loss_mask"]
+    position_ids = batch["position_ids"]
+    B, T = input_ids.shape
+    param_dtype = drafter.fc.weight.dtype
+
+    # Teacher log-probs once, at positions t' whose next token is in the document: [M, N]
+    need_teacher = in_document(doc_ids, -1)                                       # [B,T]
+    with torch.no_grad():
+        teacher_logp = teacher.log_probs(batch["last"][need_teacher])            # [M, N] fp32
+        teacher_top = teacher_logp.argmax(-1)                                     # [M]
+    compact_index = need_teacher.flatten().long().cumsum(0) - 1                   # flat pos -> row of teacher_logp
+
+    aux = batch["aux"].to(param_dtype)                                            # [B,T,3,H]
+    if aux_noise > 0 and drafter.training:
+        aux = aux + (torch.rand_like(aux) * 2 - 1) * aux_noise
+    hidden = drafter.combine_aux(aux)                                             # [B,T,H]
+
+    cache = KVCache()
+    total = hidden.new_zeros((), dtype=torch.float32)
+    sums = {}
+    through = torch.ones(B * T, dtype=torch.bool, device=input_ids.device)        # correct at every step so far
+    for k in range(steps):
+        tokens = shift_left(input_ids, k + 1, 0)                                  # token t+k+1 at position t
+        mask = ttt_mask(doc_ids, k)                                               # [B,1,T,(k+1)T]
+        embeds = drafter.embed_tokens(tokens)
+        cos, sin = drafter.rotary_emb(hidden, position_ids + k)
+        out = drafter.layers[0](embeds.to(hidden.dtype), hidden, cos, sin, mask, cache)   # [B,T,H] pre-norm
+        normed = drafter.norm(out)
+
+        defined = in_document(doc_ids, k).flatten()                               # [B*T] has a teacher
+        trained = valid_positions(doc_ids, loss_mask, k).flatten()                # [B*T] loss-masked too
+        rows = defined.nonzero().squeeze(1)                                       # [R]
+        is_trained = trained[rows]                                                # [R]
+        logits = drafter.lm_head(normed.flatten(0, 1)[rows])                      # [R, N]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        t_rows = compact_index[rows + k + 1]                                      # teacher at t+k+1
+        t_logp = teacher_logp[t_rows]                                             # [R, N]
+        t_top = teacher_top[t_rows]
+        if loss == "kl":
+            per_pos = (t_logp.exp() * (t_logp - logp)).sum(-1)                    # [R]
+        else:
+            per_pos = -logp.gather(1, t_top[:, None]).squeeze(1)
+        per_pos = per_pos[is_trained]
+        count = per_pos.numel()
+        total = total + (step_decay ** k) * per_pos.sum() / max(count, 1)
+
+        with torch.no_grad():
+            correct = logp.argmax(-1) == t_top                                    # [R]
+            prev = through[rows]
+            through[rows] = prev & correct
+            sums[f"loss_sum_{k}"] = per_pos.detach().sum().double()
+            sums[f"count_{k}"] = torch.tensor(float(count), dtype=torch.float64)
+            sums[f"full_correct_{k}"] = (prev & correct)[is_trained].sum().double()
+            sums[f"prev_correct_{k}"] = prev[is_trained].sum().double()
+        hidden = normed if drafter.config.norm_output else out
+    return total, sums
+
+
+class TTTObjective(nn.Module):
+    """drafter + teacher + TTT settings behind one forward(batch) -> (loss, sums), so that DDP or
+    FSDP can wrap the whole training computation as one module call."""
+
+    def __init__(self, drafter: Eagle3Drafter, teacher: TeacherHead, steps: int = 3, step_decay: float = 1.0,
+                 loss: str = "kl", aux_noise: float = 0.0):
+        super().__init__()
+        self.drafter, self.teacher = drafter, teacher
+        self.steps, self.step_decay, self.loss, self.aux_noise = steps, step_decay, loss, aux_noise
+
+    def forward(self, batch: dict[str, torch.Tensor]):
+        return ttt_forward(self.drafter, self.teacher, batch, self.steps, self.step_decay, self.loss,
+                           self.aux_noise if self.training else 0.0)
