@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
-                                                      apply_rotary_pos_emb, repeat_kv)
+                                                      apply_rotary_pos_emb)
 
 from specdraft.model.config import DrafterConfig
 
@@ -63,9 +63,8 @@ class DrafterAttention(nn.Module):
         v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         k_all, v_all = cache.append(k, v)                                    # [B,nkv,S+T,hd]
-        groups = self.nh // self.nkv
-        out = F.scaled_dot_product_attention(q, repeat_kv(k_all, groups), repeat_kv(v_all, groups),
-                                             attn_mask=mask)               # mask [B|1,1,T,S+T] bool
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,   # mask [B|1,1,T,S+T] bool
+                                             enable_gqa=True)               # no repeat_kv copies
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
 
 

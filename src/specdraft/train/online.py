@@ -1,0 +1,139 @@
+"""Online training: the target computes the hidden states inside the training loop, nothing is
+written to disk (`--online --model M --data WS/data`).
+
+A store is ~57 KB per token for a 7168-wide target; online mode trades that disk for one target
+forward per batch. It produces exactly the batch dicts of the store path, so the loss and the
+metrics are the same:
+
+- `OnlineSamples` looks like a HiddenStore (len, sample_lengths, hidden_size, layer_ids, target,
+  dtype, [i] -> input_ids/loss_mask/aux/last) but runs the target instead of reading shards. It
+  uses capture's own hooks (specdraft.data.capture.recording / capture_samples): aux = input of
+  decoder layer l (HF output_hidden_states[l]), last = the last decoder layer's output before the
+  final norm.
+- `OnlineBatches` is train/batches.StoreBatches (same packing, rank sharding, resume positions)
+  whose collate first runs the target once over all samples of the batch (length-bucketed, right-
+  padded), then packs them exactly as the store path does.
+
+Samples are cut to max_tokens before the forward: attention is causal, so the hidden states of
+the kept prefix are the ones of the full sample.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.train.batches import StoreBatches, split_samples
+
+
+class OnlineSamples:
+    """Prepared samples whose aux/last hidden states come from the target on demand."""
+
+    def __init__(self, target, input_ids: list[list[int]], loss_mask: list[list[int]], layer_ids: list[int],
+                 max_tokens: int | None = None, batch_tokens: int = 8192, dtype: torch.dtype = torch.float32):
+        self.target = target.identity
+        self.model = target.model
+        self.layer_ids = list(layer_ids)
+        self.hidden_size = target.hidden_size
+        self.dtype = dtype
+        self.batch_tokens = batch_tokens
+        cut = (lambda s: s[:max_tokens]) if max_tokens else (lambda s: s)
+        self.input_ids = [cut(list(s)) for s in input_ids]
+        self.loss_mask = [cut(list(m)) for m in loss_mask]
+        self.sample_lengths = [len(s) for s in self.input_ids]
+        self._ready: dict[int, dict[str, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def prefetch(self, ids: list[int]) -> None:
+        """One target pass (length-bucketed batches) over samples `ids`; results kept until clear()."""
+        from specdraft.data.capture import capture_samples, recording
+
+        ids = [i for i in dict.fromkeys(ids) if i not in self._ready]
+        if not ids:
+            return
+        with recording(self.model, self.layer_ids) as rec:
+            aux, last, offsets = capture_samples(self.model, [self.input_ids[i] for i in ids], self.layer_ids,
+                                                 self.dtype, self.batch_tokens, rec)   # [N,3,H], [N,H], [S+1]
+        for k, i in enumerate(ids):
+            a, b = int(offsets[k]), int(offsets[k + 1])
+            self._ready[i] = {"input_ids": torch.tensor(self.input_ids[i], dtype=torch.long),
+                              "loss_mask": torch.tensor(self.loss_mask[i], dtype=torch.uint8),
+                              "aux": aux[a:b], "last": last[a:b]}
+
+    def clear(self) -> None:
+        self._ready.clear()
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if i not in self._ready:
+            self.prefetch([i])
+        return self._ready[i]
+
+
+class OnlineBatches(StoreBatches):
+    """StoreBatches over OnlineSamples: the same rows, ranks and resume positions, with one target
+    forward per batch instead of reads from the store."""
+
+    def collate(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
+        self.store.prefetch([s for row in rows for s in row])
+        try:
+            return super().collate(rows)
+        finally:
+            self.store.clear()
+
+
+def online_samples(target, data: str | Path, layer_ids: list[int] | None = None,
+                   max_tokens: int | None = None) -> OnlineSamples:
+    """Load prepared data (WS/data) for `target`, refusing data prepared for another target."""
+    from specdraft.data.prepared import load_prepared
+    from specdraft.targets import check_aux_layers, default_aux_layers
+
+    ds, meta = load_prepared(data)
+    prepared_for = meta.get("target") or {}
+    if prepared_for.get("fingerprint") and prepared_for["fingerprint"] != target.identity["fingerprint"]:
+        raise SpecdraftError(f"{data}: prepared for {prepared_for.get('id')} (fingerprint "
+                             f"{prepared_for['fingerprint']}) but --model is {target.name} (fingerprint "
+                             f"{target.identity['fingerprint']}); train online with the target the data was "
+                             "prepared for, or re-run prepare with this --model")
+    L = target.num_layers
+    layer_ids = check_aux_layers(list(layer_ids) if layer_ids is not None else default_aux_layers(L), L)
+    columns = ds.select_columns(["input_ids", "loss_mask"])[:]
+    if not columns["input_ids"]:
+        raise SpecdraftError(f"{data}: no samples; re-run `specdraft prepare`")
+    max_id = max(max(s) for s in columns["input_ids"] if s)
+    if max_id >= target.vocab_size:
+        raise SpecdraftError(f"{data}: token id {max_id} is outside the vocabulary of {target.name} "
+                             f"({target.vocab_size} tokens); the data was tokenized for another model")
+    return OnlineSamples(target, columns["input_ids"], columns["loss_mask"], layer_ids, max_tokens=max_tokens)
+
+
+def online_data(cfg, runtime, target, data: str | Path, layer_ids: list[int] | None = None):
+    """The loop's TrainData for online mode: the same split, packing and rank sharding as
+    train.loop.store_data, over prepared samples run through `target`."""
+    from specdraft.train.loop import TrainData
+
+    samples = online_samples(target, data, layer_ids, max_tokens=cfg.max_tokens)
+    train_ids, val_ids = split_samples(len(samples), cfg.val_fraction, cfg.seed)
+    common = dict(max_tokens=cfg.max_tokens, rows_per_batch=cfg.rows_per_batch, seed=cfg.seed,
+                  rank=runtime.rank, world_size=runtime.world_size)
+    train = OnlineBatches(samples, train_ids, shuffle=True, **common)
+    val = OnlineBatches(samples, val_ids, shuffle=False, **common) if val_ids else None
+    return TrainData(train, val, samples.hidden_size, samples.layer_ids, samples.target, f"{data} (online)")
+
+
+def online_setup(data: str | Path | None):
+    """For `--online --data WS/data`: a function (cfg, runtime) -> train() keyword arguments, the
+    target loaded once on this rank's device (teacher head, embeddings and hidden states) and the
+    online TrainData."""
+    from specdraft.targets import load_target
+
+    if not data:
+        raise SpecdraftError("--online: pass --data WS/data (the prepared data the target runs over)")
+
+    def setup(cfg, runtime) -> dict:
+        target = load_target(cfg.model, device=str(runtime.device), trust_remote_code=cfg.trust_remote_code)
+        return {"target": target, "data": online_data(cfg, runtime, target, data)}
+    return setup
