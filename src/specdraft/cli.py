@@ -69,8 +69,10 @@ def prepare(
                           max_new_tokens=max_new_tokens, max_length=max_length,
                           min_assistant_tokens=min_assistant_tokens, dedup=dedup, limit=limit,
                           batch_size=batch_size, split=split, seed=seed, trust_remote_code=trust_remote_code)
-    console.print(f"[green]prepared[/] {summary['counts']['samples']} samples, "
-                  f"{summary['counts']['tokens']} tokens ({summary['counts']['loss_tokens']} trained) -> {out}")
+    counts = summary["counts"]
+    dropped = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in counts["dropped"].items() if n)
+    console.print(f"[green]prepared[/] {counts['samples']} samples, {counts['tokens']} tokens "
+                  f"({counts['loss_tokens']} trained) -> {out}" + (f" [dim](dropped: {dropped})[/]" if dropped else ""))
 
 
 @app.command()
@@ -84,6 +86,7 @@ def capture(
     shard_tokens: int = typer.Option(65536, help="Tokens per shard file."),
     resume: bool = typer.Option(False, "--resume", help="Continue at the first missing shard."),
     verify: bool = typer.Option(False, "--verify", help="Only re-hash the shards of --out and report."),
+    compute_dtype: str = typer.Option("float32", help="Dtype the target runs in: float32, bfloat16 or float16."),
     trust_remote_code: bool = TRUST,
 ):
     """Store the target's aux hidden states and pre-norm last layer output, per token."""
@@ -98,7 +101,7 @@ def capture(
         raise SpecdraftError("capture: --data WS/data is required (or pass --verify)")
     manifest = cap.capture(model=model, data=data, out=out, layers=parse_layers(layers), dtype=dtype,
                            batch_tokens=batch_tokens, shard_tokens=shard_tokens, resume=resume,
-                           trust_remote_code=trust_remote_code)
+                           trust_remote_code=trust_remote_code, compute_dtype=compute_dtype)
     console.print(f"[green]captured[/] {manifest['num_samples']} samples, {manifest['num_tokens']} tokens "
                   f"in {len(manifest['shards'])} shards -> {out}")
 
@@ -151,11 +154,395 @@ def vocab_remap(a: Path = typer.Argument(..., help="Source mapping A."),
 
 @app.command()
 def demo(workspace: Path = typer.Option(Path("ws/demo"), "--workspace", help="Where the demo writes."),
-         profile: str = typer.Option("quick", help="quick or full.")):
-    """The end-to-end job on the embedded default target."""
+         profile: str = typer.Option("quick", help="quick (about 20 min on 2 cores) or full.")):
+    """The end-to-end job on the embedded default target (SmolLM2-135M-Instruct)."""
     from specdraft.recipes import run_demo
 
     run_demo(workspace, profile=profile)
+
+
+@app.command()
+def recipe(model: str = typer.Argument(..., help="smollm2 (the embedded default), a hub id, a folder or a .gguf."),
+           profile: str = typer.Option("quick", help="quick or full (see docs/recipes.md)."),
+           workspace: Optional[Path] = typer.Option(None, "--workspace", help="Default: ws/<model>-<profile>."),
+           data: str = typer.Option("builtin", "--data", help="Conversations to regenerate (file, hub dataset, builtin)."),
+           ):
+    """Every stage, prepare to report, for any target: the recipe behind `make demo`."""
+    from specdraft.recipes import run_recipe
+
+    target = "default" if model in ("smollm2", "default") else model
+    ws = workspace or Path("ws") / f"{model.replace('/', '--')}-{profile}"
+    run_recipe(target, ws, profile=profile, data=data)
+
+
+@app.command("export")
+def export_cmd(
+    run_or_ckpt: Path = typer.Argument(..., help="Checkpoint folder, or a run folder WS/runs/NAME (best/, else newest epoch)."),
+    fmt: str = typer.Option("speculators", "--format", help="speculators (vLLM) or sglang."),
+    out: Path = typer.Option(..., "--out", help="Output folder for the exported drafter."),
+    speculative_tokens: int = typer.Option(3, "--speculative-tokens", help="Default draft length written into the speculators config."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Write the drafter in the layout a serving engine loads (see docs/serving.md)."""
+    from specdraft.formats import export
+
+    summary = export(run_or_ckpt, out, fmt, speculative_tokens=speculative_tokens)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        console.print(f"[green]exported[/] {summary['source']} ({summary['source_layout']}) -> {out} ({fmt})")
+
+
+@app.command("import")
+def import_cmd(
+    src: Path = typer.Argument(..., help="Drafter folder: speculators, SGLang, or official EAGLE-3 layout."),
+    out: Path = typer.Option(..., "--out", help="Output folder (our layout)."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Read a drafter in any supported layout and write it in ours."""
+    from specdraft.formats import import_checkpoint
+
+    summary = import_checkpoint(src, out)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    console.print(f"[green]imported[/] {src} ({summary['source_layout']}) -> {out}")
+    if not summary["has_embed_tokens"]:
+        console.print("note: no embed_tokens in the source; they are the target's (copy them before training)")
+    if not summary["aux_layer_ids"]:
+        console.print("note: the source names no aux layer ids; engines use their default [2, L//2, L-3]")
+
+
+# ----------------------------------------------------------------------------- analysis: journal, compare, probe, plan, report
+
+journal_app = typer.Typer(no_args_is_help=True, help="Decision journal beside a run (RUN/journal.md).")
+app.add_typer(journal_app, name="journal")
+
+
+def parse_floats(text: Optional[str], option: str) -> Optional[list[float]]:
+    if text is None:
+        return None
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecdraftError(f"{option} {text!r}: expected comma-separated numbers such as 0.8,0.6,0.5") from None
+
+
+@journal_app.command("add")
+def journal_add(run: Path = typer.Argument(..., help="Run folder, e.g. WS/runs/NAME."),
+                text: str = typer.Argument(..., help="What was hypothesised, found or decided."),
+                kind: str = typer.Option(..., "--kind", help="hypothesis, result, decision, warning or probe.")):
+    """Append a timestamped entry to RUN/journal.md."""
+    from specdraft.analysis import journal
+
+    entry = journal.add(run, kind, text)
+    console.print(f"[green]journal[/] {entry.time} {entry.kind} -> {journal.journal_path(run)}")
+
+
+@app.command("compare")
+def compare_cmd(runs: List[Path] = typer.Argument(..., help="Run folders (or their metrics.jsonl)."),
+                out: Optional[Path] = typer.Option(None, "--out", help="Folder for compare.md and curves.png."),
+                metric: Optional[List[str]] = typer.Option(None, "--metric", help="Table metrics (repeatable)."),
+                baseline: Optional[Path] = typer.Option(None, "--baseline", help="Flag runs that stay behind this run."),
+                margin: float = typer.Option(0.05, help="Behind-baseline margin on full_acc_0 (absolute)."),
+                as_json: bool = typer.Option(False, "--json")):
+    """Validation metrics per epoch side by side, and curves aligned by tokens seen."""
+    from specdraft.analysis import compare
+
+    result = compare.compare(runs, out, tuple(metric) if metric else compare.DEFAULT_TABLE_METRICS,
+                             baseline=baseline, margin=margin)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    compare.print_result(result)
+
+
+@app.command("probe")
+def probe_cmd(vocab: Optional[List[Path]] = typer.Option(None, "--vocab", help="Two mappings A and B (vocab file or drafter folder)."),
+              model: Optional[List[str]] = typer.Option(None, "--model", "-m", help="Targets: two (A, B) for the hidden-state probe, one for --drafter."),
+              data: Optional[Path] = typer.Option(None, "--data", help="Prepared data (WS/data) both targets read."),
+              drafter: Optional[Path] = typer.Option(None, "--drafter", help="Drafter folder for the direct acceptance probe."),
+              samples: int = typer.Option(32, help="Samples of --data to run."),
+              max_tokens: int = typer.Option(512, help="Tokens per sample at most."),
+              steps: int = typer.Option(5, help="Draft steps for the direct probe."),
+              run: Optional[Path] = typer.Option(None, "--run", help="Run folder: write RUN/probe-*.json and a journal entry."),
+              out: Optional[Path] = typer.Option(None, "--out", help="Write the result JSON here."),
+              as_json: bool = typer.Option(False, "--json"),
+              trust_remote_code: bool = TRUST):
+    """Before fine-tuning: mapping overlap, hidden-state similarity of two targets, the drafter as it is."""
+    from specdraft.analysis import probe
+
+    results = probe.run(vocabs=vocab or [], models=model or [], data=data, drafter=drafter, samples=samples,
+                        max_tokens=max_tokens, steps=steps, run=run, out=out,
+                        trust_remote_code=trust_remote_code)
+    for r in results:
+        print(json.dumps(r, indent=2) if as_json else probe.format_result(r))
+
+
+@app.command("plan")
+def plan_cmd(drafter: Optional[Path] = typer.Option(None, "--drafter", help="Drafter folder (to time a draft step)."),
+             model: str = MODEL,
+             accept: Optional[str] = typer.Option(None, "--accept", help="eval/bench JSON, metrics.jsonl, or rates 0.8,0.6,..."),
+             data: Optional[Path] = typer.Option(None, "--data", help="Hidden store (WS/hidden) to measure acceptance on."),
+             verify_ms: Optional[str] = typer.Option(None, "--verify-ms", help="Verify latency for 1..K+1 tokens (ms), or one value for all."),
+             draft_ms: Optional[float] = typer.Option(None, "--draft-ms", help="Drafter step latency (ms)."),
+             k_max: int = typer.Option(8, "--k-max", help="Longest draft chain considered."),
+             context: int = typer.Option(512, help="KV cache length for the verify measurement."),
+             run: Optional[Path] = typer.Option(None, "--run", help="Run folder: write RUN/plan.json and a journal entry."),
+             out: Optional[Path] = typer.Option(None, "--out", help="Write the plan JSON here."),
+             as_json: bool = typer.Option(False, "--json"),
+             trust_remote_code: bool = TRUST):
+    """Choose the number of draft tokens from acceptance per position and draft/verify cost."""
+    from specdraft.analysis import plan
+
+    result = plan.run(drafter=drafter, model=model, accept=accept, data=data,
+                      verify_ms=parse_floats(verify_ms, "--verify-ms"), draft_ms=draft_ms, k_max=k_max,
+                      context=context, run=run, out=out, trust_remote_code=trust_remote_code)
+    print(json.dumps(result, indent=2) if as_json else plan.format_plan(result))
+
+
+@app.command("report")
+def report_cmd(runs: List[Path] = typer.Argument(..., help="Run folders."),
+               out: Path = typer.Option(..., "--out", help="The HTML file, e.g. WS/runs/NAME/report.html.")):
+    """One self-contained HTML page: config, metrics, curves, journal, probe/plan/bench results."""
+    from specdraft.analysis import report
+
+    path = report.build(runs, out)
+    console.print(f"[green]report[/] -> {path}")
+
+
+@app.command()
+def train(
+    ctx: typer.Context,
+    config: Optional[Path] = typer.Option(None, "--config", help="run.yaml with any of the settings below; flags override it."),
+    out: str = typer.Option("ws/runs/run", "--out", help="Run folder (config.yaml, metrics.jsonl, checkpoints/)."),
+    store: str = typer.Option("ws/hidden", "--store", help="Hidden-state store from `specdraft capture`."),
+    vocab: str = typer.Option("ws/vocab.safetensors", "--vocab", help="Draft vocab from `specdraft vocab build`."),
+    model: str = MODEL,
+    trust_remote_code: bool = TRUST,
+    from_pretrained: Optional[str] = typer.Option(None, "--from-pretrained", help="Start from this drafter folder."),
+    remap: bool = typer.Option(True, "--remap/--no-remap", help="Remap a --from-pretrained lm_head to --vocab when the mappings differ (else refuse)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the latest checkpoint in --out exactly."),
+    norm_before_residual: bool = typer.Option(False, "--norm-before-residual/--no-norm-before-residual"),
+    ttt_steps: int = typer.Option(3, help="Unrolled draft steps per position (1..7)."),
+    step_decay: float = typer.Option(1.0, help="Loss weight of TTT step k is step_decay**k."),
+    loss: str = typer.Option("kl", help="kl (teacher over the draft vocab) or ce (teacher argmax)."),
+    aux_noise: float = typer.Option(0.0, help="Uniform noise U(-a, a) on the aux states while training."),
+    max_tokens: int = typer.Option(2048, help="Tokens per packed row."),
+    rows_per_batch: int = typer.Option(1, help="Packed rows per optimizer step (per rank)."),
+    val_fraction: float = typer.Option(0.05, help="Samples held out for validation."),
+    seed: int = typer.Option(0),
+    epochs: int = typer.Option(2),
+    lr: float = typer.Option(1e-4),
+    min_lr_ratio: float = typer.Option(0.1, help="Final lr = lr * min_lr_ratio."),
+    schedule: str = typer.Option("cosine", help="cosine, linear or constant after warm-up."),
+    warmup_steps: int = typer.Option(20),
+    weight_decay: float = typer.Option(0.01),
+    beta1: float = typer.Option(0.9),
+    beta2: float = typer.Option(0.95),
+    grad_clip: float = typer.Option(1.0, help="Max grad norm (0 = off)."),
+    precision: str = typer.Option("auto", help="auto (bf16 where the hardware has it), bf16 or fp32."),
+    log_every: int = typer.Option(10, help="Steps per metrics.jsonl train line."),
+    val_every: int = typer.Option(0, help="Also validate every N steps (0 = each epoch only)."),
+    save_every: int = typer.Option(0, help="Also checkpoint every N steps (0 = each epoch only)."),
+    keep_step_checkpoints: int = typer.Option(2, help="Step checkpoints kept."),
+    stop_after: int = typer.Option(0, help="Stop this invocation after N steps (0 = run to the end)."),
+    tensorboard: bool = typer.Option(False, "--tensorboard", help="Also log to RUN/tensorboard (if installed)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    nproc: int = typer.Option(1, "--nproc", help="Processes: N > 1 re-launches under torchrun (DDP; gloo on CPU, NCCL on GPU)."),
+    online: bool = typer.Option(False, "--online", help="Compute hidden states with --model inside the loop (no store)."),
+    data: Optional[str] = typer.Option(None, "--data", help="Prepared data (WS/data) for --online."),
+):
+    """Train an EAGLE-3 drafter with training-time test from the hidden-state store."""
+    from specdraft.train.config import resolve_config
+    from specdraft.train.loop import Runtime
+    from specdraft.train.loop import train as run_training
+
+    if nproc > 1:
+        from specdraft.train import distributed
+
+        distributed.exec_torchrun(nproc, distributed.forward_cli_args(sys.argv[2:]))
+    launcher = {"config", "nproc", "online", "data"}
+    overrides = {name: value for name, value in ctx.params.items()
+                 if name not in launcher and getattr(ctx.get_parameter_source(name), "name", "") != "DEFAULT"}
+    if "resume" in overrides or "out" in overrides:   # resume reads RUN/config.yaml unless --config is given
+        overrides.setdefault("out", out)
+    cfg = resolve_config(config, **overrides)
+    extra = {}
+    if online:
+        from specdraft.train.online import online_setup
+
+        extra = online_setup(data)(cfg, Runtime())
+    summary = run_training(cfg, **extra)
+    val = summary.get("val") or {}
+    tail = f", val loss {val['loss']:.4f}, accept {val['accept_len']:.3f}" if val else ""
+    console.print(f"[green]trained[/] {summary.get('steps', summary.get('stopped_at_step'))} steps, "
+                  f"{summary['tokens_seen']:,} tokens{tail} -> {cfg.out}")
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="User message (the chat template is applied)."),
+    model: str = MODEL,
+    drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter checkpoint or run folder; 'untrained[:N]' = random (timing only)."),
+    method: str = typer.Option("eagle3", "--method", help="greedy (no drafting), ngram or eagle3."),
+    k: int = typer.Option(4, "--k", help="Draft tokens per round (chain)."),
+    tree: Optional[str] = typer.Option(None, "--tree", help="EAGLE-2 tree depth,topk,total, e.g. 4,4,16 (greedy only)."),
+    temperature: float = typer.Option(0.0, help="0 = greedy; >0 samples (rejection sampling keeps the target's distribution)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    ngram_max: int = typer.Option(3, "--ngram-max", help="Longest suffix n-gram looked up (ngram)."),
+    ngram_min: int = typer.Option(1, "--ngram-min", help="Shortest suffix n-gram looked up (ngram)."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("float32", help="Target/drafter dtype: float32, bfloat16 or float16."),
+    as_json: bool = typer.Option(False, "--json", help="Print {text, token_ids, tokens_per_s, accept_len, new_tokens}."),
+    trust_remote_code: bool = TRUST,
+):
+    """Speculative generation for one prompt: streams the answer, then tokens/s and acceptance length."""
+    from specdraft.infer import bench as B
+    from specdraft.infer.eagle import TreeShape
+    from specdraft.infer.sampling import Sampling
+    from specdraft.infer.speculative import eos_ids_of
+    from specdraft.targets import DTYPES, load_target
+
+    if method not in ("greedy", "ngram", "eagle3"):
+        raise SpecdraftError(f"--method {method}: unknown; choose greedy, ngram or eagle3")
+    if k < 1:
+        raise SpecdraftError(f"--k {k}: must be >= 1")
+    if dtype not in DTYPES:
+        raise SpecdraftError(f"--dtype {dtype}: choose float32, bfloat16 or float16")
+    shape = TreeShape.parse(tree) if tree else None
+    sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
+    if shape is not None and (method != "eagle3" or not sampling.greedy):
+        raise SpecdraftError("--tree: only with --method eagle3 and greedy decoding (--temperature 0)")
+    if method == "eagle3" and drafter is None:
+        raise SpecdraftError("--method eagle3: needs --drafter (a checkpoint, a run folder, or untrained)")
+    dev = B.pick_device(device)
+    target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
+    draft_model = B.load_drafter_for(drafter, target, dev, DTYPES[dtype]) if method == "eagle3" else None
+    names = {"greedy": "greedy", "ngram": "ngram", "eagle3": "eagle3-tree" if shape else "eagle3"}
+    m = B.build_methods([names[method]], draft_model, k, shape, ngram_max, ngram_min)[0]
+    tok = target.tokenizer
+    ids = B.prompt_ids(tok, [{"role": "user", "content": prompt}])
+    shown = {"ids": [], "text": ""}
+
+    def stream(new):
+        shown["ids"].extend(new)
+        text = tok.decode(shown["ids"], skip_special_tokens=True)
+        sys.stdout.write(text[len(shown["text"]):])
+        sys.stdout.flush()
+        shown["text"] = text
+
+    from specdraft.infer.speculative import generate as spec_generate
+
+    eos = eos_ids_of(target.model, tok)
+    result = spec_generate(target.model, ids, m.proposer, max_new_tokens, sampling, eos,
+                           None if as_json else stream, sync_cuda=dev.startswith("cuda"))
+    text = tok.decode(result.token_ids, skip_special_tokens=True)
+    if as_json:
+        print(json.dumps({"text": text, "token_ids": result.token_ids, "tokens_per_s": result.tokens_per_s,
+                          "accept_len": result.accept_len, "new_tokens": len(result.token_ids)}))
+    else:
+        sys.stdout.write("\n")
+        console.print(f"{len(result.token_ids)} tokens, {result.tokens_per_s:.1f} tokens/s, "
+                      f"mean acceptance length {result.accept_len:.2f} ({m.name})", highlight=False)
+
+
+@app.command()
+def bench(
+    model: str = MODEL,
+    drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter checkpoint or run folder; 'untrained[:N]' = random (timing only)."),
+    prompts: str = typer.Option("builtin-holdout", "--prompts", help="jsonl with `messages` (user turns = prompt), or builtin-holdout."),
+    methods: str = typer.Option("greedy,ngram,eagle3", "--methods", help="Comma list of greedy, ngram, eagle3, eagle3-tree."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    k: int = typer.Option(4, "--k", help="Draft tokens per round (chain, n-gram)."),
+    tree: Optional[str] = typer.Option(None, "--tree", help="Tree for eagle3-tree: depth,topk,total (default 4,4,16)."),
+    ngram_max: int = typer.Option(3, "--ngram-max"),
+    ngram_min: int = typer.Option(1, "--ngram-min"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N prompts (builtin-holdout default 32)."),
+    out: Optional[Path] = typer.Option(None, "--json", help="Write the results JSON here (and a .png bar chart beside it)."),
+    profile: bool = typer.Option(False, "--profile", help="Print the draft / verify / other time split."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
+    trust_remote_code: bool = TRUST,
+):
+    """Wall-clock speed of greedy (transformers generate), n-gram and EAGLE-3 on the same prompts."""
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from specdraft.infer import bench as B
+    from specdraft.infer.eagle import TreeShape
+    from specdraft.io import write_json
+    from specdraft.targets import DTYPES, load_target
+
+    names = [n.strip() for n in methods.split(",") if n.strip()]
+    bad = [n for n in names if n not in B.METHODS]
+    if bad or not names:
+        raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(B.METHODS)}")
+    if k < 1 or max_new_tokens < 1:
+        raise SpecdraftError("--k and --max-new-tokens must be >= 1")
+    if dtype not in DTYPES:
+        raise SpecdraftError(f"--dtype {dtype}: choose float32, bfloat16 or float16")
+    shape = TreeShape.parse(tree or B.DEFAULT_TREE)
+    if any(n.startswith("eagle3") for n in names) and drafter is None:
+        raise SpecdraftError("--methods eagle3: needs --drafter (a checkpoint, a run folder, or untrained)")
+    conversations = B.read_prompts(prompts, limit)
+    dev = B.pick_device(device)
+    target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
+    draft_model = (B.load_drafter_for(drafter, target, dev, DTYPES[dtype])
+                   if any(n.startswith("eagle3") for n in names) else None)
+    total = len(conversations) * len(set(names) | {"greedy"})
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("bench", total=total)
+        report = B.bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram_max, ngram_min,
+                         progress=lambda name: bar.update(task, advance=1, description=name))
+    report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
+                        "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
+                        "tree": [shape.depth, shape.topk, shape.total] if "eagle3-tree" in names else None,
+                        "ngram": [ngram_min, ngram_max], **B.environment(dev, dtype)}
+    table = Table(title=f"bench: {target.name}, {len(conversations)} prompts x {max_new_tokens} tokens")
+    for col in ("method", "tokens/s", "speedup", "accept len", "per-position accept", "= greedy"):
+        table.add_column(col)
+    for name, r in report["methods"].items():
+        pos = " ".join(f"{a:.2f}" for a in r["per_position_accept"]) or "-"
+        table.add_row(name, f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['accept_len']:.2f}", pos,
+                      "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']}/{len(conversations)})")
+    Console().print(table)
+    if profile:
+        for name, r in report["methods"].items():
+            p = r.get("profile")
+            if p:
+                console.print(f"{name:12s} draft {p['draft_frac']:6.1%}  verify {p['verify_frac']:6.1%}  "
+                              f"other {p['other_frac']:6.1%}  ({p['total_s']:.2f} s)", highlight=False)
+    if out is not None:
+        write_json(out, report)
+        B.plot(report, out.with_suffix(".png"))
+        console.print(f"[green]bench[/] -> {out}, {out.with_suffix('.png')}")
+
+
+@app.command("eval")
+def eval_cmd(
+    drafter: str = typer.Option(..., "--drafter", help="Drafter checkpoint or run folder."),
+    data: Path = typer.Option(..., "--data", help="Hidden-state store (WS/hidden)."),
+    model: str = MODEL,
+    split: str = typer.Option("val", help="val (the run's held-out samples) or all."),
+    steps: int = typer.Option(5, help="Draft positions to measure (1..7)."),
+    out: Optional[Path] = typer.Option(None, "--json", help="Also write the results here."),
+    trust_remote_code: bool = TRUST,
+):
+    """Acceptance from stored hidden states: per-position rates and simulated acceptance length."""
+    from specdraft.analysis.evaluate import evaluate
+    from specdraft.io import write_json
+
+    result = evaluate(drafter, data, model=model, split=split, steps=steps, trust_remote_code=trust_remote_code)
+    rates = " ".join(f"{a:.3f}" for a in result["cond_acc"])
+    by_k = " ".join(f"K={k}:{a:.2f}" for k, a in enumerate(result["accept_len_by_k"]) if k)
+    print(f"split        {result['split']}\ncond_acc     {rates}\naccept_len   {result['accept_len']:.3f}\n"
+          f"by chain K   {by_k}")
+    if out is not None:
+        write_json(out, result)
+        console.print(f"[green]eval[/] -> {out}")
 
 
 def main() -> None:

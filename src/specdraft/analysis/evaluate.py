@@ -1,0 +1,72 @@
+"""`specdraft eval`: a drafter's acceptance on stored hidden states, in seconds.
+
+It replays training-time test over the store's held-out samples (the run's own validation split when
+the drafter comes from a run folder) and reports per-position conditional acceptance and the simulated
+acceptance length for every chain length K. `bench` measures the real thing by generating; the two
+agree when the prompts match the store's distribution (see docs/recipes.md for the numbers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdraft.errors import SpecdraftError
+
+
+def run_config_of(drafter: Path) -> dict:
+    """The training run's config.yaml when `drafter` is RUN, RUN/best or RUN/checkpoints/epoch-N."""
+    import yaml
+
+    for folder in (drafter, drafter.parent, drafter.parent.parent):
+        cfg = folder / "config.yaml"
+        if cfg.is_file():
+            return yaml.safe_load(cfg.read_text()) or {}
+    return {}
+
+
+def chain_accept_lengths(cond_acc: list[float]) -> list[float]:
+    """Expected tokens per target forward for chains of K = 0..len(cond_acc) draft tokens."""
+    lengths, prod, total = [1.0], 1.0, 1.0
+    for a in cond_acc:
+        prod *= a
+        total += prod
+        lengths.append(total)
+    return lengths
+
+
+def evaluate(drafter: str | Path, store: str | Path, model: str = "default", split: str = "val",
+             steps: int = 5, max_tokens: int = 2048, trust_remote_code: bool = False) -> dict:
+    from specdraft.analysis.probe import drafter_metrics, load_drafter_for
+    from specdraft.data.store import HiddenStore
+    from specdraft.formats import resolve_checkpoint
+    from specdraft.targets import load_target
+    from specdraft.train.batches import StoreBatches, split_samples
+
+    if split not in ("val", "all"):
+        raise SpecdraftError(f"--split {split}: use val (the run's held-out samples) or all")
+    checkpoint = resolve_checkpoint(str(drafter))
+    hidden = HiddenStore(store)
+    target = load_target(model, trust_remote_code=trust_remote_code)
+    if hidden.target.get("fingerprint") != target.identity["fingerprint"]:
+        raise SpecdraftError(f"{store}: captured from {hidden.target.get('id')} but --model is {target.name} "
+                             "(fingerprints differ); pass the store's target")
+    net = load_drafter_for(checkpoint, target)
+    if list(net.config.aux_layer_ids) != list(hidden.layer_ids):
+        raise SpecdraftError(f"--drafter {drafter}: aux layers {net.config.aux_layer_ids} but {store} holds "
+                             f"{hidden.layer_ids}; capture with --layers {','.join(map(str, net.config.aux_layer_ids))}")
+    run_cfg = run_config_of(Path(checkpoint))
+    ids = list(range(len(hidden)))
+    if split == "val" and run_cfg:
+        _, ids = split_samples(len(hidden), run_cfg.get("val_fraction", 0.05), run_cfg.get("seed", 0))
+        split_used = f"val ({len(ids)} held-out samples of the run)"
+    else:
+        split_used = f"all ({len(ids)} samples)"
+    if not ids:
+        raise SpecdraftError(f"{store}: no samples to evaluate in split {split!r}")
+    batches = StoreBatches(hidden, ids, max_tokens=max_tokens, shuffle=False)
+    metrics = drafter_metrics(net, target.model, batches.batches(0), steps)
+    cond = [metrics[f"cond_acc_{k}"] for k in range(steps)]
+    return {"drafter": str(checkpoint), "store": str(store), "model": target.name, "split": split_used,
+            "steps": steps, "cond_acc": cond, "full_acc": [metrics[f"full_acc_{k}"] for k in range(steps)],
+            "accept_len": metrics["accept_len"], "accept_len_by_k": chain_accept_lengths(cond),
+            "metrics": metrics}
