@@ -1,0 +1,229 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specdraft.data.builtin_prompts import builtin_prompts, prompt_pool
+from specdraft.data.conversations import normalize
+from specdraft.data.prepare import prepare
+from specdraft.data.prepared import load_prepared
+from specdraft.data.regenerate import PROGRESS_FILE, RegenSettings, generate_batch, load_progress
+from specdraft.errors import SpecdraftError
+from specdraft.targets import load_target
+
+# Two cores shared with other jobs: one thread avoids oversubscription stalls in generate().
+torch.set_num_threads(1)
+
+CONVERSATIONS = [
+    {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]},
+    {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "2+2?"},
+                       {"from": "gpt", "value": "4"}, {"from": "human", "value": "3+3?"},
+                       {"from": "gpt", "value": "6"}]},
+    {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]},
+    {"messages": [{"role": "user", "content": "Tell me a long story."},
+                  {"role": "assistant", "content": "Once upon a time " * 20}]},
+]
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+# builtin prompts ----------------------------------------------------------------------------
+
+def test_builtin_prompts_distinct_deterministic_and_held_out():
+    train = builtin_prompts(None, seed=0)
+    assert len(set(train)) == len(train) >= 2000
+    assert builtin_prompts(100, seed=0) == train[:100] == builtin_prompts(100, seed=0)
+    other = builtin_prompts(None, seed=1)
+    assert other != train and set(other) == set(train)
+    holdout = builtin_prompts(None, split="holdout")
+    assert len(holdout) >= 200 and not set(holdout) & set(train)
+    assert set(holdout) | set(train) == set(prompt_pool())
+    with pytest.raises(SpecdraftError, match="unknown split"):
+        builtin_prompts(3, split="test")
+
+
+def test_builtin_prompts_are_diverse_even_in_a_short_prefix():
+    first = builtin_prompts(64, seed=0)
+    kinds = {
+        "explain": lambda p: "xplain" in p or "main idea" in p,
+        "howto": lambda p: p.startswith(("How do I", "Give me step-by-step", "What is the easiest", "I'm a")),
+        "list": lambda p: p.startswith("List ") or p.startswith("Give me ") and "one line each" in p,
+        "code": lambda p: any(lang in p for lang in ("Python", "Rust", "JavaScript", " Go", " C,", "Java", "Bash")),
+        "arithmetic": lambda p: any(ch.isdigit() for ch in p) and p.endswith("?"),
+        "passage": lambda p: "\n\n" in p and len(p) > 200,
+        "email": lambda p: " email to " in p,
+        "compare": lambda p: "ompar" in p or " versus " in p or "Should I choose" in p,
+    }
+    for name, test in kinds.items():
+        assert any(test(p) for p in first), f"no {name} prompt in the first 64"
+
+
+# reading and normalising ----------------------------------------------------------------------
+
+def test_sharegpt_roles_are_mapped():
+    conv = normalize(CONVERSATIONS[1], "x")
+    assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert conv.messages[2]["content"] == "4"
+
+
+def test_empty_assistant_allowed_only_when_regenerating():
+    record = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": " "}]}
+    with pytest.raises(SpecdraftError, match="rec turn 1: empty assistant turn"):
+        normalize(record, "rec")
+    assert normalize(record, "rec", allow_empty_assistant=True).messages[1]["content"] == " "
+
+
+# prepare end to end on the tiny target -------------------------------------------------------------
+
+def test_prepare_jsonl_filters_and_counts(tiny_target, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", CONVERSATIONS)
+    meta = prepare(str(tiny_target), str(data), tmp_path / "out", max_length=200)
+    ds, saved = load_prepared(tmp_path / "out")
+    assert saved == meta
+    assert set(ds.column_names) == {"input_ids", "loss_mask", "messages"}
+    counts = meta["counts"]
+    assert counts["records"] == 4 and counts["samples"] == 2 == len(ds)
+    assert counts["dropped"] == {"duplicate": 1, "too_long": 1, "too_few_assistant_tokens": 0, "over_limit": 0}
+    assert counts["tokens"] == sum(len(x) for x in ds["input_ids"])
+    assert counts["loss_tokens"] == sum(sum(m) for m in ds["loss_mask"])
+    assert meta["target"]["fingerprint"] and len(meta["chat_template_sha256"]) == 64
+    assert meta["max_length"] == 200 and meta["source_kind"] == "file"
+    from specdraft.testing import tiny_tokenizer
+
+    tok = tiny_tokenizer("chatml")
+    second = ds[1]
+    masked = tok.decode([t for t, m in zip(second["input_ids"], second["loss_mask"]) if m])
+    assert masked == "4<|im_end|>6<|im_end|>"
+    assert json.loads(second["messages"])[1] == {"role": "user", "content": "2+2?"}
+
+
+def test_prepare_limit_min_tokens_and_no_dedup(tiny_target, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", CONVERSATIONS)
+    meta = prepare(str(tiny_target), str(data), tmp_path / "a", dedup=False, limit=2)
+    assert meta["counts"]["samples"] == 2 and meta["counts"]["dropped"]["over_limit"] == 2
+    meta = prepare(str(tiny_target), str(data), tmp_path / "b", dedup=False, min_assistant_tokens=5)
+    # "4" + <|im_end|> and "6" + <|im_end|>: 4 trained tokens < 5
+    assert meta["counts"]["dropped"]["too_few_assistant_tokens"] == 1 and meta["counts"]["samples"] == 3
+
+
+def test_prepare_json_and_parquet_sources(tiny_target, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = CONVERSATIONS[:1] + [{"messages": [{"role": "user", "content": "Q"},
+                                                 {"role": "assistant", "content": "A"}]}]
+    (tmp_path / "d.json").write_text(json.dumps(records))
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "d.parquet")
+    a = prepare(str(tiny_target), str(tmp_path / "d.json"), tmp_path / "a")
+    b = prepare(str(tiny_target), str(tmp_path / "d.parquet"), tmp_path / "b")
+    assert a["counts"]["samples"] == b["counts"]["samples"] == 2
+    assert load_prepared(tmp_path / "a")[0]["input_ids"] == load_prepared(tmp_path / "b")[0]["input_ids"]
+
+
+# regeneration ------------------------------------------------------------------------------------
+
+def test_left_padded_batch_matches_single_generation(tiny_target):
+    target = load_target(str(tiny_target))
+    settings = RegenSettings(max_new_tokens=8)
+    end_ids = [target.tokenizer.eos_token_id]
+    short = [{"role": "user", "content": "Hi"}]
+    long = [{"role": "user", "content": "A much longer question that needs padding on the other row"}]
+    together = generate_batch(target, [short, long], settings, end_ids)
+    assert together[0] == generate_batch(target, [short], settings, end_ids)[0]
+    assert together[1] == generate_batch(target, [long], settings, end_ids)[0]
+
+
+def test_regenerate_multi_turn_turn_by_turn(tiny_target, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [CONVERSATIONS[1]])
+    meta = prepare(str(tiny_target), str(data), tmp_path / "out", regenerate=True, max_new_tokens=4)
+    ds, _ = load_prepared(tmp_path / "out")
+    messages = json.loads(ds[0]["messages"])
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert messages[2]["content"] != "4" or messages[4]["content"] != "6"
+    assert meta["regeneration"]["turns"] == 2 and meta["regeneration"]["generated"] == 1
+
+
+def test_regeneration_resumes_after_a_kill(tiny_target, tmp_path):
+    kw = dict(regenerate=True, limit=6, batch_size=2, max_new_tokens=6)
+    first = prepare(str(tiny_target), "builtin", tmp_path / "out", **kw)
+    assert first["regeneration"]["generated"] == 6 and first["counts"]["dropped"]["over_limit"] == 0
+    progress = tmp_path / "out" / PROGRESS_FILE
+    lines = progress.read_text().splitlines(keepends=True)
+    assert len(lines) == 6
+    reference = load_prepared(tmp_path / "out")[0].to_dict()
+
+    # Simulate a kill in the middle of writing the 4th line.
+    progress.write_text("".join(lines[:3]) + lines[3][:25])
+    assert len(load_progress(progress)) == 3
+    second = prepare(str(tiny_target), "builtin", tmp_path / "out", **kw)
+    assert second["regeneration"]["reused"] == 3 and second["regeneration"]["generated"] == 3
+    assert load_prepared(tmp_path / "out")[0].to_dict() == reference
+    assert all(json.loads(line) for line in progress.read_text().splitlines())
+
+    third = prepare(str(tiny_target), "builtin", tmp_path / "out", **kw)
+    assert third["regeneration"]["generated"] == 0 and third["regeneration"]["reused"] == 6
+    assert load_prepared(tmp_path / "out")[0].to_dict() == reference
+
+
+# bad input through the CLI: one line on stderr, exit 2 ---------------------------------------------
+
+def bad_inputs(tmp_path, tiny_target):
+    """(name, args, expected text in the error)."""
+    good = write_jsonl(tmp_path / "good.jsonl", CONVERSATIONS[:1])
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text(json.dumps(CONVERSATIONS[0]) + "\n{not json\n")
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(json.dumps(CONVERSATIONS[0]).encode() + b"\n" + json.dumps(CONVERSATIONS[0]).encode()
+                       + b"\n" + '{"messages": [{"role": "user", "content": "caf\xe9"}]}'.encode("latin-1") + b"\n")
+    no_field = write_jsonl(tmp_path / "nofield.jsonl", [{"text": "hello"}])
+    bad_role = write_jsonl(tmp_path / "role.jsonl", [{"messages": [{"role": "robot", "content": "x"}]}])
+    empty_answer = write_jsonl(tmp_path / "empty.jsonl", [{"messages": [{"role": "user", "content": "Q"},
+                                                                         {"role": "assistant", "content": ""}]}])
+    from specdraft.testing import save_tiny_target
+
+    no_template = save_tiny_target(tmp_path / "no_template", template="none", num_layers=1)
+    out = tmp_path / "out"
+    model = ["--model", tiny_target]
+    return [
+        ("missing file", [*model, "--data", tmp_path / "missing.jsonl", "--out", out], "data file not found"),
+        ("not json", [*model, "--data", bad_json, "--out", out], "bad.jsonl line 2: not valid JSON"),
+        ("not utf-8", [*model, "--data", latin1, "--out", out], "latin1.jsonl line 3: not UTF-8"),
+        ("no messages", [*model, "--data", no_field, "--out", out], "nofield.jsonl line 1: no 'messages' or"),
+        ("unknown role", [*model, "--data", bad_role, "--out", out], "role.jsonl line 1 turn 0: unknown role 'robot'"),
+        ("empty answer", [*model, "--data", empty_answer, "--out", out], "turn 1: empty assistant turn"),
+        ("all filtered", [*model, "--data", good, "--out", out, "--max-length", "5"],
+         "no samples left after filtering 1 conversations (1 longer than --max-length 5)"),
+        ("no template", ["--model", no_template, "--data", good, "--out", out], "has no chat template"),
+        ("builtin needs --regenerate", [*model, "--data", "builtin", "--out", out], "pass --regenerate"),
+    ]
+
+
+def test_bad_input_is_one_line_exit_2(tiny_target, tmp_path):
+    cases = bad_inputs(tmp_path, tiny_target)
+    # All at once: most of each run is interpreter start-up, which overlaps well.
+    runs = [subprocess.Popen([sys.executable, "-m", "specdraft.cli", "prepare", *map(str, args)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _, args, _ in cases]
+    for (name, _, expected), proc in zip(cases, runs):
+        _, stderr = proc.communicate(timeout=300)
+        err = stderr.strip()
+        assert proc.returncode == 2, (name, stderr)
+        assert "Traceback" not in err, name
+        assert len(err.splitlines()) == 1, (name, err)
+        assert expected in err, (name, err)
+
+
+def test_sampling_is_seeded_and_not_mixed_with_greedy(tiny_target, tmp_path):
+    kw = dict(regenerate=True, limit=4, batch_size=2, max_new_tokens=6)
+    greedy = prepare(str(tiny_target), "builtin", tmp_path / "out", **kw)
+    hot = prepare(str(tiny_target), "builtin", tmp_path / "out", temperature=1.5, seed=3, **kw)
+    # Same OUT, other settings: the greedy answers in regen.jsonl are not reused.
+    assert hot["regeneration"]["reused"] == 0 and hot["regeneration"]["generated"] == 4
+    sampled = load_prepared(tmp_path / "out")[0]["input_ids"]
+    again = prepare(str(tiny_target), "builtin", tmp_path / "other", temperature=1.5, seed=3, **kw)
+    assert load_prepared(tmp_path / "other")[0]["input_ids"] == sampled
+    assert again["regeneration"]["generated"] == 4 and greedy["regeneration"]["temperature"] == 0.0
