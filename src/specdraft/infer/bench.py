@@ -1,0 +1,249 @@
+"""`specdraft generate` and `specdraft bench`: load the target and the drafter, build proposers,
+run speculative generation against plain greedy decoding, report speed and acceptance."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.infer.eagle import EagleProposer, TreeShape, check_drafter_fits
+from specdraft.infer.ngram import NgramProposer
+from specdraft.infer.sampling import Sampling
+from specdraft.infer.speculative import Generation, Profile, eos_ids_of, generate, per_position_accept
+
+METHODS = ("greedy", "ngram", "eagle3", "eagle3-tree")
+DEFAULT_TREE = "4,4,16"
+UNTRAINED = "untrained"
+
+
+def pick_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecdraftError(f"--device {device}: CUDA is not available here; use --device cpu")
+    return device
+
+
+def untrained_drafter(target_model, draft_vocab_size: int = 8192, seed: int = 0, verifier: str = ""):
+    """Random drafter over the first N target ids (timing only: it is almost never accepted)."""
+    from specdraft.model.config import DrafterConfig
+    from specdraft.model.drafter import Eagle3Drafter
+    from specdraft.targets import default_aux_layers
+
+    tc = target_model.config
+    n = min(draft_vocab_size, tc.vocab_size)
+    torch.manual_seed(seed)
+    cfg = DrafterConfig.from_target(tc, draft_vocab_size=n, aux_layer_ids=default_aux_layers(tc.num_hidden_layers),
+                                    verifier=verifier)
+    drafter = Eagle3Drafter(cfg)
+    t2d = torch.zeros(tc.vocab_size, dtype=torch.bool)
+    t2d[:n] = True
+    drafter.init_from_target(target_model, torch.zeros(n, dtype=torch.long), t2d)
+    return drafter.eval()
+
+
+def load_drafter_for(spec: str, target, device: str, dtype: torch.dtype):
+    """--drafter: a checkpoint folder, a run folder (best/ or newest epoch), or `untrained[:N]`."""
+    if spec == UNTRAINED or spec.startswith(UNTRAINED + ":"):
+        try:
+            n = int(spec.split(":", 1)[1]) if ":" in spec else 8192
+        except ValueError:
+            raise SpecdraftError(f"--drafter {spec}: expected untrained or untrained:N (draft vocab size)") from None
+        drafter = untrained_drafter(target.model, n, verifier=target.name)
+    else:
+        from specdraft.formats import resolve_checkpoint
+        from specdraft.model.drafter import load_drafter
+
+        drafter = load_drafter(resolve_checkpoint(spec))
+    for warning in check_drafter_fits(drafter, target.model, target.name):
+        print(f"warning: {warning}", file=sys.stderr)
+    return drafter.to(device=device, dtype=dtype).eval()
+
+
+def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Chat template with the generation prompt; plain text when the tokenizer has no template."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
+
+
+def read_prompts(source: str, limit: int | None = None) -> list[list[dict]]:
+    """`builtin-holdout`, or a jsonl file of {"messages": [...]} (or {"prompt": "..."}): every
+    message before the first assistant turn (system + user) is the prompt."""
+    if source == "builtin-holdout":
+        from specdraft.data.builtin_prompts import builtin_prompts
+
+        conversations = [[{"role": "user", "content": p}] for p in builtin_prompts(limit or 32, split="holdout")]
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise SpecdraftError(f"--prompts {source}: file not found; pass a jsonl file or builtin-holdout")
+        conversations = []
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SpecdraftError(f"{path}:{n}: not valid JSON ({e.msg}); one object per line") from None
+            if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+                conversations.append([{"role": "user", "content": row["prompt"]}])
+                continue
+            messages = row.get("messages") if isinstance(row, dict) else None
+            if not isinstance(messages, list):
+                raise SpecdraftError(f"{path}:{n}: no `messages` list; expected "
+                                     '{"messages": [{"role": "user", "content": ...}]}')
+            turns = []
+            for m in messages:
+                if not isinstance(m, dict) or m.get("role") == "assistant":
+                    break
+                turns.append({"role": m.get("role"), "content": str(m.get("content", ""))})
+            if any(t["role"] == "user" for t in turns):
+                conversations.append(turns)
+    if limit is not None:
+        conversations = conversations[:limit]
+    if not conversations:
+        raise SpecdraftError(f"--prompts {source}: no prompts (no line with a user turn); add some or use builtin-holdout")
+    return conversations
+
+
+def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: set[int]) -> Generation:
+    """What a user runs without us: transformers' own generate, greedy."""
+    device = next(model.parameters()).device
+    x = torch.tensor([ids], device=device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
+                         temperature=None, top_p=None, top_k=None,
+                         eos_token_id=sorted(eos) or None, pad_token_id=(sorted(eos) or [0])[0])
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    new = out[0, len(ids):].tolist()
+    return Generation(token_ids=new, seconds=seconds, target_forwards=len(new))
+
+
+@dataclass
+class Method:
+    name: str
+    proposer: object | None          # None with hf=True: transformers generate
+
+
+def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngram_max: int,
+                  ngram_min: int) -> list[Method]:
+    methods = []
+    for name in names:
+        if name not in METHODS:
+            raise SpecdraftError(f"--methods {name}: unknown; choose from {', '.join(METHODS)}")
+        if name.startswith("eagle3") and drafter is None:
+            raise SpecdraftError(f"--methods {name}: needs --drafter (a checkpoint, a run folder, or untrained)")
+        if name == "greedy":
+            methods.append(Method(name, None))
+        elif name == "ngram":
+            methods.append(Method(name, NgramProposer(k, ngram_max, ngram_min)))
+        elif name == "eagle3":
+            methods.append(Method(name, EagleProposer(drafter, k=k)))
+        else:
+            methods.append(Method(name, EagleProposer(drafter, tree=tree or TreeShape.parse(DEFAULT_TREE))))
+    return methods
+
+
+def run_one(model, method: Method, ids: list[int], max_new_tokens: int, eos: set[int],
+            sampling: Sampling | None = None, on_tokens=None) -> Generation:
+    if method.proposer is None and (sampling is None or sampling.greedy) and on_tokens is None:
+        return hf_greedy(model, ids, max_new_tokens, eos)
+    sync = next(model.parameters()).device.type == "cuda"
+    return generate(model, ids, method.proposer, max_new_tokens, sampling, eos, on_tokens, sync_cuda=sync)
+
+
+def summarize(name: str, runs: list[Generation], reference: list[list[int]] | None) -> dict:
+    tokens = sum(len(r.token_ids) for r in runs)
+    seconds = sum(r.seconds for r in runs)
+    accepted = [a for r in runs for a in r.accepted]
+    proposed = [p for r in runs for p in r.proposed]
+    profile = Profile()
+    for r in runs:
+        profile.add(r.profile)
+    rounds = len(accepted)
+    same = [r.token_ids == ref for r, ref in zip(runs, reference)] if reference is not None else []
+    return {
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "accept_len": (sum(accepted) + rounds) / rounds if rounds else 1.0,
+        "per_position_accept": per_position_accept(accepted, proposed),
+        "identical_to_greedy": all(same) if reference is not None else None,
+        "prompts_identical": sum(same),
+        "new_tokens": tokens,
+        "seconds": seconds,
+        "target_forwards": sum(r.target_forwards for r in runs),
+        "profile": profile.to_dict() if name != "greedy" else None,
+    }
+
+
+def bench(target, drafter, conversations: list[list[dict]], method_names: list[str], max_new_tokens: int,
+          k: int, tree: TreeShape | None, ngram_max: int = 3, ngram_min: int = 1, progress=None) -> dict:
+    """Same prompts for every method, batch 1, one warm-up generation per method first."""
+    model, tok = target.model, target.tokenizer
+    eos = eos_ids_of(model, tok)
+    prompts = [prompt_ids(tok, c) for c in conversations]
+    names = ["greedy"] + [n for n in method_names if n != "greedy"]   # greedy is the reference
+    methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min)
+    for m in methods:                                                 # warm-up
+        run_one(model, m, prompts[0], min(8, max_new_tokens), eos)
+    results, reference = {}, None
+    for m in methods:
+        runs = []
+        for ids in prompts:
+            runs.append(run_one(model, m, ids, max_new_tokens, eos))
+            if progress:
+                progress(m.name)
+        if m.name == "greedy":
+            reference = [r.token_ids for r in runs]
+        results[m.name] = summarize(m.name, runs, reference)
+    base = results["greedy"]["tokens_per_s"]
+    for r in results.values():
+        r["speedup"] = r["tokens_per_s"] / base if base else 0.0
+    return {"methods": {n: results[n] for n in names if n in method_names or n == "greedy"}}
+
+
+def environment(device: str, dtype: str) -> dict:
+    import transformers
+
+    return {"device": device, "dtype": dtype, "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "threads": torch.get_num_threads()}
+
+
+def plot(report: dict, path: Path) -> None:
+    """Bar chart of tokens/s per method, speedup over greedy on each bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from specdraft.io import atomic_path
+
+    names = list(report["methods"])
+    speeds = [report["methods"][n]["tokens_per_s"] for n in names]
+    fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 3.6))
+    bars = ax.bar(names, speeds, color=["#888888"] + ["#3b7dd8"] * (len(names) - 1))
+    for bar, n in zip(bars, names):
+        m = report["methods"][n]
+        ax.annotate(f"{m['speedup']:.2f}x\nτ={m['accept_len']:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("tokens / s")
+    cfg = report["config"]
+    ax.set_title(f"{cfg['model']} · {cfg['prompts']} ({cfg['num_prompts']}) · {cfg['max_new_tokens']} tokens", fontsize=9)
+    ax.margins(y=0.25)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)

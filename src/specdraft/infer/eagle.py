@@ -1,0 +1,193 @@
+"""EAGLE-3 drafting for the verify loop: a chain of K tokens, or an EAGLE-2 style dynamic tree.
+
+Alignment (as in training): the drafter at position t sees fc(aux(t)) and token t+1 and predicts
+token t+2, run at position id t. Draft step k>0 feeds the step before's hidden_out (pre-norm) and
+the token just drafted, at position t+k. The drafter's KVCache keeps one entry per real position
+(from the target's aux states); drafted entries are appended during a round and cropped after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.infer.sampling import Sampling, probabilities, sample
+from specdraft.infer.speculative import Profile
+from specdraft.infer.tree import Draft
+from specdraft.model.drafter import Eagle3Drafter, KVCache
+
+
+@dataclass
+class TreeShape:
+    """EAGLE-2: expand the top-`topk` children of the `topk` best nodes per depth, for `depth`
+    depths, then keep the `total` best nodes by cumulative draft log-prob."""
+
+    depth: int
+    topk: int
+    total: int
+
+    @classmethod
+    def parse(cls, text: str) -> "TreeShape":
+        try:
+            depth, topk, total = (int(x) for x in text.split(","))
+        except ValueError:
+            raise SpecdraftError(f"--tree {text!r}: expected depth,topk,total such as 5,4,16") from None
+        if depth < 1 or topk < 1 or total < 1:
+            raise SpecdraftError(f"--tree {text!r}: depth, topk and total must all be >= 1")
+        return cls(depth, topk, total)
+
+
+def check_drafter_fits(drafter: Eagle3Drafter, target_model, target_name: str = "") -> list[str]:
+    """Raise on shape mismatches; return warnings (e.g. a different verifier name)."""
+    cfg, tc = drafter.config, target_model.config
+    where = f"--drafter (verifier {cfg.verifier or 'unnamed'})"
+    if cfg.hidden_size != tc.hidden_size:
+        raise SpecdraftError(f"{where}: hidden size {cfg.hidden_size} != target's {tc.hidden_size}; "
+                             "this drafter was trained for another target")
+    if cfg.vocab_size != tc.vocab_size:
+        raise SpecdraftError(f"{where}: vocab size {cfg.vocab_size} != target's {tc.vocab_size}; "
+                             "this drafter was trained for another target")
+    if len(cfg.aux_layer_ids) != 3 or not all(0 <= l < tc.num_hidden_layers for l in cfg.aux_layer_ids):
+        raise SpecdraftError(f"{where}: aux layer ids {cfg.aux_layer_ids} do not fit a "
+                             f"{tc.num_hidden_layers}-layer target")
+    warnings = []
+    if cfg.verifier and target_name and cfg.verifier != target_name:
+        warnings.append(f"drafter was trained for {cfg.verifier}, running against {target_name}")
+    return warnings
+
+
+def causal_chunk_mask(cached: int, new: int, device) -> torch.Tensor | None:
+    """bool [1,1,new,cached+new]: new queries see every cached key and the new keys up to their own."""
+    if new == 1:
+        return None
+    return torch.cat([torch.ones(new, cached, dtype=torch.bool, device=device),
+                      torch.ones(new, new, dtype=torch.bool, device=device).tril()], dim=1)[None, None]
+
+
+class EagleProposer:
+    def __init__(self, drafter: Eagle3Drafter, k: int = 4, tree: TreeShape | None = None):
+        self.drafter = drafter.eval()
+        self.k = k
+        self.tree = tree
+        self.aux_layer_ids = list(drafter.config.aux_layer_ids)
+        self.profile = Profile()
+        self.param = next(drafter.parameters())
+        self.draft_target_ids = drafter.draft_to_target(torch.arange(drafter.config.draft_vocab_size,
+                                                                     device=self.param.device))
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = KVCache()
+        self.pending: list[torch.Tensor] = []     # aux [T,3,H] chunks not yet run through the drafter
+
+    def observe(self, aux: torch.Tensor | None) -> None:
+        self.pending.append(aux)
+
+    def run(self, target_ids: list[int] | torch.Tensor, hidden: torch.Tensor, positions: list[int],
+            mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One drafter forward over T tokens: -> logits [T, Vd], hidden_out [T, H]."""
+        dev = self.param.device
+        ids = torch.as_tensor(target_ids, device=dev).view(1, -1)                  # [1, T]
+        pos = torch.tensor([positions], device=dev)                               # [1, T]
+        with self.profile.timed("draft_s"):
+            logits, hidden_out = self.drafter(ids, hidden.view(1, len(positions), -1), pos, mask, self.cache)
+        return logits[0], hidden_out[0]
+
+    def catch_up(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the drafter over the positions the target just accepted; the last one predicts the
+        first draft. -> (logits [Vd], hidden_out [1, H]) at the last real position t."""
+        aux = torch.cat(self.pending).to(self.param.dtype)                        # [P, 3, H]
+        self.pending = []
+        start = len(self.cache)
+        positions = list(range(start, start + aux.shape[0]))
+        with self.profile.timed("draft_s"):
+            hidden = self.drafter.combine_aux(aux.flatten(-2))                     # [P, 3H] -> [P, H]
+        logits, hidden_out = self.run(tokens[start + 1:start + 1 + len(positions)], hidden, positions,
+                                      causal_chunk_mask(start, len(positions), self.param.device))
+        return logits[-1], hidden_out[-1:]
+
+    @torch.no_grad()
+    def propose(self, tokens: list[int], budget: int, sampling: Sampling,
+                generator: torch.Generator) -> Draft:
+        logits, hidden = self.catch_up(tokens)
+        real = len(self.cache)                    # positions 0..real-1 hold real aux states
+        try:
+            if self.tree is not None:
+                return self.draft_tree(logits, hidden, real - 1, min(self.tree.depth, budget))
+            return self.draft_chain(logits, hidden, real - 1, min(self.k, budget), sampling, generator)
+        finally:
+            self.cache.crop(real)
+
+    def draft_chain(self, logits, hidden, t: int, k: int, sampling: Sampling,
+                    generator: torch.Generator) -> Draft:
+        tokens, qs = [], [] if not sampling.greedy else None
+        for step in range(k):
+            if sampling.greedy:
+                draft_id = int(logits.argmax())
+            else:
+                q_draft = probabilities(logits, sampling)                          # [Vd]
+                draft_id = sample(q_draft, generator)
+                q = torch.zeros(self.drafter.config.vocab_size, device=q_draft.device)
+                qs.append(q.index_copy_(0, self.draft_target_ids, q_draft))       # [V] target ids
+            tokens.append(int(self.draft_target_ids[draft_id]))
+            if step + 1 < k:
+                logits, hidden = self.run([tokens[-1]], hidden, [t + step + 1], None)
+                logits = logits[-1]
+        return Draft.chain(tokens, qs)
+
+    def draft_tree(self, logits, hidden, t: int, depth: int) -> Draft:
+        """EAGLE-2 dynamic tree (greedy verification). Nodes are kept in creation order, so a
+        parent always precedes its children."""
+        topk, total = self.tree.topk, self.tree.total
+        dev = self.param.device
+        node_token: list[int] = []        # target id
+        node_parent: list[int] = []       # index into node lists, -1 = root
+        node_depth: list[int] = []
+        node_score: list[float] = []      # cumulative draft log-prob
+        slot_of: dict[int, int] = {}      # node -> its drafted entry in the drafter cache (fed nodes)
+        real = t + 1
+
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        vals, ids = lp.topk(min(topk, lp.numel()))
+        targets = self.draft_target_ids[ids].tolist()
+        frontier = []
+        for v, tok in zip(vals.tolist(), targets):
+            frontier.append(len(node_token))
+            node_token.append(tok), node_parent.append(-1), node_depth.append(1), node_score.append(v)
+        frontier_hidden = hidden.expand(len(frontier), -1)                         # parents' hidden [F, H]
+
+        for d in range(2, depth + 1):
+            fed = len(slot_of)
+            n = len(frontier)
+            mask = torch.zeros(n, real + fed + n, dtype=torch.bool)                # [F, cache+F]
+            mask[:, :real] = True
+            for row, node in enumerate(frontier):
+                mask[row, real + fed + row] = True
+                anc = node_parent[node]
+                while anc >= 0:
+                    mask[row, real + slot_of[anc]] = True
+                    anc = node_parent[anc]
+                slot_of[node] = fed + row
+            out_logits, out_hidden = self.run([node_token[i] for i in frontier], frontier_hidden,
+                                              [t + d - 1] * n, mask.to(dev)[None, None])
+            lp = torch.log_softmax(out_logits.float(), dim=-1)                     # [F, Vd]
+            vals, ids = lp.topk(min(topk, lp.shape[-1]), dim=-1)                   # [F, k]
+            scores = torch.tensor([node_score[i] for i in frontier], device=vals.device)[:, None] + vals
+            flat_scores = scores.flatten()
+            first_child = len(node_token)
+            targets = self.draft_target_ids[ids.flatten()].tolist()
+            for j, (s, tok) in enumerate(zip(flat_scores.tolist(), targets)):
+                node_token.append(tok), node_parent.append(frontier[j // ids.shape[1]])
+                node_depth.append(d), node_score.append(s)
+            best = flat_scores.topk(min(topk, flat_scores.numel())).indices
+            frontier = [first_child + int(j) for j in best]
+            frontier_hidden = out_hidden[best // ids.shape[1]]                     # [F, H]
+
+        # best `total` nodes; stable sort keeps a parent (created first, score >= child's) ahead
+        ranked = sorted(range(len(node_token)), key=lambda i: -node_score[i])[:total]
+        chosen = sorted(ranked, key=lambda i: (node_depth[i], i))
+        index_of = {node: pos + 1 for pos, node in enumerate(chosen)}              # root = 0
+        return Draft(tokens=[node_token[i] for i in chosen],
+                     parents=[0 if node_parent[i] < 0 else index_of[node_parent[i]] for i in chosen])

@@ -1,0 +1,258 @@
+"""The speculative verify loop, shared by every proposer (EAGLE-3 chain or tree, n-gram, none).
+
+Each round: the proposer drafts a tree (a chain is a tree), the target scores the root (the last
+accepted token, not yet in its cache) plus every drafted node in ONE forward, the longest path the
+target agrees with is accepted plus the target's own next token, and the target's KV cache is cut
+back to that path. With greedy decoding the output is exactly the target's plain greedy output;
+with sampling the rejection rule (sampling.py) keeps the target's distribution.
+
+Cache invariant between rounds: the target's cache holds tokens[:-1]; tokens[-1] is the root of
+the next round. The aux hidden states (inputs of decoder layers `aux_layer_ids`, i.e. HF
+`output_hidden_states[l]`) of every position written into the cache go to the proposer.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.infer.sampling import Sampling, accept_draft, probabilities, sample
+from specdraft.infer.tree import Draft, greedy_path, tree_attention_mask
+
+
+@dataclass
+class Profile:
+    """Wall time split: target forwards (prefill + verify), drafter forwards, everything else."""
+
+    verify_s: float = 0.0
+    draft_s: float = 0.0
+    total_s: float = 0.0
+    sync_cuda: bool = False
+
+    @contextmanager
+    def timed(self, what: str):
+        if self.sync_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync_cuda:
+                torch.cuda.synchronize()
+            setattr(self, what, getattr(self, what) + time.perf_counter() - start)
+
+    @property
+    def other_s(self) -> float:
+        return max(self.total_s - self.verify_s - self.draft_s, 0.0)
+
+    def add(self, other: "Profile") -> None:
+        self.verify_s += other.verify_s
+        self.draft_s += other.draft_s
+        self.total_s += other.total_s
+
+    def to_dict(self) -> dict:
+        total = self.total_s or 1e-12
+        return {"verify_s": self.verify_s, "draft_s": self.draft_s, "other_s": self.other_s,
+                "total_s": self.total_s, "verify_frac": self.verify_s / total,
+                "draft_frac": self.draft_s / total, "other_frac": self.other_s / total}
+
+
+class Proposer(Protocol):
+    """What the verify loop needs from a drafter."""
+
+    aux_layer_ids: list[int] | None       # target layers whose inputs it wants (None: no aux)
+    profile: Profile
+
+    def reset(self) -> None: ...
+
+    def observe(self, aux: torch.Tensor | None) -> None:
+        """aux [T, 3, H] of the positions just written into the target's cache, in order."""
+
+    def propose(self, tokens: list[int], budget: int, sampling: Sampling,
+                generator: torch.Generator) -> Draft:
+        """Draft at most `budget` tokens (depth) after `tokens` (whose last is the root)."""
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]                   # new tokens only
+    seconds: float
+    target_forwards: int                   # prefill + verify rounds
+    accepted: list[int] = field(default_factory=list)   # drafts accepted per verify round
+    proposed: list[int] = field(default_factory=list)   # draft depth offered per verify round
+    profile: Profile = field(default_factory=Profile)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def accept_len(self) -> float:
+        """Mean tokens per verify round (accepted drafts + the target's own token); 1.0 = no speedup."""
+        rounds = len(self.accepted)
+        return (sum(self.accepted) + rounds) / rounds if rounds else 1.0
+
+
+def per_position_accept(accepted: list[int], proposed: list[int]) -> list[float]:
+    """Rate at which draft position i (1-based) was accepted, over rounds that offered it."""
+    depth = max(proposed, default=0)
+    rates = []
+    for i in range(1, depth + 1):
+        offered = sum(1 for p in proposed if p >= i)
+        rates.append(sum(1 for a, p in zip(accepted, proposed) if p >= i and a >= i) / offered)
+    return rates
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    inner = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise SpecdraftError(f"{type(model).__name__}: cannot find its decoder layers (model.model.layers); "
+                             "speculative generation supports Llama-style decoder-only targets")
+    return layers
+
+
+def eos_ids_of(model, tokenizer=None) -> set[int]:
+    ids = getattr(model.generation_config, "eos_token_id", None)
+    if ids is None and tokenizer is not None:
+        ids = tokenizer.eos_token_id
+    if ids is None:
+        return set()
+    return {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
+
+
+class TargetRunner:
+    """The target with its DynamicCache: forwards that also return aux hidden states, and the
+    cache surgery that keeps exactly the accepted positions."""
+
+    def __init__(self, model, aux_layer_ids: list[int] | None, profile: Profile):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.aux_layer_ids = aux_layer_ids
+        self.layers = decoder_layers(model)
+        self.profile = profile
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache(config=model.config)
+
+    def cache_len(self) -> int:
+        return self.cache.get_seq_length()
+
+    @torch.no_grad()
+    def forward(self, ids: list[int], positions: list[int], mask: torch.Tensor | None = None,
+                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> logits [T, V] (or [1, V] with last_only), aux [T, 3, H] (None without aux layers)."""
+        captured: dict[int, torch.Tensor] = {}
+        handles = []
+        for lid in self.aux_layer_ids or []:
+            def grab(module, args, kwargs, lid=lid):
+                captured[lid] = (args[0] if args else kwargs["hidden_states"])[0]   # [T, H]
+            handles.append(self.layers[lid].register_forward_pre_hook(grab, with_kwargs=True))
+        input_ids = torch.tensor([ids], device=self.device)                       # [1, T]
+        position_ids = torch.tensor([positions], device=self.device)              # [1, T]
+        try:
+            with self.profile.timed("verify_s"):
+                out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                                 cache=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+        finally:
+            for h in handles:
+                h.remove()
+        aux = torch.stack([captured[lid] for lid in self.aux_layer_ids], dim=1) if self.aux_layer_ids else None
+        return out.logits[0], aux
+
+    def keep(self, start: int, path: list[int]) -> None:
+        """The cache holds [0, start) plus one entry per tree node; keep [0, start) + the path's nodes."""
+        n_keep = start + len(path)
+        if path != list(range(len(path))):
+            index = torch.tensor(path, device=self.device) + start
+            for layer in self.cache.layers:
+                layer.keys[:, :, start:n_keep] = layer.keys[:, :, index]
+                layer.values[:, :, start:n_keep] = layer.values[:, :, index]
+        extra = self.cache_len() - n_keep
+        if extra > 0:
+            self.cache.crop(-extra)
+
+
+def sample_chain(draft: Draft, logits: torch.Tensor, sampling: Sampling,
+                 generator: torch.Generator) -> tuple[list[int], int]:
+    """Rejection sampling along a chain. logits [N+1, V] -> (accepted path, next token)."""
+    if not draft.is_chain:
+        raise SpecdraftError("--tree: tree drafting is greedy only; use --temperature 0 or drop --tree")
+    p = probabilities(logits, sampling)                                           # [N+1, V]
+    path = [0]
+    for i, token in enumerate(draft.tokens):
+        q = draft.q[i] if draft.q is not None else None
+        ok, replacement = accept_draft(p[i], q, token, generator)
+        if not ok:
+            return path, replacement
+        path.append(i + 1)
+    return path, sample(p[len(draft.tokens)], generator)
+
+
+@torch.no_grad()
+def generate(model, prompt_ids: list[int], proposer: Proposer | None = None, max_new_tokens: int = 128,
+             sampling: Sampling | None = None, eos_token_ids: set[int] | None = None,
+             on_tokens: Callable[[list[int]], None] | None = None, sync_cuda: bool = False) -> Generation:
+    """Speculative decoding of one prompt (batch 1). proposer None = plain decoding by this loop."""
+    sampling = sampling or Sampling()
+    eos = eos_ids_of(model) if eos_token_ids is None else eos_token_ids
+    profile = Profile(sync_cuda=sync_cuda)
+    runner = TargetRunner(model, proposer.aux_layer_ids if proposer else None, profile)
+    generator = sampling.generator(runner.device)
+    if proposer is not None:
+        proposer.profile = profile
+        proposer.reset()
+    result = Generation(token_ids=[], seconds=0.0, target_forwards=0, profile=profile)
+    if max_new_tokens <= 0 or not prompt_ids:
+        return result
+    start = time.perf_counter()
+
+    def emit(new: list[int]) -> bool:
+        """Append up to the budget / the first EOS; True when generation is over."""
+        out = []
+        for t in new:
+            out.append(t)
+            if t in eos or len(result.token_ids) + len(out) >= max_new_tokens:
+                break
+        result.token_ids.extend(out)
+        tokens.extend(out)
+        if on_tokens:
+            on_tokens(out)
+        return out[-1] in eos or len(result.token_ids) >= max_new_tokens
+
+    logits, aux = runner.forward(prompt_ids, list(range(len(prompt_ids))), last_only=True)
+    result.target_forwards += 1
+    first = int(logits[-1].argmax()) if sampling.greedy else sample(probabilities(logits[-1], sampling), generator)
+    tokens = list(prompt_ids)
+    done = emit([first])
+    if proposer is not None:
+        proposer.observe(aux)
+    while not done:
+        budget = max_new_tokens - len(result.token_ids) - 1      # drafts beyond this are never used
+        draft = proposer.propose(tokens, budget, sampling, generator) if proposer and budget > 0 \
+            else Draft([], [])
+        past = len(tokens) - 1
+        depths = draft.depths()
+        mask = None if draft.is_chain else tree_attention_mask(draft.parents, past, runner.device)
+        logits, aux = runner.forward([tokens[-1]] + draft.tokens, [past + d for d in depths], mask)
+        result.target_forwards += 1
+        if sampling.greedy:
+            choice = logits.argmax(dim=-1).tolist()
+            path = greedy_path(draft, choice)
+            bonus = choice[path[-1]]
+        else:
+            path, bonus = sample_chain(draft, logits, sampling, generator)
+        runner.keep(past, path)
+        if proposer is not None:
+            proposer.observe(aux[path] if aux is not None else None)
+            result.accepted.append(len(path) - 1)
+            result.proposed.append(max(depths))
+        done = emit([draft.tokens[i - 1] for i in path[1:]] + [bonus])
+    result.seconds = time.perf_counter() - start
+    profile.total_s = result.seconds
+    return result

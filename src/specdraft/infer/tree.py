@@ -1,0 +1,73 @@
+"""Draft trees: what a proposer hands the verifier, the tree attention mask, and the walk that
+finds the longest verified path.
+
+Node 0 is the root, the last accepted token (not yet in the target's cache); drafted nodes are
+1..N, each with a parent index smaller than its own. A chain of K drafts is the tree with
+parents [-1, 0, 1, ..., K-1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Draft:
+    tokens: list[int]                      # target ids of the drafted nodes 1..N
+    parents: list[int]                     # parent of node i+1 (0 = the root)
+    q: list[torch.Tensor] | None = None    # per node, the drafter's target-vocab distribution [V] (sampling)
+
+    @classmethod
+    def chain(cls, tokens: list[int], q: list[torch.Tensor] | None = None) -> "Draft":
+        return cls(list(tokens), list(range(len(tokens))), q)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i for i, p in enumerate(self.parents))
+
+    def depths(self) -> list[int]:
+        """Depth of nodes 0..N (root 0)."""
+        depth = [0]
+        for p in self.parents:
+            depth.append(depth[p] + 1)
+        return depth
+
+    def children(self) -> list[list[int]]:
+        kids: list[list[int]] = [[] for _ in range(len(self.tokens) + 1)]
+        for i, p in enumerate(self.parents):
+            kids[p].append(i + 1)
+        return kids
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """bool [N+1, N+1] over root + nodes: entry (i, j) is True when j is i or an ancestor of i."""
+    n = len(parents) + 1
+    mask = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents, start=1):
+        mask[i] |= mask[p]
+    return mask
+
+
+def tree_attention_mask(parents: list[int], past: int, device) -> torch.Tensor:
+    """bool [1, 1, N+1, past+N+1] for the target: every node sees the whole cached past plus its
+    own ancestors and itself (True = attend, what SDPA takes)."""
+    tree = ancestor_mask(parents).to(device)
+    seen_past = torch.ones(tree.shape[0], past, dtype=torch.bool, device=device)
+    return torch.cat([seen_past, tree], dim=1)[None, None]
+
+
+def greedy_path(draft: Draft, target_choice: list[int]) -> list[int]:
+    """Longest path from the root whose every step is the target's own choice at its parent.
+
+    target_choice[i] is the target's token after node i. Returns the node indices, root first.
+    """
+    kids = draft.children()
+    path = [0]
+    while True:
+        node = path[-1]
+        nxt = next((c for c in kids[node] if draft.tokens[c - 1] == target_choice[node]), None)
+        if nxt is None:
+            return path
+        path.append(nxt)

@@ -1,0 +1,330 @@
+"""Speculative generation is lossless: chain, tree and n-gram drafting return exactly the tokens
+of plain greedy decoding (transformers generate), with rejections at every depth."""
+
+import copy
+import json
+import random
+
+import pytest
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.infer.eagle import EagleProposer, TreeShape, check_drafter_fits
+from specdraft.infer.ngram import NgramProposer, lookup
+from specdraft.infer.sampling import Sampling
+from specdraft.infer.speculative import Profile, TargetRunner, generate, per_position_accept
+from specdraft.infer.tree import Draft, tree_attention_mask
+from specdraft.model.config import DrafterConfig
+from specdraft.model.drafter import Eagle3Drafter, KVCache, causal_mask
+from specdraft.testing import tiny_llama
+
+AUX = [0, 2, 3]   # includes 0 = the embeddings
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=3)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    """Random drafter over a partial draft vocab (every 3rd target id), so d2t offsets are non-zero."""
+    V = target.config.vocab_size
+    torch.manual_seed(0)
+    draft_targets = torch.arange(0, V, 3)
+    cfg = DrafterConfig.from_target(target.config, draft_vocab_size=len(draft_targets), aux_layer_ids=AUX)
+    d = Eagle3Drafter(cfg)
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[draft_targets] = True
+    d.init_from_target(target, draft_targets - torch.arange(len(draft_targets)), t2d)
+    return d.eval()
+
+
+def hf_greedy(model, prompt, n):
+    x = torch.tensor([prompt])
+    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                         eos_token_id=2, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def prompts(n, seed=0, length=(4, 20)):
+    rng = random.Random(seed)
+    # repeated fragments give the n-gram proposer something to find
+    return [[rng.randrange(3, 200) for _ in range(rng.randint(*length))] * rng.randint(1, 2) for _ in range(n)]
+
+
+class OracleChain:
+    """Knows the greedy answer and proposes it with some tokens corrupted: acceptance of every
+    length 0..K happens, so rollback is exercised all the time."""
+
+    aux_layer_ids = None
+
+    def __init__(self, prompt, answer, k, wrong=0.3, seed=0):
+        self.full, self.start, self.k, self.wrong = prompt + answer, len(prompt), k, wrong
+        self.rng = random.Random(seed)
+        self.profile = Profile()
+
+    def reset(self):
+        pass
+
+    def observe(self, aux):
+        pass
+
+    def guess(self, pos):
+        right = self.full[pos] if pos < len(self.full) else 5
+        return right if self.rng.random() > self.wrong else (right + 1 + self.rng.randrange(50)) % 263
+
+    def propose(self, tokens, budget, sampling, generator):
+        assert tokens == self.full[:len(tokens)], "the loop's tokens drifted from greedy"
+        return Draft.chain([self.guess(len(tokens) + i) for i in range(min(self.k, budget))])
+
+
+class OracleTree(OracleChain):
+    """A random tree whose nodes are siblings of guesses: the right path, when present, sits at a
+    random child index, so the cache must be gathered (not just cropped)."""
+
+    def propose(self, tokens, budget, sampling, generator):
+        assert tokens == self.full[:len(tokens)]
+        toks, parents = [], []
+        frontier = [0]
+        for depth in range(min(self.k, budget)):
+            pos = len(tokens) + depth
+            new = []
+            for parent in frontier:
+                width = self.rng.randint(1, 3)
+                guesses = {self.guess(pos) for _ in range(width)}
+                for g in guesses:
+                    toks.append(g)
+                    parents.append(parent)
+                    new.append(len(toks))
+            frontier = self.rng.sample(new, min(len(new), 2))
+        return Draft(toks, parents)
+
+
+def test_tree_mask_equals_running_each_path(target):
+    """A 4D bool mask + tree position ids gives every node the logits of its own path."""
+    prompt = [5, 9, 33, 7, 100, 41]
+    runner = TargetRunner(target, None, Profile())
+    runner.forward(prompt[:-1], list(range(5)))
+    draft = Draft(tokens=[10, 11, 12, 13, 14], parents=[0, 0, 1, 2, 1])
+    past = 5
+    base = copy.deepcopy(runner.cache)
+    depths = draft.depths()
+    logits, _ = runner.forward([prompt[-1]] + draft.tokens, [past + d for d in depths],
+                               tree_attention_mask(draft.parents, past, "cpu"))
+    for node in range(len(draft.tokens) + 1):
+        path, n = [], node
+        while n > 0:
+            path.append(draft.tokens[n - 1])
+            n = draft.parents[n - 1]
+        path = [prompt[-1]] + path[::-1]
+        ref = target(torch.tensor([path]), cache=copy.deepcopy(base), use_cache=True).logits[0, -1]
+        torch.testing.assert_close(logits[node], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_keep_gathers_the_accepted_path(target):
+    prompt = [5, 9, 33, 7, 100, 41]
+    runner = TargetRunner(target, None, Profile())
+    runner.forward(prompt[:-1], list(range(5)))
+    draft = Draft(tokens=[10, 11, 12, 13, 14], parents=[0, 0, 1, 2, 4])
+    runner.forward([prompt[-1]] + draft.tokens, [5 + d for d in draft.depths()],
+                   tree_attention_mask(draft.parents, 5, "cpu"))
+    runner.keep(5, [0, 2, 4, 5])                       # root -> 11 -> 13 -> 14
+    fresh = TargetRunner(target, None, Profile())
+    fresh.forward(prompt + [11, 13, 14], list(range(9)))
+    assert runner.cache_len() == 9
+    for a, b in zip(runner.cache.layers, fresh.cache.layers):
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)
+
+
+def test_greedy_lossless_chain_tree_ngram(target, drafter):
+    cases = prompts(6, seed=1)
+    for i, prompt in enumerate(cases):
+        ref = hf_greedy(target, prompt, 24)
+        proposers = [None, NgramProposer(k=3, ngram_max=3), EagleProposer(drafter, k=1 + i % 5),
+                     EagleProposer(drafter, tree=TreeShape(3, 2 + i % 3, 4 + 2 * i))]
+        for proposer in proposers:
+            out = generate(target, prompt, proposer, max_new_tokens=24, eos_token_ids={2})
+            assert out.token_ids == ref, (i, type(proposer).__name__)
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_rollback_with_frequent_rejections_stays_greedy(target, k):
+    prompt = [17, 4, 99, 23, 8]
+    ref = hf_greedy(target, prompt, 150)
+    for proposer_cls in (OracleChain, OracleTree):
+        proposer = proposer_cls(prompt, ref, k, wrong=0.35, seed=k)
+        out = generate(target, prompt, proposer, max_new_tokens=150, eos_token_ids={2})
+        assert out.token_ids == ref
+        # acceptance of every kind happened: full rejections, partial and (for small k) full accepts
+        assert 0 in out.accepted and max(out.accepted) >= min(k, 2)
+        assert 1.0 < out.accept_len < k + 1
+
+
+class RecordingEagle(EagleProposer):
+    """Records (last real position, first draft) each round, and lets an oracle override drafts
+    so the drafter catches up over chunks of several accepted positions."""
+
+    def __init__(self, drafter, k, answer_full):
+        super().__init__(drafter, k=k)
+        self.full = answer_full
+        self.first_drafts = []
+        self.rng = random.Random(0)
+
+    def propose(self, tokens, budget, sampling, generator):
+        draft = super().propose(tokens, budget, sampling, generator)
+        self.first_drafts.append((len(tokens) - 2, draft.tokens[0]))
+        n = self.rng.randint(0, len(draft.tokens))         # oracle: first n drafts right
+        right = self.full[len(tokens):len(tokens) + len(draft.tokens)]
+        return Draft.chain(right[:n] + draft.tokens[n:len(right)])
+
+
+def test_drafter_alignment_matches_one_full_pass(target, drafter):
+    """Round by round, the drafter's first draft at real position t equals a single causal pass
+    over (fc(hidden_states[aux](t)), token t+1) at position ids t: aux hooks, shift and
+    positions all line up, and the drafter's KV cache carries no stale drafted entries."""
+    prompt = [5, 9, 33, 7, 100, 41, 77]
+    ref = hf_greedy(target, prompt, 40)
+    full = prompt + ref
+    proposer = RecordingEagle(drafter, 3, full)
+    out = generate(target, prompt, proposer, max_new_tokens=40, eos_token_ids={2})
+    assert out.token_ids == ref
+    assert max(out.accepted) >= 2
+    with torch.no_grad():
+        hs = target(torch.tensor([full]), output_hidden_states=True).hidden_states
+        aux = torch.cat([hs[l][0] for l in AUX], dim=-1)[:-1]            # [T-1, 3H], positions 0..T-2
+        T = aux.shape[0]
+        logits, _ = drafter(torch.tensor([full[1:]]), drafter.combine_aux(aux)[None],
+                            torch.arange(T)[None], causal_mask(torch.zeros(1, T, dtype=torch.long)), KVCache())
+        expected = drafter.draft_to_target(logits[0].argmax(-1))
+    assert len(proposer.first_drafts) >= 10
+    for t, first in proposer.first_drafts:
+        assert first == int(expected[t]), t
+
+
+def test_eos_and_budget(target):
+    prompt = [17, 4, 99, 23, 8]
+    ref = hf_greedy(target, prompt, 30)
+    stop = ref[12]
+    first = ref.index(stop)
+    out = generate(target, prompt, NgramProposer(4), max_new_tokens=30, eos_token_ids={stop})
+    assert out.token_ids == ref[:first + 1]
+    out = generate(target, prompt, OracleChain(prompt, ref, 5, wrong=0.0), max_new_tokens=7, eos_token_ids=set())
+    assert out.token_ids == ref[:7]
+    assert generate(target, prompt, None, max_new_tokens=0).token_ids == []
+
+
+def test_ngram_lookup():
+    assert lookup([1, 2, 3, 4, 1, 2], k=3) == [3, 4, 1]
+    assert lookup([1, 2, 3, 9, 2, 3, 7, 2, 3], k=2) == [7, 2]          # most recent match
+    assert lookup([1, 2, 3, 4], k=3) == []
+    assert lookup([5, 6, 7, 5], k=5, ngram_max=3, ngram_min=1) == [6, 7, 5]
+    assert lookup([5, 6, 7, 5], k=5, ngram_max=3, ngram_min=2) == []
+
+
+def test_per_position_accept():
+    assert per_position_accept([0, 2, 1, 3], [3, 3, 3, 3]) == [0.75, 0.5, 0.25]
+    assert per_position_accept([], []) == []
+
+
+def test_drafter_shape_checks(target, drafter):
+    assert check_drafter_fits(drafter, target) == []
+    other = tiny_llama(hidden_size=48, num_layers=4, num_heads=4, num_kv_heads=2)
+    with pytest.raises(SpecdraftError, match="hidden size 32"):
+        check_drafter_fits(drafter, other)
+    with pytest.raises(SpecdraftError, match="vocab size"):
+        check_drafter_fits(drafter, tiny_llama(vocab_size=300, hidden_size=32, num_layers=4))
+    with pytest.raises(SpecdraftError, match="aux layer ids"):
+        check_drafter_fits(drafter, tiny_llama(hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2))
+    with pytest.raises(SpecdraftError, match="--tree"):
+        TreeShape.parse("4,4")
+
+
+def test_tree_refuses_sampling(target, drafter):
+    with pytest.raises(SpecdraftError, match="greedy only"):
+        generate(target, [5, 6, 7], EagleProposer(drafter, tree=TreeShape(2, 2, 3)), max_new_tokens=8,
+                 sampling=Sampling(temperature=1.0))
+
+
+def test_read_prompts(tmp_path):
+    from specdraft.infer.bench import read_prompts
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
+                                          {"role": "assistant", "content": "no"}]}) + "\n\n"
+                 + json.dumps({"prompt": "plain"}) + "\n")
+    assert read_prompts(str(f)) == [[{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
+                                    [{"role": "user", "content": "plain"}]]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(SpecdraftError, match="no prompts"):
+        read_prompts(str(empty))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{oops\n")
+    with pytest.raises(SpecdraftError, match="bad.jsonl:1"):
+        read_prompts(str(bad))
+
+
+def test_cli_generate_and_bench(tiny_target, tmp_path):
+    from typer.testing import CliRunner
+
+    from specdraft.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["generate", "--model", str(tiny_target), "--drafter", "untrained:64", "--method",
+                              "eagle3", "--prompt", "hello there", "--max-new-tokens", "12", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout.strip().splitlines()[-1])
+    assert set(data) == {"text", "token_ids", "tokens_per_s", "accept_len", "new_tokens"}
+    assert data["new_tokens"] == len(data["token_ids"]) > 0
+
+    prompts_file = tmp_path / "prompts.jsonl"
+    prompts_file.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"say {w} {w}"}]})
+                                      for w in ("one", "two", "three")) + "\n")
+    out = tmp_path / "bench.json"
+    res = runner.invoke(app, ["bench", "--model", str(tiny_target), "--drafter", "untrained:64", "--prompts",
+                              str(prompts_file), "--methods", "greedy,ngram,eagle3,eagle3-tree",
+                              "--max-new-tokens", "16", "--tree", "2,2,3", "--json", str(out), "--profile"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert set(report["methods"]) == {"greedy", "ngram", "eagle3", "eagle3-tree"}
+    for name, m in report["methods"].items():
+        assert m["identical_to_greedy"] is True, name
+        assert m["tokens_per_s"] > 0 and "speedup" in m
+    assert report["methods"]["eagle3"]["profile"]["total_s"] > 0
+    assert report["config"]["num_prompts"] == 3
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+
+@pytest.mark.integration
+def test_smollm2_lossless():
+    """The embedded SmolLM2 target, 10 prompts x 64 tokens: n-gram and EAGLE-3 (untrained drafter)
+    equal transformers' greedy generate token for token."""
+    from specdraft.infer.bench import prompt_ids, untrained_drafter
+    from specdraft.targets import load_target
+
+    target = load_target("default")
+    drafter = untrained_drafter(target.model, 2048)
+    texts = ["What is the capital of France?", "Write a haiku about rain.", "Explain recursion briefly.",
+             "List three prime numbers.", "How do plants make food?", "Say hello in Spanish.",
+             "What is 12 times 12?", "Name a famous painter.", "Give me a tip for sleeping well.",
+             "Why is the sky blue?"]
+    eagle = EagleProposer(drafter, k=3)
+    ngram = NgramProposer(k=4)
+    for i, text in enumerate(texts):
+        ids = prompt_ids(target.tokenizer, [{"role": "user", "content": text}])
+        ref = hf_greedy_eos(target.model, ids, 64)
+        proposer = eagle if i % 2 == 0 else ngram
+        out = generate(target.model, ids, proposer, max_new_tokens=64)
+        assert out.token_ids == ref, text
+    tree = EagleProposer(drafter, tree=TreeShape(3, 2, 6))
+    ids = prompt_ids(target.tokenizer, [{"role": "user", "content": texts[0]}])
+    assert generate(target.model, ids, tree, max_new_tokens=32).token_ids == hf_greedy_eos(target.model, ids, 32)
+
+
+def hf_greedy_eos(model, prompt, n):
+    x = torch.tensor([prompt])
+    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                         temperature=None, top_p=None, top_k=None)
+    return out[0, len(prompt):].tolist()
