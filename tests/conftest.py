@@ -12,6 +12,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import torch  # noqa: E402
+
+# Tiny models run fastest on one thread, and tests that start CLI subprocesses in parallel would
+# otherwise oversubscribe the 2 cores many times over.
+torch.set_num_threads(int(os.environ.get("SPECDRAFT_TEST_THREADS", "1")))
+
 
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory) -> Path:

@@ -140,6 +140,9 @@ def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = 
     """Load model + tokenizer in eval mode; `identity` fingerprints the weights."""
     from transformers import AutoModelForCausalLM
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()   # keep stderr for our own progress and one-line errors
     path, name = resolve(model)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     try:
