@@ -28,3 +28,10 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
+
+.PHONY: interop
+# Opt-in: serve our drafter with vLLM (CPU build) in .venv-vllm and check it (docs/interop.md).
+# make interop INTEROP_ARGS="--drafter ws/demo/runs/quick/best -k 3"
+INTEROP_ARGS ?=
+interop: venv
+	scripts/interop.sh $(INTEROP_ARGS)
