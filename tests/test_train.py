@@ -262,3 +262,118 @@ def test_cli_yaml_with_flag_override(ws, tmp_path):
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["epochs"] == 1 and saved["ttt_steps"] == 2 and saved["max_tokens"] == 64
     assert (run / "checkpoints" / "epoch-1").is_dir() and not (run / "checkpoints" / "epoch-2").exists()
+
+
+# ----------------------------------------------------------------------------- baseline watch, journal, collective stops
+
+WATCH = dict(max_tokens=128, epochs=5, lr=4e-3, warmup_steps=4, val_every=6, val_fraction=0.25,
+             watch_margin=0.15, watch_min_points=3, watch_warmup_tokens=1000)
+
+
+@pytest.fixture(scope="module")
+def watch_ws(tiny_target, tmp_path_factory):
+    """64 samples (~30 tokens) from the tiny target and a healthy 5-epoch baseline run (val every 6 steps)."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("watch_ws")
+    target = load_target(str(tiny_target))
+    g = torch.Generator().manual_seed(0)
+    samples = [torch.randint(7, 7 + 60, (24 + (i * 7) % 17,), generator=g).tolist() for i in range(64)]
+    masks = [[0] * 4 + [1] * (len(s) - 4) for s in samples]
+    write_store(root / "hidden", target, samples, masks)
+    counts = vocab_mod.count_tokens(torch.tensor(sum(samples, [])).numpy(), torch.tensor(sum(masks, [])).numpy(),
+                                    target.vocab_size)
+    d2t, t2d = vocab_mod.mapping_from_counts(counts, DRAFT)
+    vocab_mod.save(vocab_mod.Vocab(d2t, t2d, {"target_id": target.name, "fingerprint": target.identity["fingerprint"]}),
+                   root / "vocab.safetensors")
+    ws = {"root": root, "target": target, "model": str(tiny_target)}
+    train(config(ws, root / "baseline", **WATCH))
+    ws["baseline"] = root / "baseline"
+    return ws
+
+
+def journal_entries(run):
+    from specdraft.analysis import journal
+    return journal.read(run)
+
+
+def test_watch_stays_quiet_on_a_healthy_run_with_another_seed(watch_ws, tmp_path):
+    run = tmp_path / "seed1"
+    summary = train(config(watch_ws, run, seed=1, baseline=str(watch_ws["baseline"]), stop_if_behind=True, **WATCH))
+    assert "stopped" not in summary and (run / "checkpoints" / "epoch-5").is_dir()
+    kinds = [(e.kind, e.source) for e in journal_entries(run)]
+    assert ("warning", "watch") not in kinds
+    assert kinds[0] == ("decision", "train") and ("result", "train") in kinds   # run start, new best
+    start = journal_entries(run)[0].text
+    assert start.startswith("started from scratch") and "watching baseline" in start and "stop if behind" in start
+    # the baseline itself journaled its start and its bests
+    assert [e.kind for e in journal_entries(watch_ws["baseline"])][:2] == ["decision", "result"]
+
+
+def test_watch_flags_a_crippled_run_and_journals_the_evidence(watch_ws, tmp_path):
+    run = tmp_path / "crippled"
+    summary = train(config(watch_ws, run, **dict(WATCH, lr=1e-5, baseline=str(watch_ws["baseline"]), stop_after=30)))
+    assert "stopped" not in summary and summary["stopped_at_step"] == 30   # warned, not stopped
+    warnings = [e for e in journal_entries(run) if e.kind == "warning"]
+    assert len(warnings) == 1 and warnings[0].source == "watch"
+    assert "behind baseline: val full_acc_0" in warnings[0].text and "3 consecutive points" in warnings[0].text
+
+
+def test_stop_if_behind_stops_with_checkpoint_and_resume_replays(watch_ws, tmp_path):
+    run = tmp_path / "stopped"
+    kw = dict(WATCH, lr=1e-5, baseline=str(watch_ws["baseline"]), stop_if_behind=True)
+    summary = train(config(watch_ws, run, **kw))
+    assert summary["stopped"] == "behind baseline" and not (run / "checkpoints" / "epoch-2").exists()
+    folder = ckpt.latest_checkpoint(run)
+    assert str(folder) == summary["checkpoint"] and folder.name == f"step-{summary['steps']}"
+    state = ckpt.load_trainer_state(folder)
+    assert state["step"] == summary["steps"]
+    from specdraft.model.drafter import load_drafter
+    load_drafter(folder)                                                 # inspectable
+    entries = journal_entries(run)
+    assert [(e.kind, e.source) for e in entries[-2:]] == [("warning", "watch"), ("decision", "train")]
+    assert f"stopped at step {summary['steps']}" in entries[-1].text and str(folder) in entries[-1].text
+    # resume: the metrics are replayed through the watch first, so it does not fire (or journal) again
+    resumed = train(config(watch_ws, run, resume=True, stop_after=6, **kw))
+    assert "stopped" not in resumed and resumed["stopped_at_step"] == summary["steps"] + 6
+    entries = journal_entries(run)
+    assert sum(e.kind == "warning" for e in entries) == 1
+    assert entries[-1].kind == "decision" and entries[-1].text.startswith(f"resumed from {folder}")
+
+
+def test_baseline_and_watch_options_are_checked(watch_ws, tmp_path):
+    with pytest.raises(SpecdraftError, match="--stop-if-behind: needs --baseline"):
+        train(config(watch_ws, tmp_path / "r", stop_if_behind=True))
+    with pytest.raises(SpecdraftError, match="--watch-split"):
+        train(config(watch_ws, tmp_path / "r", baseline=str(watch_ws["baseline"]), watch_split="test"))
+    with pytest.raises(SpecdraftError, match="no metrics.jsonl"):
+        train(config(watch_ws, tmp_path / "r", baseline=str(tmp_path / "nothing")))
+    assert not (tmp_path / "r").exists()                                  # refused before writing anything
+
+
+def torchrun_train(settings: dict, timeout=120):
+    from specdraft.train import distributed
+
+    flags = []
+    for k, v in settings.items():
+        flag = "--" + k.replace("_", "-")
+        flags += [flag if v is True else f"--no-{flag[2:]}"] if isinstance(v, bool) else [flag, str(v)]
+    import os
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run(distributed.torchrun_command(2, flags), capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_two_ranks_stop_together_when_behind(watch_ws, tmp_path):
+    """The watch runs on rank 0 only; its stop reaches rank 1 (else rank 1 would wait at its next
+    collective). The NaN stop uses the same all_reduce'd flag (checked by hand: both ranks print
+    'loss is nan / not finite on 1 of 2 ranks at step 1'; a torchrun launch costs ~15 s here)."""
+    run = tmp_path / "behind"
+    kw = config(watch_ws, run, **dict(WATCH, lr=1e-5, baseline=str(watch_ws["baseline"]),
+                                      stop_if_behind=True)).to_dict()
+    proc = torchrun_train({k: v for k, v in kw.items() if v is not None})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    latest = ckpt.latest_checkpoint(run)
+    assert latest is not None and latest.name.startswith("step-") and not (run / "checkpoints" / "epoch-2").exists()
+    entries = journal_entries(run)
+    assert [(e.kind, e.source) for e in entries[-2:]] == [("warning", "watch"), ("decision", "train")]
+    assert proc.stderr.count("stopped at step") == 1                      # said once, by rank 0

@@ -349,6 +349,13 @@ def train(
     stop_after: int = typer.Option(0, help="Stop this invocation after N steps (0 = run to the end)."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Also log to RUN/tensorboard (if installed)."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Run folder to beat (e.g. from scratch): warn in RUN/journal.md when this run stays behind it at equal tokens_seen."),
+    stop_if_behind: bool = typer.Option(False, "--stop-if-behind", help="With --baseline: stop with a checkpoint once the run is behind."),
+    watch_split: str = typer.Option("val", "--watch-split", help="Baseline watch on val points or the smoothed train curve (train)."),
+    watch_metric: str = typer.Option("full_acc_0", "--watch-metric", help="Metric the watch compares (higher is better)."),
+    watch_margin: float = typer.Option(0.05, "--watch-margin", help="Behind when run < baseline - margin."),
+    watch_warmup_tokens: int = typer.Option(0, "--watch-warmup-tokens", help="No watch verdict before this many tokens."),
+    watch_min_points: int = typer.Option(2, "--watch-min-points", help="Consecutive behind points before the watch fires."),
     nproc: int = typer.Option(1, "--nproc", help="Processes: N > 1 re-launches under torchrun (DDP; gloo on CPU, NCCL on GPU)."),
     online: bool = typer.Option(False, "--online", help="Compute hidden states with --model inside the loop (no store)."),
     data: Optional[str] = typer.Option(None, "--data", help="Prepared data (WS/data) for --online."),
@@ -376,7 +383,8 @@ def train(
     summary = run_training(cfg, **extra)
     val = summary.get("val") or {}
     tail = f", val loss {val['loss']:.4f}, accept {val['accept_len']:.3f}" if val else ""
-    console.print(f"[green]trained[/] {summary.get('steps', summary.get('stopped_at_step'))} steps, "
+    done = "[yellow]stopped behind baseline[/] after" if summary.get("stopped") else "[green]trained[/]"
+    console.print(f"{done} {summary.get('steps', summary.get('stopped_at_step'))} steps, "
                   f"{summary['tokens_seen']:,} tokens{tail} -> {cfg.out}")
 
 

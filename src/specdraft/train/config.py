@@ -52,6 +52,14 @@ class RunConfig:
     stop_after: int = 0                      # stop this invocation after N steps (0 = run to the end)
     tensorboard: bool = False                # also log to RUN/tensorboard (if tensorboard is installed)
     progress: bool = True
+    # baseline watch (analysis/watch.py): compare with a baseline run at equal tokens_seen
+    baseline: str | None = None              # run folder (or metrics.jsonl) of the run to beat, e.g. from scratch
+    stop_if_behind: bool = False             # stop (with a checkpoint) once the watch finds the run behind
+    watch_split: str = "val"                 # val: validation points; train: EMA of the train records
+    watch_metric: str = "full_acc_0"         # higher is better
+    watch_margin: float = 0.05               # behind when run < baseline - margin
+    watch_warmup_tokens: int = 0             # no verdict before this many tokens
+    watch_min_points: int = 2                # ... and only after this many consecutive points behind
 
     def check(self) -> "RunConfig":
         if not 1 <= self.ttt_steps <= 7:
@@ -66,9 +74,22 @@ class RunConfig:
             raise SpecdraftError(f"--epochs {self.epochs}: must be at least 1")
         if self.lr <= 0:
             raise SpecdraftError(f"--lr {self.lr}: must be positive")
+        if self.watch_split not in ("val", "train"):
+            raise SpecdraftError(f"--watch-split {self.watch_split}: use val or train")
+        if self.watch_min_points < 1:
+            raise SpecdraftError(f"--watch-min-points {self.watch_min_points}: must be at least 1")
+        if self.stop_if_behind and not self.baseline:
+            raise SpecdraftError("--stop-if-behind: needs --baseline RUN (the run to compare with)")
         if self.log_every < 1:
             raise SpecdraftError(f"--log-every {self.log_every}: must be at least 1")
         return self
+
+    def watch_config(self):
+        """The baseline watch's settings (analysis.watch.WatchConfig) from this run's."""
+        from specdraft.analysis.watch import WatchConfig
+
+        return WatchConfig(split=self.watch_split, metric=self.watch_metric, margin=self.watch_margin,
+                           warmup_tokens=float(self.watch_warmup_tokens), min_points=self.watch_min_points)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

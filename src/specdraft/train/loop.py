@@ -270,6 +270,7 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
     data = data or store_data(cfg, runtime)
     target = target or load_target(cfg.model, trust_remote_code=cfg.trust_remote_code)
     check_inputs(cfg, data, target, vocab)
+    watch = load_watch(cfg, run_dir) if cfg.baseline else None
 
     # -- the drafter and the teacher
     remap_report = None
@@ -316,10 +317,34 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
         metrics_log.truncate_after(state["step"])
     log(f"training {sum(p.numel() for p in params):,} parameters, {total_steps} steps, "
         f"TTT {cfg.ttt_steps}, {'bf16 autocast' if bf16 else 'fp32'} -> {run_dir}")
+    if watch is not None and resume_from is not None:
+        replay_run(watch, run_dir, log)
+    if runtime.is_main:
+        note(run_dir, "decision", start_summary(cfg, resume_from, remap_report, total_steps, state))
 
-    def record(split: str, metrics: dict, lr: float, **extra) -> None:
-        metrics_log.write({"split": split, "epoch": state["epoch"], "step": state["step"],
-                           "tokens_seen": state["tokens_seen"], "lr": lr, "metrics": metrics, **extra})
+    def record(split: str, metrics: dict, lr: float, **extra) -> bool:
+        """Log one record and feed it to the baseline watch (rank 0). Collective when a baseline is
+        set: returns True on every rank once the watch fired and --stop-if-behind asks to stop."""
+        rec = {"split": split, "epoch": state["epoch"], "step": state["step"],
+               "tokens_seen": state["tokens_seen"], "lr": lr, "metrics": metrics, **extra}
+        metrics_log.write(rec)
+        if watch is None:
+            return False
+        fired = runtime.is_main and watch.check(rec, run_dir)
+        if fired:
+            log(f"[yellow]watch:[/] {watch.verdict.message}")
+        return any_rank(runtime, fired and cfg.stop_if_behind)
+
+    def stop_behind(folder: Path) -> dict:
+        """--stop-if-behind fired: the checkpoint in `folder` is written; say so and where."""
+        text = (f"stopped at step {state['step']} ({state['tokens_seen']:,} tokens) by --stop-if-behind: "
+                f"behind baseline {cfg.baseline}; checkpoint {folder} (inspect it, or continue with "
+                f"`specdraft train --out {run_dir} --resume`)")
+        log(f"[yellow]{text}[/]")
+        if runtime.is_main:
+            note(run_dir, "decision", text)
+        return {"steps": state["step"], "tokens_seen": state["tokens_seen"], "val": last_val,
+                "best_val_loss": state["best_val"], "stopped": "behind baseline", "checkpoint": str(folder)}
 
     def save(folder: Path, val: dict | None = None) -> None:
         trainer_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
@@ -338,19 +363,26 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
         for epoch in range(state["epoch"], cfg.epochs):
             state["epoch"] = epoch
             epoch_start, epoch_tokens = time.perf_counter(), 0
-            train_sums = None
+            train_sums, stop = None, False
             for b, batch in enumerate(data.train.batches(epoch, state["batch"]), state["batch"]):
                 batch = {k: v.to(runtime.device) for k, v in batch.items()}
                 lr = optimizer.param_groups[0]["lr"]
                 with torch.autocast(runtime.device.type, dtype=torch.bfloat16, enabled=bf16):
                     loss, sums = model(batch)
-                if not torch.isfinite(loss):
-                    raise _nan_error("loss", loss, state, epoch, b, run_dir)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-                if not torch.isfinite(grad_norm):
-                    raise _nan_error("gradient norm", grad_norm, state, epoch, b, run_dir)
+                # collective: a NaN on one rank stops every rank here, before the weights change
+                # (backward ran everywhere, so no rank waits in DDP's gradient all_reduce)
+                bad = runtime.reduce_sums({"loss": (~torch.isfinite(loss.detach())).double(),
+                                           "grad_norm": (~torch.isfinite(grad_norm.detach())).double()})
+                if float(bad["loss"]) or float(bad["grad_norm"]):
+                    what, value = ("loss", loss) if float(bad["loss"]) else ("gradient norm", grad_norm)
+                    error = _nan_error(what, value, int(float(bad[what.replace(" ", "_")])), runtime.world_size,
+                                       state, epoch, b, run_dir)
+                    if runtime.is_main:
+                        note(run_dir, "warning", str(error))
+                    raise error
                 optimizer.step()
                 scheduler.step()
 
@@ -364,16 +396,22 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
                 train_sums = add_sums(train_sums, sums)
                 bar(tokens)
                 last_of_epoch = b + 1 == batches_per_epoch[epoch]
+                stop = False
                 if state["step"] % cfg.log_every == 0 or last_of_epoch:
-                    record("train", finalize_metrics(runtime.reduce_sums(state["window"])), lr,
-                           grad_norm=float(grad_norm))
+                    stop = record("train", finalize_metrics(runtime.reduce_sums(state["window"])), lr,
+                                  grad_norm=float(grad_norm))
                     state["window"] = None
                 if cfg.val_every and state["step"] % cfg.val_every == 0 and data.val is not None and not last_of_epoch:
-                    record("val", evaluate(model, data.val, runtime, bf16), lr)
+                    stop = record("val", evaluate(model, data.val, runtime, bf16), lr) or stop
                 if cfg.save_every and state["step"] % cfg.save_every == 0 and not last_of_epoch:
                     save(run_dir / "checkpoints" / f"step-{state['step']}")
                     if runtime.is_main:
                         ckpt.prune_step_checkpoints(run_dir, cfg.keep_step_checkpoints)
+                if stop and not last_of_epoch:   # at the end of an epoch, stop after its validation
+                    folder = run_dir / "checkpoints" / f"step-{state['step']}"
+                    if not (cfg.save_every and state["step"] % cfg.save_every == 0):
+                        save(folder)
+                    return stop_behind(folder)
                 if cfg.stop_after and steps_this_run >= cfg.stop_after:
                     return {"stopped_at_step": state["step"], "tokens_seen": state["tokens_seen"]}
 
@@ -384,7 +422,7 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
             rows = [("train", finalize_metrics(runtime.reduce_sums(train_sums)))] if train_sums else []
             if data.val is not None:
                 last_val = evaluate(model, data.val, runtime, bf16)
-                record("val", last_val, lr)
+                stop = record("val", last_val, lr) or stop
                 rows.append(("val", last_val))
             metrics_log.epoch_table(epoch, rows, cfg.ttt_steps, tokens_per_s)
             state["epoch"], state["batch"] = epoch + 1, 0
@@ -395,16 +433,90 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
                 if runtime.is_main:
                     ckpt.save(run_dir / "best", drafter,
                               extra_json={"val.json": {"epoch": epoch + 1, "step": state["step"], **last_val}})
+                    note(run_dir, "result", f"new best: epoch {epoch + 1}, step {state['step']}, "
+                                            f"{state['tokens_seen']:,} tokens: {val_summary(last_val)} -> {run_dir / 'best'}")
                 runtime.barrier()
+            if stop and epoch + 1 < cfg.epochs:
+                return stop_behind(run_dir / "checkpoints" / f"epoch-{epoch + 1}")
     return {"steps": state["step"], "tokens_seen": state["tokens_seen"], "val": last_val,
             "best_val_loss": state["best_val"]}
 
 
-def _nan_error(what: str, value: torch.Tensor, state: dict, epoch: int, batch: int, run_dir: Path) -> SpecdraftError:
+def _nan_error(what: str, value: torch.Tensor, ranks_bad: int, world_size: int, state: dict, epoch: int,
+               batch: int, run_dir: Path) -> SpecdraftError:
     last = ckpt.latest_checkpoint(run_dir)
     kept = f"last good checkpoint {last} is intact" if last else "no checkpoint was written yet"
-    return SpecdraftError(f"training stopped: {what} is {float(value.detach())} at step {state['step'] + 1} (epoch "
+    local = float(value.detach())
+    shown = str(local) if not math.isfinite(local) else "not finite"
+    where = f" on {ranks_bad} of {world_size} ranks" if world_size > 1 else ""
+    return SpecdraftError(f"training stopped: {what} is {shown}{where} at step {state['step'] + 1} (epoch "
                           f"{epoch + 1}, batch {batch}); {kept}; check the store for inf/NaN or lower --lr")
+
+
+# ----------------------------------------------------------------------------- watch and journal
+
+def any_rank(runtime: Runtime, flag: bool) -> bool:
+    """True on every rank when `flag` is True on any (one all_reduce; a no-op on one process)."""
+    if runtime.world_size == 1:
+        return bool(flag)
+    return float(runtime.reduce_sums({"flag": torch.tensor(float(flag), dtype=torch.float64)})["flag"]) > 0
+
+
+def note(run_dir: Path, kind: str, text: str) -> None:
+    """An automatic RUN/journal.md entry from training (rank 0 only; callers check)."""
+    from specdraft.analysis import journal
+
+    journal.record(run_dir, kind, text, source="train")
+
+
+def val_summary(metrics: dict) -> str:
+    keys = ("loss", "full_acc_0", "accept_len")
+    return ", ".join(f"val {k} {metrics[k]:.4f}" for k in keys if k in metrics)
+
+
+def start_summary(cfg: RunConfig, resume_from: Path | None, remap_report: dict | None, total_steps: int,
+                  state: dict) -> str:
+    """The run-start journal entry: where it starts from and the settings that decide the outcome."""
+    if resume_from is not None:
+        head = f"resumed from {resume_from} at step {state['step']} ({state['tokens_seen']:,} tokens)"
+    elif cfg.from_pretrained:
+        head = f"started from pretrained {cfg.from_pretrained}"
+        if remap_report and remap_report.get("remapped"):
+            head += (f" (lm_head remapped: overlap {remap_report['overlap']}, positional matches "
+                     f"{remap_report['positional_matches']})")
+    else:
+        head = "started from scratch"
+    text = (f"{head}: store {cfg.store}, vocab {cfg.vocab}, model {cfg.model}; {cfg.epochs} epochs = "
+            f"{total_steps} steps, lr {cfg.lr:g} ({cfg.schedule}, warm-up {cfg.warmup_steps}), TTT {cfg.ttt_steps}, "
+            f"loss {cfg.loss}, aux_noise {cfg.aux_noise:g}, seed {cfg.seed}")
+    if cfg.baseline:
+        text += (f"; watching baseline {cfg.baseline} ({cfg.watch_split} {cfg.watch_metric}, margin "
+                 f"{cfg.watch_margin:g}{', stop if behind' if cfg.stop_if_behind else ''})")
+    return text
+
+
+def load_watch(cfg: RunConfig, run_dir: Path):
+    """The baseline watch, checked before anything is written. Every rank loads it, so a bad
+    --baseline fails everywhere at once; only rank 0 feeds it."""
+    from specdraft.analysis.watch import BaselineWatch
+
+    if Path(cfg.baseline).resolve() == run_dir.resolve():
+        raise SpecdraftError(f"--baseline {cfg.baseline}: is this run itself; pass another run folder")
+    return BaselineWatch.from_run(cfg.baseline, cfg.watch_config())
+
+
+def replay_run(watch, run_dir: Path, log) -> None:
+    """On resume, feed the run's metrics.jsonl (already cut at the checkpoint's step) through the
+    watch, so smoothing and the behind-streak continue where they were; a verdict found there is
+    reported on the console, not journaled again (the first run journaled it)."""
+    from specdraft.analysis.compare import load_run
+
+    if not (run_dir / "metrics.jsonl").exists():
+        return
+    for rec in load_run(run_dir).records:
+        watch.update(rec)
+    if watch.verdict is not None:
+        log(f"[yellow]watch (before resume):[/] {watch.verdict.message}")
 
 
 class _progress:
