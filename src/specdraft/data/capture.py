@@ -216,9 +216,17 @@ def _check_disk(out: Path, tokens: int, hidden_size: int, dtype: str) -> None:
     free = shutil.disk_usage(out).free
     if need > free:
         raise SpecdraftError(f"{out}: not enough disk space: {tokens:,} tokens x 4 x {hidden_size} x "
-                             f"{st.STORE_DTYPES[dtype].itemsize} B needs {need / 1e9:.2f} GB but only "
-                             f"{free / 1e9:.2f} GB is free; free space, choose another --out, or use --limit "
+                             f"{st.STORE_DTYPES[dtype].itemsize} B needs {_size(need)} but only "
+                             f"{_size(free)} is free; free space, choose another --out, or use --limit "
                              "at prepare time")
+
+
+def _size(n: int) -> str:
+    """Bytes for people: 2.30 GB, 404.50 KB (GB alone would print 0.00 for small stores)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
 
 
 def _progress():
@@ -300,6 +308,9 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     todo = plan[writer.next_shard:]
     remaining = sum(lengths[writer.next_sample:])
     _check_disk(out, remaining, target.hidden_size, dtype)
+    # The manifest goes down before the first shard: a capture killed after writing a shard can
+    # always be resumed (a shard without a manifest could not be told from a stranger's file).
+    writer.save()
 
     store_dtype = st.STORE_DTYPES[dtype]
     bar = _progress() if progress else None
@@ -317,6 +328,10 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
                 loss_mask = torch.tensor([m for s in rows["loss_mask"] for m in s], dtype=torch.uint8)
                 writer.write_shard(aux, last, input_ids, loss_mask, offsets)
                 del aux, last
+    except BaseException:
+        if bar:   # a failed capture ends on its one-line error, not on a stale progress bar
+            bar.live.transient = True
+        raise
     finally:
         if bar:
             bar.stop()

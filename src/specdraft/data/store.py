@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ SHARD_NAME = re.compile(r"^shard-\d{5,}\.safetensors$")
 STORE_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
                 "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
 TENSORS = ("aux", "last", "input_ids", "loss_mask", "offsets")
+MAX_OPEN_SHARDS = 4   # memory-mapped shards a reader keeps open at once
 
 
 def shard_name(index: int) -> str:
@@ -246,7 +248,7 @@ class HiddenStore(torch.utils.data.Dataset):
             verify_shards(self.root, self.manifest)
         self.shards = self.manifest["shards"]
         self._starts = [s["samples"][0] for s in self.shards]
-        self._handles: dict[int, object] = {}
+        self._handles: OrderedDict[int, object] = OrderedDict()   # open shards, least recently used first
         self._offsets: dict[int, list[int]] = {}
 
     # -- metadata
@@ -284,16 +286,24 @@ class HiddenStore(torch.utils.data.Dataset):
 
     # -- access
     def _handle(self, k: int):
-        if k not in self._handles:
-            path = safe_shard_path(self.root, self.shards[k]["file"])
-            handle = open_shard(path)
+        if k in self._handles:
+            self._handles.move_to_end(k)
+            return self._handles[k]
+        path = safe_shard_path(self.root, self.shards[k]["file"])
+        handle = open_shard(path)
+        if k not in self._offsets:
             off = handle.get_tensor("offsets").tolist()
             start, end = self.shards[k]["samples"]
             if len(off) != end - start + 1 or off[0] != 0 or off[-1] != self.shards[k]["num_tokens"]:
                 raise SpecdraftError(f"{path}: offsets disagree with the manifest (samples [{start}, {end}), "
                                      f"{self.shards[k]['num_tokens']} tokens); re-run capture")
-            self._handles[k], self._offsets[k] = handle, off
-        return self._handles[k]
+            self._offsets[k] = off
+        self._handles[k] = handle
+        # Every open memory map keeps the pages it has read resident: with all shards open, a
+        # process's RSS grows to the size of the store over an epoch. Keep only a few open.
+        while len(self._handles) > MAX_OPEN_SHARDS:
+            self._handles.popitem(last=False)
+        return handle
 
     def _shard_offsets(self, k: int) -> list[int]:
         self._handle(k)
@@ -315,7 +325,7 @@ class HiddenStore(torch.utils.data.Dataset):
     def __getstate__(self):
         # safetensors handles do not pickle; each DataLoader worker opens its own.
         state = self.__dict__.copy()
-        state["_handles"], state["_offsets"] = {}, {}
+        state["_handles"], state["_offsets"] = OrderedDict(), {}
         return state
 
 

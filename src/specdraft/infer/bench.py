@@ -84,6 +84,8 @@ def read_prompts(source: str, limit: int | None = None) -> list[list[dict]]:
         conversations = [[{"role": "user", "content": p}] for p in builtin_prompts(limit or 32, split="holdout")]
     else:
         path = Path(source)
+        if path.is_dir():
+            raise SpecdraftError(f"--prompts {source}: is a directory; pass a jsonl file or builtin-holdout")
         if not path.is_file():
             raise SpecdraftError(f"--prompts {source}: file not found; pass a jsonl file or builtin-holdout")
         conversations = []

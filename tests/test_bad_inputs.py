@@ -1,0 +1,451 @@
+"""The bad-input matrix: every case runs the CLI in-process through `specdraft.cli.main()` and must
+exit 2 with ONE stderr line that names the problem, no traceback, and existing outputs unchanged.
+
+docs/reliability.md lists the same matrix as a table; `MATRIX` below is the source of truth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from specdraft.testing import save_tiny_target
+
+LAYERS = "2,4,5"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tree_hash(path: Path) -> str:
+    """Hash of every file (name + bytes) under `path`: an output left intact hashes the same."""
+    h = hashlib.sha256()
+    if path.is_file():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(path)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+def conv(user: str = "hi", answer: str = "hello there") -> dict:
+    return {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory, tiny_target):
+    """A finished tiny workspace (data, hidden, vocab, a drafter checkpoint) plus broken variants."""
+    from specdraft.data import capture as cap
+    from specdraft.data.prepare import prepare
+    from specdraft.formats import save_checkpoint
+    from specdraft.model.config import DrafterConfig
+    from specdraft.model.drafter import Eagle3Drafter
+    from specdraft.targets import load_target
+    from specdraft.train.checkpoint import drafter_tensors
+    from specdraft import vocab as vocab_mod
+    from rich.console import Console
+
+    root = tmp_path_factory.mktemp("bad")
+    good = write_jsonl(root / "good.jsonl", [conv(f"question {i}", f"answer number {i} " * 3) for i in range(10)])
+    prepare(model=str(tiny_target), source=str(good), out=root / "data", console=Console(stderr=True, quiet=True))
+    cap.capture(model=str(tiny_target), data=root / "data", out=root / "hidden", layers=[2, 4, 5],
+                dtype="float32", shard_tokens=200, progress=False)
+    vocab_mod.build_from_data(root / "data", 32, root / "vocab.safetensors", model=str(tiny_target))
+    target = load_target(str(tiny_target))
+    vocab = vocab_mod.load(root / "vocab.safetensors")
+    dcfg = DrafterConfig.from_target(target.config, draft_vocab_size=32, aux_layer_ids=[2, 4, 5],
+                                     verifier=str(tiny_target))
+    drafter = Eagle3Drafter(dcfg)
+    drafter.init_from_target(target.model, vocab.d2t, vocab.t2d)
+    save_checkpoint(root / "drafter", drafter_tensors(drafter), dcfg)
+
+    # another target: same shapes, other weights (fingerprint differs), and one without a chat template
+    other = save_tiny_target(root / "other", seed=1)
+    no_template = save_tiny_target(root / "no_template", template="none")
+    # a target whose weights are NaN from layer 3 on: its hidden states are NaN
+    nan_target = save_tiny_target(root / "nan_target")
+    from safetensors.torch import load_file, save_file
+    weights = load_file(str(nan_target / "model.safetensors"))
+    weights["model.layers.3.mlp.down_proj.weight"].fill_(float("nan"))
+    save_file(weights, str(nan_target / "model.safetensors"), metadata={"format": "pt"})
+    return {"root": root, "target": str(tiny_target), "other": str(other), "no_template": str(no_template),
+            "nan_target": str(nan_target)}
+
+
+def copy(ws, name: str, new: str) -> Path:
+    dst = ws["root"] / new
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(ws["root"] / name, dst)
+    return dst
+
+
+# ----------------------------------------------------------------------------- the cases
+
+
+@dataclass
+class Case:
+    name: str          # the bad input, as the docs table names it
+    build: Callable    # ws -> (argv list, folder or file that must stay intact or None)
+    phrase: str        # a key phrase the one-line message must contain
+    after_start: bool = False   # fails mid-run: earlier progress lines are allowed, the error is the last line
+
+
+def c_not_json(ws):
+    f = write_jsonl(ws["root"] / "notjson.jsonl", [conv(), "{not json", conv()])
+    return ["prepare", "--model", ws["target"], "--data", f, "--out", ws["root"] / "data"], ws["root"] / "data"
+
+
+def c_unknown_role(ws):
+    f = write_jsonl(ws["root"] / "role.jsonl", [{"messages": [{"role": "wizard", "content": "x"}]}])
+    return ["prepare", "--model", ws["target"], "--data", f, "--out", ws["root"] / "data"], ws["root"] / "data"
+
+
+def c_empty_assistant(ws):
+    f = write_jsonl(ws["root"] / "empty.jsonl", [conv(), conv(answer="")])
+    return ["prepare", "--model", ws["target"], "--data", f, "--out", ws["root"] / "data"], ws["root"] / "data"
+
+
+def c_all_too_long(ws):
+    f = write_jsonl(ws["root"] / "long.jsonl", [conv("x" * 200, "y" * 200)] * 2)
+    return (["prepare", "--model", ws["target"], "--data", f, "--out", ws["root"] / "data", "--max-length", "50"],
+            ws["root"] / "data")
+
+
+def c_not_utf8(ws):
+    f = ws["root"] / "latin1.jsonl"
+    f.write_bytes(json.dumps(conv()).encode() + b"\n" + '{"messages": [{"role": "user", "content": "caf'.encode()
+                  + b"\xe9" + b'"}]}\n')
+    return ["prepare", "--model", ws["target"], "--data", f, "--out", ws["root"] / "data"], ws["root"] / "data"
+
+
+def c_empty_file(ws):
+    f = ws["root"] / "nothing.jsonl"
+    f.write_text("\n")
+    return ["prepare", "--model", ws["target"], "--data", f, "--out", ws["root"] / "data"], ws["root"] / "data"
+
+
+def c_data_is_dir(ws):
+    return ["prepare", "--model", ws["target"], "--data", ws["root"] / "hidden", "--out", ws["root"] / "d2"], None
+
+
+def c_no_chat_template(ws):
+    return (["prepare", "--model", ws["no_template"], "--data", ws["root"] / "good.jsonl", "--out",
+             ws["root"] / "data"], ws["root"] / "data")
+
+
+def c_out_under_file(ws):
+    # Tests run as root, where chmod does not stop writes: a path under a regular FILE cannot be created.
+    return ["prepare", "--model", ws["target"], "--data", ws["root"] / "good.jsonl", "--out",
+            ws["root"] / "good.jsonl" / "out"], ws["root"] / "good.jsonl"
+
+
+def c_out_in_proc(ws):
+    return ["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", "/proc/specdraft-out"], None
+
+
+def c_model_missing(ws):
+    return ["info", "--model", ws["root"] / "no-such-model"], None
+
+
+def c_layer_out_of_range(ws):
+    return (["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", ws["root"] / "h-range",
+             "--layers", "2,4,99"], None)
+
+
+def c_layers_not_ints(ws):
+    return (["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", ws["root"] / "h-x",
+             "--layers", "two,four,six"], None)
+
+
+def c_capture_other_target(ws):
+    return (["capture", "--model", ws["other"], "--data", ws["root"] / "data", "--out", ws["root"] / "h-other"],
+            ws["root"] / "data")
+
+
+def c_capture_existing_out(ws):
+    return (["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", ws["root"] / "hidden",
+             "--layers", LAYERS], ws["root"] / "hidden")
+
+
+def c_resume_other_layers(ws):
+    return (["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", ws["root"] / "hidden",
+             "--layers", "1,2,3", "--resume", "--dtype", "float32", "--shard-tokens", "200"], ws["root"] / "hidden")
+
+
+def c_capture_nan(ws):
+    return (["capture", "--model", ws["nan_target"], "--data", ws["root"] / "data", "--out", ws["root"] / "h-nan",
+             "--dtype", "float32"], ws["root"] / "data")
+
+
+def c_data_unfinished(ws):
+    d = copy(ws, "data", "data-unfinished")
+    (d / "prepare.json").unlink()
+    return ["capture", "--model", ws["target"], "--data", d, "--out", ws["root"] / "h-unf"], d
+
+
+def c_truncated_shard(ws):
+    h = copy(ws, "hidden", "h-trunc")
+    shard = h / "shard-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100])
+    return (["train", "--model", ws["target"], "--store", h, "--vocab", ws["root"] / "vocab.safetensors",
+             "--out", ws["root"] / "run-trunc", "--no-progress"], h)
+
+
+def c_shard_hash(ws):
+    h = copy(ws, "hidden", "h-hash")
+    shard = h / "shard-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return ["capture", "--out", h, "--verify"], h
+
+
+def c_manifest_escape(ws):
+    h = copy(ws, "hidden", "h-escape")
+    m = json.loads((h / "manifest.json").read_text())
+    m["shards"][0]["file"] = "../../etc/passwd"
+    (h / "manifest.json").write_text(json.dumps(m))
+    return ["capture", "--out", h, "--verify"], h
+
+
+def c_store_incomplete(ws):
+    h = copy(ws, "hidden", "h-incomplete")
+    m = json.loads((h / "manifest.json").read_text())
+    m["complete"] = False
+    (h / "manifest.json").write_text(json.dumps(m))
+    return (["train", "--model", ws["target"], "--store", h, "--vocab", ws["root"] / "vocab.safetensors",
+             "--out", ws["root"] / "run-inc", "--no-progress"], h)
+
+
+def c_store_is_file(ws):
+    return (["train", "--model", ws["target"], "--store", ws["root"] / "good.jsonl", "--vocab",
+             ws["root"] / "vocab.safetensors", "--out", ws["root"] / "run-file", "--no-progress"], None)
+
+
+def c_train_other_target(ws):
+    return (["train", "--model", ws["other"], "--store", ws["root"] / "hidden", "--vocab",
+             ws["root"] / "vocab.safetensors", "--out", ws["root"] / "run-other", "--no-progress"],
+            ws["root"] / "hidden")
+
+
+def c_vocab_other_size(ws):
+    from specdraft import vocab as vocab_mod
+    v = vocab_mod.load(ws["root"] / "vocab.safetensors")
+    bigger = torch.zeros(v.target_vocab_size + 5, dtype=torch.bool)
+    bigger[: v.target_vocab_size] = v.t2d
+    path = ws["root"] / "vocab-big.safetensors"
+    vocab_mod.save(vocab_mod.Vocab(v.d2t.clone(), bigger, {}), path)
+    return (["train", "--model", ws["target"], "--store", ws["root"] / "hidden", "--vocab", path,
+             "--out", ws["root"] / "run-vocab", "--no-progress"], ws["root"] / "hidden")
+
+
+def c_resume_nothing(ws):
+    return (["train", "--model", ws["target"], "--store", ws["root"] / "hidden", "--vocab",
+             ws["root"] / "vocab.safetensors", "--out", ws["root"] / "run-none", "--resume", "--no-progress"], None)
+
+
+def c_vocab_too_big(ws):
+    return (["vocab", "build", "--data", ws["root"] / "data", "--size", "100000", "--out",
+             ws["root"] / "vocab.safetensors"], ws["root"] / "vocab.safetensors")
+
+
+def c_d2t_absolute(ws):
+    from safetensors.torch import load_file, save_file
+    d = copy(ws, "drafter", "drafter-absolute")
+    t = load_file(str(d / "model.safetensors"))
+    t["d2t"] = t["d2t"] + torch.arange(t["d2t"].numel())      # target ids instead of offsets
+    save_file(t, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return ["vocab", "diff", d, ws["root"] / "vocab.safetensors"], d
+
+
+def c_config_missing_keys(ws):
+    d = copy(ws, "drafter", "drafter-nokeys")
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["transformer_layer_config"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    out = copy(ws, "drafter", "import-existing")
+    return ["import", d, "--out", out], out
+
+
+def c_unknown_layout(ws):
+    d = copy(ws, "drafter", "drafter-foreign")
+    (d / "config.json").write_text(json.dumps({"architectures": ["MedusaModel"], "hidden_size": 64}))
+    return ["export", d, "--out", ws["root"] / "export-x"], d
+
+
+def c_config_not_json(ws):
+    d = copy(ws, "drafter", "drafter-badjson")
+    (d / "config.json").write_text("{ this is not json")
+    return ["import", d, "--out", ws["root"] / "import-y"], d
+
+
+def c_export_format(ws):
+    return ["export", ws["root"] / "drafter", "--format", "onnx", "--out", ws["root"] / "export-onnx"], \
+        ws["root"] / "drafter"
+
+
+def c_bench_no_prompts(ws):
+    f = write_jsonl(ws["root"] / "noprompts.jsonl", [{"messages": [{"role": "system", "content": "be brief"}]}])
+    return ["bench", "--model", ws["target"], "--prompts", f, "--methods", "greedy"], None
+
+
+def c_bench_prompts_dir(ws):
+    return ["bench", "--model", ws["target"], "--prompts", ws["root"] / "hidden", "--methods", "greedy"], None
+
+
+def nan_store(ws) -> Path:
+    """A copy of the store whose shard 0 holds NaN aux states (manifest hash updated, so only the
+    values are wrong: what a target that overflowed in bf16 would have left behind)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from specdraft.io import sha256_file
+
+    h = ws["root"] / "h-nan-store"
+    if h.exists():
+        return h
+    h = copy(ws, "hidden", "h-nan-store")
+    shard = h / "shard-00000.safetensors"
+    with safe_open(str(shard), framework="pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    tensors["aux"][:] = float("nan")
+    save_file(tensors, str(shard), metadata=meta)
+    m = json.loads((h / "manifest.json").read_text())
+    m["shards"][0]["sha256"] = sha256_file(shard)
+    (h / "manifest.json").write_text(json.dumps(m))
+    return h
+
+
+def c_train_nan_store(ws):
+    h = nan_store(ws)
+    return (["train", "--model", ws["target"], "--store", h, "--vocab", ws["root"] / "vocab.safetensors",
+             "--out", ws["root"] / "run-nan", "--no-progress", "--val-fraction", "0", "--max-tokens", "64",
+             "--precision", "fp32"], h)
+
+
+def c_eval_store_other_target(ws):
+    return ["eval", "--drafter", ws["root"] / "drafter", "--data", ws["root"] / "hidden", "--model", ws["other"]], \
+        ws["root"] / "drafter"
+
+
+def c_generate_k0(ws):
+    return ["generate", "--model", ws["target"], "--prompt", "hi", "--method", "ngram", "--k", "0"], None
+
+
+def c_disk_full(ws):
+    return (["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", ws["root"] / "h-disk",
+             "--layers", LAYERS], ws["root"] / "data")
+
+
+MATRIX = [
+    Case("jsonl line that is not JSON", c_not_json, "line 2: not valid JSON"),
+    Case("unknown role", c_unknown_role, "unknown role 'wizard'"),
+    Case("empty assistant turn", c_empty_assistant, "empty assistant turn"),
+    Case("every conversation over --max-length", c_all_too_long, "no samples left after filtering"),
+    Case("non-UTF-8 bytes", c_not_utf8, "line 2: not UTF-8"),
+    Case("data file with no conversations", c_empty_file, "no conversations found"),
+    Case("directory where a data file is expected", c_data_is_dir, "is a directory"),
+    Case("model without a chat template", c_no_chat_template, "chat template"),
+    Case("--out under a regular file (unwritable)", c_out_under_file, "cannot create output folder"),
+    Case("--out in /proc (unwritable)", c_out_in_proc, "cannot create output folder"),
+    Case("model folder that does not exist", c_model_missing, "no-such-model"),
+    Case("aux layer id out of range", c_layer_out_of_range, "aux layer id 99 out of range"),
+    Case("--layers not integers", c_layers_not_ints, "expected comma-separated integers"),
+    Case("prepared data from another target", c_capture_other_target, "prepared for"),
+    Case("capture into a finished store without --resume", c_capture_existing_out, "pass --resume"),
+    Case("--resume with other layers than the store", c_resume_other_layers, "layer_ids"),
+    Case("NaN in hidden states (capture)", c_capture_nan, "non-finite hidden states"),
+    Case("prepared folder without prepare.json", c_data_unfinished, "prepare did not finish"),
+    Case("truncated safetensors shard", c_truncated_shard, "corrupt or truncated shard"),
+    Case("shard whose sha256 does not match", c_shard_hash, "sha256 mismatch in shard-00001"),
+    Case("manifest path escaping the store", c_manifest_escape, "points outside the store"),
+    Case("store whose capture did not finish", c_store_incomplete, "capture did not finish"),
+    Case("regular file where a store folder is expected", c_store_is_file, "hidden-state store not found"),
+    Case("store captured from another target (train)", c_train_other_target, "target fingerprint"),
+    Case("vocab for a larger target vocabulary", c_vocab_other_size, "vocab size"),
+    Case("train --resume without a checkpoint", c_resume_nothing, "no checkpoint to resume from"),
+    Case("draft vocab larger than the target's", c_vocab_too_big, "larger than the target vocabulary"),
+    Case("d2t in absolute ids instead of offsets", c_d2t_absolute, "d2t"),
+    Case("drafter config.json missing keys", c_config_missing_keys, "transformer_layer_config"),
+    Case("unknown checkpoint layout", c_unknown_layout, "unknown checkpoint layout"),
+    Case("drafter config.json not JSON", c_config_not_json, "not valid JSON"),
+    Case("unknown export format", c_export_format, "--format onnx"),
+    Case("prompts file with no prompts (bench)", c_bench_no_prompts, "no prompts"),
+    Case("directory where a prompts file is expected", c_bench_prompts_dir, "is a directory"),
+    Case("NaN in a store's hidden states (train)", c_train_nan_store, "loss is nan", after_start=True),
+    Case("drafter/store for another target (eval)", c_eval_store_other_target, "fingerprint"),
+    Case("--k 0", c_generate_k0, "--k 0"),
+]
+
+
+def run_cli(monkeypatch, capsys, args) -> tuple[int, str, str]:
+    from specdraft import cli
+
+    monkeypatch.setattr(sys, "argv", ["specdraft", *map(str, args)])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.err, captured.out
+
+
+def check_refusal(ws, monkeypatch, capsys, case_build, phrase, after_start=False):
+    args, keep = case_build(ws)
+    before = tree_hash(keep) if keep is not None else None
+    code, err, out = run_cli(monkeypatch, capsys, args)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err, err
+    assert code == 2, f"exit {code}, stderr:\n{err}"
+    if after_start:   # progress lines first, then the error as the one last line
+        assert [line for line in lines if line.startswith("error:")] == lines[-1:], err
+    else:
+        assert len(lines) == 1, f"expected one stderr line, got:\n{err}"
+    assert lines[-1].startswith("error:"), lines[-1]
+    assert phrase in lines[-1], f"{phrase!r} not in: {lines[-1]}"
+    if keep is not None:
+        assert tree_hash(keep) == before, f"{keep} changed"
+    return lines[-1]
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=[c.name for c in MATRIX])
+def test_bad_input_exits_2_with_one_line(case, ws, monkeypatch, capsys):
+    line = check_refusal(ws, monkeypatch, capsys, case.build, case.phrase, case.after_start)
+    print(f"\n{case.name}\t{line}")
+
+
+def test_disk_space_preflight_names_the_numbers(ws, monkeypatch, capsys):
+    """Capture checks free space before writing anything and says how much it needs."""
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 2000, 2000))
+    line = check_refusal(ws, monkeypatch, capsys, c_disk_full, "not enough disk space")
+    assert "tokens x 4 x 64 x 2 B needs" in line and "but only 2.00 KB is free" in line, line
+    assert not list((ws["root"] / "h-disk").glob("shard-*"))
+    assert not (ws["root"] / "h-disk" / "manifest.json").exists()
+
+
+def test_matrix_is_big_enough():
+    assert len(MATRIX) >= 25
