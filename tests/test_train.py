@@ -377,3 +377,13 @@ def test_two_ranks_stop_together_when_behind(watch_ws, tmp_path):
     entries = journal_entries(run)
     assert [(e.kind, e.source) for e in entries[-2:]] == [("warning", "watch"), ("decision", "train")]
     assert proc.stderr.count("stopped at step") == 1                      # said once, by rank 0
+
+
+def test_metrics_log_truncate_skips_a_line_cut_by_a_kill(tmp_path):
+    from specdraft.train.loop import MetricsLog
+
+    log = MetricsLog(tmp_path, enabled=True, tensorboard=False, console=None)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 5, "loss": 1.0}\n{"step": 9, "lo')
+    log.truncate_after(5)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 5]

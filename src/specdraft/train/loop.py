@@ -202,8 +202,14 @@ class MetricsLog:
             return
         from specdraft.io import atomic_path
 
-        keep = [line for line in self.path.read_text().splitlines() if line.strip()
-                and json.loads(line)["step"] <= step]
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue   # a line cut short by a kill; the resumed run logs it again
+            if record.get("step", 0) <= step:
+                keep.append(line)
         with atomic_path(self.path) as tmp:
             tmp.write_text("".join(line + "\n" for line in keep))
 
@@ -426,16 +432,20 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
                 rows.append(("val", last_val))
             metrics_log.epoch_table(epoch, rows, cfg.ttt_steps, tokens_per_s)
             state["epoch"], state["batch"] = epoch + 1, 0
-            save(run_dir / "checkpoints" / f"epoch-{epoch + 1}", last_val)
             val_loss = last_val.get("loss", float("nan"))
-            if last_val and val_loss < state["best_val"]:
+            new_best = bool(last_val) and val_loss < state["best_val"]
+            if new_best:
+                # best/ before the epoch checkpoint: a kill between the two saves resumes from the
+                # previous epoch, which recomputes this same best, so best/ is never left stale.
                 state["best_val"] = val_loss
                 if runtime.is_main:
                     ckpt.save(run_dir / "best", drafter,
                               extra_json={"val.json": {"epoch": epoch + 1, "step": state["step"], **last_val}})
-                    note(run_dir, "result", f"new best: epoch {epoch + 1}, step {state['step']}, "
-                                            f"{state['tokens_seen']:,} tokens: {val_summary(last_val)} -> {run_dir / 'best'}")
                 runtime.barrier()
+            save(run_dir / "checkpoints" / f"epoch-{epoch + 1}", last_val)
+            if new_best and runtime.is_main:
+                note(run_dir, "result", f"new best: epoch {epoch + 1}, step {state['step']}, "
+                                        f"{state['tokens_seen']:,} tokens: {val_summary(last_val)} -> {run_dir / 'best'}")
             if stop and epoch + 1 < cfg.epochs:
                 return stop_behind(run_dir / "checkpoints" / f"epoch-{epoch + 1}")
     return {"steps": state["step"], "tokens_seen": state["tokens_seen"], "val": last_val,
