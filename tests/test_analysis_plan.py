@@ -157,3 +157,11 @@ def test_plan_measures_latencies_on_tiny_target(tmp_path, tiny_target, drafter_d
     assert result["draft_ms"] > 0 and set(result["measured"]) == {"verify", "draft"}
     assert json.loads((tmp_path / "plan.json").read_text())["best"] == result["best"]
     assert "tok/cycle" in plan.format_plan(result)
+
+
+def test_rates_from_a_bench_json():
+    from specdraft.analysis.plan import cond_rates_from
+
+    bench = {"methods": {"greedy": {"per_position_accept": []},
+                         "eagle3": {"per_position_accept": [0.5, 0.25, 0.1]}}}
+    assert cond_rates_from(bench) == [0.5, 0.5, 0.4]

@@ -76,6 +76,11 @@ def cond_rates_from(obj) -> list[float] | None:
     for key in ("metrics", "acceptance", "eval", "simulated", "result"):
         if isinstance(obj.get(key), dict) and (found := cond_rates_from(obj[key])):
             return found
+    methods = obj.get("methods")                     # a bench JSON: the EAGLE-3 chain's rates
+    if isinstance(methods, dict):
+        for name in ("eagle3", *methods):
+            if (found := cond_rates_from(methods.get(name))):
+                return found
     if isinstance(obj.get("cond_acc"), list):
         return [float(a) for a in obj["cond_acc"]]
     ks = sorted(int(k.rsplit("_", 1)[1]) for k in obj if k.startswith("cond_acc_") and k.rsplit("_", 1)[1].isdigit())
