@@ -252,7 +252,7 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
 
     `target` may be an already loaded specdraft.targets.Target (benchmarks, online use).
     """
-    from specdraft.data.prepared import load_prepared
+    from specdraft.data.prepared import check_prepared_for, load_prepared
     from specdraft.io import ensure_writable_dir
     from specdraft.targets import DTYPES, check_aux_layers, default_aux_layers, load_target
 
@@ -274,12 +274,7 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     lengths, data_fingerprint, max_id = sample_columns(ds)
     if target is None:
         target = load_target(model, dtype=compute_dtype, device=device, trust_remote_code=trust_remote_code)
-    prepared_for = meta.get("target") or {}
-    if prepared_for.get("fingerprint") and prepared_for["fingerprint"] != target.identity["fingerprint"]:
-        raise SpecdraftError(f"{data}: prepared for {prepared_for.get('id')} (fingerprint "
-                             f"{prepared_for['fingerprint']}) but --model is {target.name} (fingerprint "
-                             f"{target.identity['fingerprint']}); capture with the target the data was "
-                             "prepared for, or re-run prepare with this --model")
+    check_prepared_for(meta, target, data, "capture")
     if max_id >= target.vocab_size:
         raise SpecdraftError(f"{data}: token id {max_id} is outside the vocabulary of {target.name} "
                              f"({target.vocab_size} tokens); the data was tokenized for another model")

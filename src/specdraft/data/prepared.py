@@ -61,3 +61,13 @@ def load_prepared(path: str | Path):
         if col not in ds.column_names:
             raise SpecdraftError(f"{path / DATASET}: missing column '{col}'; re-run `specdraft prepare`")
     return ds, meta
+
+
+def check_prepared_for(meta: dict, target, data, use: str) -> None:
+    """Refuse data whose prepare.json names another target: its tokens mean other things there."""
+    prepared_for = meta.get("target") or {}
+    if prepared_for.get("fingerprint") and prepared_for["fingerprint"] != target.identity["fingerprint"]:
+        raise SpecdraftError(f"{data}: prepared for {prepared_for.get('id')} (fingerprint "
+                             f"{prepared_for['fingerprint']}) but --model is {target.name} (fingerprint "
+                             f"{target.identity['fingerprint']}); {use} with the target the data was "
+                             "prepared for, or re-run prepare with this --model")

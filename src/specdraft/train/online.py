@@ -88,16 +88,11 @@ class OnlineBatches(StoreBatches):
 def online_samples(target, data: str | Path, layer_ids: list[int] | None = None,
                    max_tokens: int | None = None) -> OnlineSamples:
     """Load prepared data (WS/data) for `target`, refusing data prepared for another target."""
-    from specdraft.data.prepared import load_prepared
+    from specdraft.data.prepared import check_prepared_for, load_prepared
     from specdraft.targets import check_aux_layers, default_aux_layers
 
     ds, meta = load_prepared(data)
-    prepared_for = meta.get("target") or {}
-    if prepared_for.get("fingerprint") and prepared_for["fingerprint"] != target.identity["fingerprint"]:
-        raise SpecdraftError(f"{data}: prepared for {prepared_for.get('id')} (fingerprint "
-                             f"{prepared_for['fingerprint']}) but --model is {target.name} (fingerprint "
-                             f"{target.identity['fingerprint']}); train online with the target the data was "
-                             "prepared for, or re-run prepare with this --model")
+    check_prepared_for(meta, target, data, "train online")
     L = target.num_layers
     layer_ids = check_aux_layers(list(layer_ids) if layer_ids is not None else default_aux_layers(L), L)
     columns = ds.select_columns(["input_ids", "loss_mask"])[:]
