@@ -167,14 +167,10 @@ def drafter_metrics(net, target_model, batches, steps: int) -> dict[str, float]:
 
 
 def load_drafter_for(drafter: str | Path, target):
-    from specdraft.model.drafter import load_drafter
+    """The drafter checked against `target` (shapes, aux layers), on the CPU in fp32."""
+    from specdraft.infer.bench import load_drafter_for as load_checked
 
-    net = load_drafter(drafter)
-    if net.config.hidden_size != target.hidden_size or net.config.vocab_size != target.vocab_size:
-        raise SpecdraftError(f"--drafter {drafter}: made for hidden size {net.config.hidden_size} / vocab "
-                             f"{net.config.vocab_size}, but --model {target.name} has {target.hidden_size} / "
-                             f"{target.vocab_size}; it cannot run on this target")
-    return net
+    return load_checked(str(drafter), target, "cpu", torch.float32)
 
 
 def probe_drafter(drafter: str | Path, model: str, data: str | Path, samples: int = 32, max_tokens: int = 512,

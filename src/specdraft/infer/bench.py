@@ -61,7 +61,7 @@ def load_drafter_for(spec: str, target, device: str, dtype: torch.dtype):
         from specdraft.formats import resolve_checkpoint
         from specdraft.model.drafter import load_drafter
 
-        drafter = load_drafter(resolve_checkpoint(spec))
+        drafter = load_drafter(resolve_checkpoint(spec), target_model=target.model)  # embeds if shipped without
     for warning in check_drafter_fits(drafter, target.model, target.name):
         print(f"warning: {warning}", file=sys.stderr)
     return drafter.to(device=device, dtype=dtype).eval()
