@@ -12,7 +12,8 @@ from specdraft.errors import SpecdraftError
 from specdraft.infer.eagle import EagleProposer, TreeShape, check_drafter_fits
 from specdraft.infer.ngram import NgramProposer, lookup
 from specdraft.infer.sampling import Sampling
-from specdraft.infer.speculative import Profile, TargetRunner, generate, per_position_accept
+from specdraft.infer.speculative import (FEW_ROWS, Profile, TargetRunner, few_row_matmul, generate,
+                                        per_position_accept)
 from specdraft.infer.tree import Draft, tree_attention_mask
 from specdraft.model.config import DrafterConfig
 from specdraft.model.drafter import Eagle3Drafter, KVCache, causal_mask
@@ -120,6 +121,20 @@ def test_tree_mask_equals_running_each_path(target):
         path = [prompt[-1]] + path[::-1]
         ref = target(torch.tensor([path]), cache=copy.deepcopy(base), use_cache=True).logits[0, -1]
         torch.testing.assert_close(logits[node], ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_few_row_matmul_matches_linear_and_restores(bias):
+    layer = torch.nn.Linear(24, 40, bias=bias)
+    model = torch.nn.Sequential(layer)
+    for rows in (1, 2, 5, FEW_ROWS, FEW_ROWS + 1):
+        x = torch.randn(1, rows, 24)
+        with few_row_matmul(model):
+            assert "forward" in vars(layer)
+            got = model(x)
+        assert got.shape == (1, rows, 40) and got.is_contiguous()
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias))
+        assert "forward" not in vars(layer)                # the model is left as it was
 
 
 def test_keep_gathers_the_accepted_path(target):

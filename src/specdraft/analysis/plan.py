@@ -155,6 +155,9 @@ def measure_verify_ms(target_model, n_max: int, context: int, repeats: int = 5) 
     """Latency of one target forward over n = 1..n_max new tokens on top of a KV cache of `context`."""
     from transformers import DynamicCache
 
+    from specdraft.infer.speculative import few_row_matmul, target_linears
+
+    linears = target_linears(target_model)
     vocab = target_model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, context), generator=g)
@@ -166,7 +169,8 @@ def measure_verify_ms(target_model, n_max: int, context: int, repeats: int = 5) 
         pos = torch.arange(context, context + n)[None]
 
         def step():
-            target_model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)   # logits [1, n, V]
+            with few_row_matmul(target_model, linears):                                         # as in generate()
+                target_model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)   # logits [1, n, V]
             cache.crop(-n)                                                               # back to `context`
         out.append(_median_ms(step, repeats))
     return out

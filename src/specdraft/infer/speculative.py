@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import MethodType
 from typing import Callable, Protocol
 
 import torch
@@ -126,6 +127,42 @@ def eos_ids_of(model, tokenizer=None) -> set[int]:
     return {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
 
 
+FEW_ROWS = 32   # up to this many tokens per forward, mm(W, x^T) beats F.linear on CPU
+
+
+def few_row_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """nn.Linear.forward for a verify step on CPU. F.linear on 2-8 rows takes MKL's small-GEMM path,
+    which costs about twice a 1-row forward; mm(W, x^T) stays on the bandwidth-bound path, so a
+    target forward over K+1 tokens costs little more than over 1 (benchmarks/verify_cost.py)."""
+    rows = x.numel() // x.shape[-1]
+    if not 1 < rows <= FEW_ROWS:
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+    out = torch.mm(self.weight, x.reshape(rows, -1).t()).t().contiguous()   # [rows, out]
+    if self.bias is not None:
+        out += self.bias
+    return out.view(*x.shape[:-1], out.shape[-1])   # contiguous, so SDPA keeps its flash kernel
+
+
+@contextmanager
+def few_row_matmul(model, linears: list[torch.nn.Linear] | None = None):
+    """Within the block, the CPU target's nn.Linear layers use few_row_linear; restored after."""
+    if next(model.parameters()).device.type != "cpu":
+        yield
+        return
+    linears = linears if linears is not None else target_linears(model)
+    for layer in linears:
+        layer.forward = MethodType(few_row_linear, layer)
+    try:
+        yield
+    finally:
+        for layer in linears:
+            del layer.forward
+
+
+def target_linears(model) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
+
+
 class TargetRunner:
     """The target with its DynamicCache: forwards that also return aux hidden states, and the
     cache surgery that keeps exactly the accepted positions."""
@@ -139,6 +176,7 @@ class TargetRunner:
         self.profile = profile
         self.device = next(model.parameters()).device
         self.cache = DynamicCache(config=model.config)
+        self.linears = target_linears(model)
 
     def cache_len(self) -> int:
         return self.cache.get_seq_length()
@@ -156,7 +194,7 @@ class TargetRunner:
         input_ids = torch.tensor([ids], device=self.device)                       # [1, T]
         position_ids = torch.tensor([positions], device=self.device)              # [1, T]
         try:
-            with self.profile.timed("verify_s"):
+            with self.profile.timed("verify_s"), few_row_matmul(self.model, self.linears):
                 out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                                  cache=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         finally:
