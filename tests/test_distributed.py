@@ -178,3 +178,97 @@ def test_two_rank_fsdp2_matches_one_process(tmp_path):
         assert b == pytest.approx(a, rel=1e-4)
     # the gathered full weights (distributed.full_state_dict) are the one-process weights
     torch.testing.assert_close(torch.tensor(lm_head), model.drafter.lm_head.weight.detach(), rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- FSDP2 in the training loop
+
+def as_flags(values: dict) -> list[str]:
+    flags = []
+    for k, v in values.items():
+        flag = "--" + k.replace("_", "-")
+        flags += [flag if v is True else f"--no-{flag[2:]}"] if isinstance(v, bool) else [flag, str(v)]
+    return flags
+
+
+def launch(cmd: list[str]) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 ranks (gloo), fsdp" in proc.stderr          # --parallel fsdp reached the ranks
+
+
+def fsdp_settings(ws, out, rows_per_batch):
+    """2 epochs of 3 steps (6 train samples), 2 validation samples (so best/ is written)."""
+    return {**settings(ws, out, rows_per_batch), "epochs": 2, "val_fraction": 0.25}
+
+
+def all_records(run):
+    return [(r["split"], r["step"], r["tokens_seen"], r["metrics"])
+            for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+
+
+def assert_same_records(got, want):
+    assert [r[:3] for r in got] == [r[:3] for r in want]
+    for (split, step, _, m2), (_, _, _, m1) in zip(got, want):
+        assert m2.keys() == m1.keys()
+        for name in m1:
+            assert m2[name] == pytest.approx(m1[name], rel=1e-4, abs=1e-7), (split, step, name)
+
+
+def assert_same_weights(folder_a, folder_b):
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(folder_a / "model.safetensors"), load_file(folder_b / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert wa[name].dtype == wb[name].dtype
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(ws, tmp_path_factory):
+    """One process with 2 rows per step, and `specdraft train --nproc 2 --parallel fsdp` with 1 row
+    per rank: the same global batches."""
+    root = tmp_path_factory.mktemp("fsdp_runs")
+    train(RunConfig(**fsdp_settings(ws, root / "one", rows_per_batch=2)))
+    launch([sys.executable, "-m", "specdraft.cli", "train", "--nproc", "2", "--parallel", "fsdp",
+            *as_flags(fsdp_settings(ws, root / "fsdp", rows_per_batch=1))])
+    return root / "one", root / "fsdp"
+
+
+def test_two_rank_fsdp_training_matches_one_process(fsdp_runs):
+    from specdraft.model.drafter import load_drafter
+    from specdraft.train import checkpoint as ckpt
+
+    one, two = fsdp_runs
+    records = all_records(two)
+    assert [r[0] for r in records].count("val") == 2                # rank 1 wrote no lines of its own
+    assert_same_records(records, all_records(one))
+    for folder in ("checkpoints/epoch-1", "checkpoints/epoch-2", "best"):
+        drafter = load_drafter(two / folder)                          # the speculators layout, loadable
+        assert isinstance(drafter.lm_head.weight, torch.nn.Parameter)
+        assert_same_weights(one / folder, two / folder)
+        assert (json.loads((two / folder / "config.json").read_text())
+                == json.loads((one / folder / "config.json").read_text()))
+    # trainer state in the one-process form: optimizer state keyed by parameter index
+    s1 = ckpt.load_trainer_state(one / "checkpoints" / "epoch-2")
+    s2 = ckpt.load_trainer_state(two / "checkpoints" / "epoch-2")
+    assert s2.keys() == s1.keys() and s2["step"] == s1["step"] == 6
+    assert s2["optimizer"]["param_groups"] == s1["optimizer"]["param_groups"]
+    assert s2["optimizer"]["state"].keys() == s1["optimizer"]["state"].keys()
+    for i, state in s1["optimizer"]["state"].items():
+        for name, value in state.items():
+            torch.testing.assert_close(s2["optimizer"]["state"][i][name], value, rtol=1e-3, atol=1e-6,
+                                       msg=f"{i} {name}")
+
+
+def test_two_rank_fsdp_stopped_and_resumed_matches_uninterrupted(ws, fsdp_runs, tmp_path):
+    _, uninterrupted = fsdp_runs
+    run = tmp_path / "resumed"
+    flags = as_flags({**fsdp_settings(ws, run, rows_per_batch=1), "save_every": 2})
+    # stop after 2 of 3 steps of epoch 1 (a mid-epoch step-2 checkpoint), then resume from it
+    launch(distributed.torchrun_command(2, [*flags, "--parallel", "fsdp", "--stop-after", "2"]))
+    assert (run / "checkpoints" / "step-2").is_dir() and not (run / "checkpoints" / "epoch-1").exists()
+    launch(distributed.torchrun_command(2, [*flags, "--parallel", "fsdp", "--stop-after", "0", "--resume"]))
+    assert_same_records(all_records(run), all_records(uninterrupted))
+    assert_same_weights(uninterrupted / "checkpoints" / "epoch-2", run / "checkpoints" / "epoch-2")

@@ -356,7 +356,8 @@ def train(
     watch_margin: float = typer.Option(0.05, "--watch-margin", help="Behind when run < baseline - margin."),
     watch_warmup_tokens: int = typer.Option(0, "--watch-warmup-tokens", help="No watch verdict before this many tokens."),
     watch_min_points: int = typer.Option(2, "--watch-min-points", help="Consecutive behind points before the watch fires."),
-    nproc: int = typer.Option(1, "--nproc", help="Processes: N > 1 re-launches under torchrun (DDP; gloo on CPU, NCCL on GPU)."),
+    nproc: int = typer.Option(1, "--nproc", help="Processes: N > 1 re-launches under torchrun (gloo on CPU, NCCL on GPU; see --parallel)."),
+    parallel: str = typer.Option("ddp", "--parallel", help="With --nproc N > 1: ddp, or fsdp (FSDP2 shards weights and optimizer state)."),
     online: bool = typer.Option(False, "--online", help="Compute hidden states with --model inside the loop (no store)."),
     data: Optional[str] = typer.Option(None, "--data", help="Prepared data (WS/data) for --online."),
 ):
@@ -365,11 +366,13 @@ def train(
     from specdraft.train.loop import Runtime
     from specdraft.train.loop import train as run_training
 
-    if nproc > 1:
-        from specdraft.train import distributed
+    from specdraft.train import distributed
 
+    if parallel not in distributed.STRATEGIES:
+        raise SpecdraftError(f"--parallel {parallel}: use one of {', '.join(distributed.STRATEGIES)}")
+    if nproc > 1:
         distributed.exec_torchrun(nproc, distributed.forward_cli_args(sys.argv[2:]))
-    launcher = {"config", "nproc", "online", "data"}
+    launcher = {"config", "nproc", "online", "data", "parallel"}
     overrides = {name: value for name, value in ctx.params.items()
                  if name not in launcher and getattr(ctx.get_parameter_source(name), "name", "") != "DEFAULT"}
     if "resume" in overrides or "out" in overrides:   # resume reads RUN/config.yaml unless --config is given

@@ -7,6 +7,9 @@ same atomic folder swap, so a checkpoint is either wholly there or the previous 
     RUN/best/                  lowest validation loss so far (weights + val.json)
 
 trainer_state.pt holds only tensors and plain containers: it is loaded with weights_only=True.
+The files are the same whether the drafter trained in one process, under DDP or sharded with
+FSDP2: `training_state` gathers sharded weights and optimizer state into the one-process form,
+and `load_optimizer_state` shards it back on resume.
 """
 
 from __future__ import annotations
@@ -31,6 +34,30 @@ def drafter_tensors(model: Eagle3Drafter) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous() for k, v in model.state_dict().items() if not k.startswith("rotary_emb")}
 
 
+def training_state(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer | None = None) -> tuple[dict, dict | None]:
+    """(drafter tensors, optimizer state dict) as a checkpoint stores them.
+
+    A plain (or DDP-trained) drafter gives its own tensors and `optimizer.state_dict()`. A drafter
+    sharded with FSDP2 gives the gathered full ones in the same form; that is a collective: every
+    rank calls it, and the result is complete on rank 0 only (the one that writes)."""
+    from specdraft.train import distributed
+
+    if distributed.is_sharded(drafter):
+        return distributed.full_training_state(drafter, optimizer)
+    return drafter_tensors(drafter), (optimizer.state_dict() if optimizer is not None else None)
+
+
+def load_optimizer_state(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Set a checkpoint's optimizer state (one-process form) back; under FSDP2 every rank passes
+    the full state and keeps its own shard."""
+    from specdraft.train import distributed
+
+    if distributed.is_sharded(drafter):
+        distributed.load_full_optimizer_state(drafter, optimizer, saved)
+    else:
+        optimizer.load_state_dict(saved)
+
+
 def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "python": random.getstate()}
 
@@ -42,8 +69,9 @@ def set_rng_state(state: dict) -> None:
 
 
 def save(folder: str | Path, model: Eagle3Drafter, trainer_state: dict | None = None,
-         extra_json: dict[str, dict] | None = None) -> Path:
-    """Drafter weights + config.json (+ trainer_state.pt, + small json files), atomically."""
+         extra_json: dict[str, dict] | None = None, tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """Drafter weights + config.json (+ trainer_state.pt, + small json files), atomically.
+    `tensors` (from `training_state`) replace the model's own, e.g. when its weights are sharded."""
     from specdraft.formats import save_checkpoint
 
     extra = {}
@@ -51,7 +79,8 @@ def save(folder: str | Path, model: Eagle3Drafter, trainer_state: dict | None = 
         extra[STATE_FILE] = lambda path: torch.save(trainer_state, path)
     for name, obj in (extra_json or {}).items():
         extra[name] = lambda path, obj=obj: path.write_text(json.dumps(obj, indent=2) + "\n")
-    return save_checkpoint(folder, drafter_tensors(model), model.config, extra_files=extra)
+    tensors = tensors if tensors is not None else drafter_tensors(model)
+    return save_checkpoint(folder, tensors, model.config, extra_files=extra)
 
 
 def load_trainer_state(folder: str | Path) -> dict:

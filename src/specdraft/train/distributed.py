@@ -13,6 +13,10 @@ only turns that environment into a `train.loop.Runtime`:
   each checkpoint;
 - the TTT objective wrapped in DDP (default), or sharded with FSDP2 `fully_shard` for drafters of
   very wide targets (H = 7168: lm_head and optimizer state per rank shrink by the world size).
+  Under FSDP2 every rank gathers the full weights and optimizer state to rank 0 for each
+  checkpoint (`full_training_state`), which then writes the same files as a DDP or one-process
+  run; on --resume every rank loads that checkpoint before sharding and hands the full optimizer
+  state back (`load_full_optimizer_state`), so a run may change strategy between resumes.
 
 Gradient averaging: DDP averages each rank's gradient, and each rank's loss is its own mean over
 its trained positions, so the update equals the one-process update over the same global batch
@@ -156,9 +160,65 @@ def wrap_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool = False):
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Collective (call on every rank): the full, unsharded state dict of an FSDP2 (or plain)
     module, on the CPU, complete on rank 0 (other ranks get an empty dict)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(model, options=_full_options())
+
+
+def _full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    """True when `module` holds FSDP2-sharded parameters (DTensors)."""
+    if not dist.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def replicated(value: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP2's gradient norm is one) as the same plain tensor on every rank (collective);
+    a plain tensor unchanged."""
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
+def _trained_names(drafter: torch.nn.Module) -> list[str]:
+    """Names of the parameters the loop's optimizer holds, in its order (index i = parameter i)."""
+    return [name for name, p in drafter.named_parameters() if p.requires_grad]
+
+
+def full_training_state(drafter: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None):
+    """Collective: (drafter tensors, optimizer state) of an FSDP2-sharded drafter, gathered on the
+    CPU in the form one process saves (checkpoint.drafter_tensors / optimizer.state_dict(): state
+    keyed by parameter index). Complete on rank 0; other ranks get empty dicts."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    tensors = {k: v.contiguous() for k, v in full_state_dict(drafter).items() if not k.startswith("rotary_emb")}
+    if optimizer is None:
+        return tensors, None
+    by_name = get_optimizer_state_dict(drafter, optimizer, options=_full_options())
+    if not by_name:
+        return tensors, {}
+    index = {name: i for i, name in enumerate(_trained_names(drafter))}
+    state = {index[name]: value for name, value in by_name["state"].items()}
+    groups = [{**group, "params": [index[name] for name in group["params"]]} for group in by_name["param_groups"]]
+    return tensors, {"state": dict(sorted(state.items())), "param_groups": groups}
+
+
+def load_full_optimizer_state(drafter: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Collective: set a full optimizer state (one-process form, as `full_training_state` or a
+    DDP run saved it) into the optimizer of an FSDP2-sharded drafter; each rank keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = _trained_names(drafter)
+    by_name = {"state": {names[i]: value for i, value in saved["state"].items()},
+               "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
+                                for group in saved["param_groups"]]}
+    set_optimizer_state_dict(drafter, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 def wrap(model: torch.nn.Module, strategy: str, device: torch.device, bf16: bool = False):
@@ -192,13 +252,9 @@ def run(cfg, strategy: str | None = None, setup=None) -> dict:
     from specdraft.train.loop import train, use_bf16
 
     strategy = strategy or getattr(cfg, "parallel", None) or os.environ.get("SPECDRAFT_PARALLEL", "ddp")
-    if strategy == "fsdp":
-        # wrap_fsdp trains (tests/test_distributed.py), but the loop's rank-0 checkpoint save and
-        # resume do not yet gather sharded weights/optimizer state (full_state_dict below is the
-        # collective they need); refuse rather than hang at the first checkpoint.
-        raise SpecdraftError("--parallel fsdp: checkpointing sharded drafters is not wired into the training "
-                             "loop yet; use --parallel ddp (the default)")
     rt = runtime(strategy, bf16=lambda device: use_bf16(cfg, device))
+    if rt.is_main:
+        print(f"{rt.world_size} ranks ({dist.get_backend()}), {strategy}", file=sys.stderr, flush=True)
     try:
         return train(cfg, runtime=rt, **(setup(cfg, rt) if setup is not None else {}))
     finally:

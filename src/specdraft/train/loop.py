@@ -22,6 +22,7 @@ from specdraft.model.config import DrafterConfig
 from specdraft.model.drafter import Eagle3Drafter, load_drafter
 from specdraft.train import checkpoint as ckpt
 from specdraft.train.config import RunConfig, save_yaml
+from specdraft.train.distributed import replicated
 from specdraft.train.objective import TeacherHead, TTTObjective, add_sums, finalize_metrics
 
 
@@ -309,7 +310,7 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
     state = {"epoch": 0, "batch": 0, "step": 0, "tokens_seen": 0, "best_val": float("inf"), "window": None}
     if resume_from is not None:
         saved = ckpt.load_trainer_state(resume_from)
-        optimizer.load_state_dict(saved["optimizer"])
+        ckpt.load_optimizer_state(drafter, optimizer, saved["optimizer"])   # collective under FSDP2
         scheduler.load_state_dict(saved["scheduler"])
         ckpt.set_rng_state(saved["rng"])
         state.update({k: saved[k] for k in ("epoch", "batch", "step", "tokens_seen", "best_val", "window")})
@@ -353,14 +354,16 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
                 "best_val_loss": state["best_val"], "stopped": "behind baseline", "checkpoint": str(folder)}
 
     def save(folder: Path, val: dict | None = None) -> None:
-        trainer_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        """Collective: every rank calls it (FSDP2 gathers the shards here); rank 0 writes."""
+        tensors, optimizer_state = ckpt.training_state(drafter, optimizer)
+        trainer_state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                          "rng": ckpt.rng_state(), **state}
         progress = {k: state[k] for k in ("epoch", "batch", "step", "tokens_seen")}
         extra = {ckpt.PROGRESS_FILE: progress}
         if val:
             extra["val.json"] = val
         if runtime.is_main:
-            ckpt.save(folder, drafter, trainer_state, extra)
+            ckpt.save(folder, drafter, trainer_state, extra, tensors=tensors)
         runtime.barrier()
 
     steps_this_run = 0
@@ -378,6 +381,7 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+                grad_norm = replicated(grad_norm)    # FSDP2 returns a DTensor; a plain tensor stays as is
                 # collective: a NaN on one rank stops every rank here, before the weights change
                 # (backward ran everywhere, so no rank waits in DDP's gradient all_reduce)
                 bad = runtime.reduce_sums({"loss": (~torch.isfinite(loss.detach())).double(),
@@ -438,8 +442,9 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
                 # best/ before the epoch checkpoint: a kill between the two saves resumes from the
                 # previous epoch, which recomputes this same best, so best/ is never left stale.
                 state["best_val"] = val_loss
+                tensors, _ = ckpt.training_state(drafter)      # collective under FSDP2
                 if runtime.is_main:
-                    ckpt.save(run_dir / "best", drafter,
+                    ckpt.save(run_dir / "best", drafter, tensors=tensors,
                               extra_json={"val.json": {"epoch": epoch + 1, "step": state["step"], **last_val}})
                 runtime.barrier()
             save(run_dir / "checkpoints" / f"epoch-{epoch + 1}", last_val)
