@@ -74,9 +74,11 @@ def run_stage(console: Console, args: list[str], log: Path) -> None:
     console.print(f"[dim]  done in {seconds:.0f} s[/]")
 
 
-def run_recipe(model: str, workspace: str | Path, profile: str = "quick", data: str = "builtin") -> dict:
-    """Run every stage for `model` into `workspace`; returns the bench summary."""
-    prof = profile_by_name(profile)
+def run_recipe(model: str, workspace: str | Path, profile: str | Profile = "quick", data: str = "builtin") -> dict:
+    """Run every stage for `model` into `workspace`; returns the bench summary. `profile` is a name
+    in PROFILES or a Profile (tests use a tiny one)."""
+    prof = profile if isinstance(profile, Profile) else profile_by_name(profile)
+    profile = profile if isinstance(profile, str) else "custom"
     ws = Path(workspace)
     ws.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
@@ -126,6 +128,7 @@ def summarize(bench: dict, seconds: float) -> dict:
     methods = bench["methods"]
     eagle = methods.get("eagle3", {})
     return {"accept_len": eagle.get("accept_len"),
+            "accept_lens": {name: m.get("accept_len") for name, m in methods.items()},
             "tokens_per_s": {name: m["tokens_per_s"] for name, m in methods.items()},
             "speedup": {name: m["speedup"] for name, m in methods.items()},
             "identical_to_greedy": {name: m["identical_to_greedy"] for name, m in methods.items()},
@@ -137,7 +140,8 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
     for col in ("method", "tokens/s", "speedup", "accept len", "identical to greedy"):
         table.add_column(col)
     for name, tps in summary["tokens_per_s"].items():
-        accept = f"{summary['accept_len']:.2f}" if name == "eagle3" and summary["accept_len"] else "-"
+        accept_len = summary["accept_lens"].get(name)
+        accept = f"{accept_len:.2f}" if accept_len and name != "greedy" else "-"
         table.add_row(name, f"{tps:.1f}", f"{summary['speedup'][name]:.2f}x", accept,
                       "yes" if summary["identical_to_greedy"][name] else "NO")
     Console().print(table)
