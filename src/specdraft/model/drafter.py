@@ -10,6 +10,8 @@ takes [embed(token); hidden] (2H wide), a final norm, and an lm_head over the dr
 Attention keeps its keys/values in a `KVCache` that simply grows: training-time test (TTT) appends
 one block of T keys per unrolled step and passes an explicit boolean mask (see `ttt_mask`), and
 speculative generation appends the accepted/drafted tokens and crops on rejection. One code path.
+A flex-attention BlockMask (`ttt_block_mask`, same semantics) instead of a boolean mask selects
+flex_attention: compiled on CUDA, eager (a slow reference that materialises the scores) elsewhere.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
@@ -46,6 +49,19 @@ class KVCache:
             self.key, self.value = self.key[:, :, :n], self.value[:, :, :n]
 
 
+_compiled_flex = None
+
+
+def flex_attention_for(device: torch.device):
+    """flex_attention compiled once on CUDA (its fused kernel); eager elsewhere (tests only)."""
+    global _compiled_flex
+    if device.type != "cuda":
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex
+
+
 class DrafterAttention(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -63,8 +79,11 @@ class DrafterAttention(nn.Module):
         v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         k_all, v_all = cache.append(k, v)                                    # [B,nkv,S+T,hd]
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,   # mask [B|1,1,T,S+T] bool
-                                             enable_gqa=True)               # no repeat_kv copies
+        if isinstance(mask, BlockMask):
+            out = flex_attention_for(q.device)(q, k_all, v_all, block_mask=mask, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,   # mask [B|1,1,T,S+T] bool
+                                                 enable_gqa=True)               # no repeat_kv copies
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
 
 
@@ -157,6 +176,18 @@ def ttt_mask(doc_ids: torch.Tensor, step: int) -> torch.Tensor:
     T = doc_ids.shape[1]
     eye = torch.eye(T, dtype=torch.bool, device=doc_ids.device).expand(doc_ids.shape[0], 1, T, T)
     return torch.cat([causal_mask(doc_ids)] + [eye] * step, dim=-1)
+
+
+def ttt_block_mask(doc_ids: torch.Tensor, step: int) -> BlockMask:
+    """`ttt_mask(doc_ids, step)` as a flex-attention BlockMask over KV_LEN = (step+1)*T keys."""
+    B, T = doc_ids.shape
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        block, j = kv_idx // T, kv_idx % T                       # TTT step of the key, its position
+        prefix = (block == 0) & (j <= q_idx) & (doc_ids[b, j] == doc_ids[b, q_idx])
+        return prefix | (j == q_idx)                             # one diagonal per step (and padding sees itself)
+
+    return create_block_mask(mask_mod, B, None, T, (step + 1) * T, device=doc_ids.device)
 
 
 def save_drafter(model: Eagle3Drafter, folder, layout: str = "speculators") -> None:

@@ -28,6 +28,7 @@ class RunConfig:
     step_decay: float = 1.0                  # weight of step k is step_decay**k
     loss: str = "kl"                         # kl (teacher over the draft vocab) or ce (teacher argmax)
     aux_noise: float = 0.0                   # uniform noise U(-a, a) added to the aux states in training
+    attention: str = "sdpa"                  # sdpa (explicit TTT mask, any device) or flex (flex_attention, CUDA)
     # data
     max_tokens: int = 2048                   # tokens per packed row
     rows_per_batch: int = 1                  # packed rows per optimizer step (per rank)
@@ -66,6 +67,8 @@ class RunConfig:
             raise SpecdraftError(f"--ttt-steps {self.ttt_steps}: must be 1..7")
         if self.loss not in ("kl", "ce"):
             raise SpecdraftError(f"--loss {self.loss}: use kl or ce")
+        if self.attention not in ("sdpa", "flex"):
+            raise SpecdraftError(f"--attention {self.attention}: use sdpa or flex")
         if self.schedule not in ("cosine", "linear", "constant"):
             raise SpecdraftError(f"--schedule {self.schedule}: use cosine, linear or constant")
         if self.precision not in ("auto", "bf16", "fp32"):

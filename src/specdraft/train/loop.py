@@ -34,7 +34,7 @@ class Runtime:
 
     rank: int = 0
     world_size: int = 1
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    device: torch.device = field(default_factory=lambda: torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     reduce_sums: Callable[[dict], dict] = lambda sums: sums          # all_reduce(SUM) of metric sums
     wrap_model: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m   # DDP / FSDP
     barrier: Callable[[], None] = lambda: None
@@ -262,6 +262,9 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
 
     cfg.check()
     runtime = runtime or Runtime()
+    if cfg.attention == "flex" and runtime.device.type != "cuda":
+        raise SpecdraftError("--attention flex: needs a CUDA device (flex attention compiles for GPUs); "
+                             "use --attention sdpa on CPU")
     console = Console(stderr=True)
     log = (lambda msg: console.print(msg, highlight=False)) if runtime.is_main else (lambda msg: None)
     run_dir = Path(cfg.out)
@@ -293,7 +296,8 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
         drafter = fresh_drafter(cfg, target, vocab, data.layer_ids)
     drafter.to(runtime.device).train()
     teacher = TeacherHead.from_target(target.model, vocab.d2t).to(runtime.device)
-    objective = TTTObjective(drafter, teacher, cfg.ttt_steps, cfg.step_decay, cfg.loss, cfg.aux_noise)
+    objective = TTTObjective(drafter, teacher, cfg.ttt_steps, cfg.step_decay, cfg.loss, cfg.aux_noise,
+                             cfg.attention)
     model = runtime.wrap_model(objective)
     bf16 = use_bf16(cfg, runtime.device)
 

@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdraft.model.drafter import Eagle3Drafter, KVCache, ttt_mask
+from specdraft.model.drafter import Eagle3Drafter, KVCache, ttt_block_mask, ttt_mask
 
 MAX_TTT_STEPS = 7
+ATTENTION = ("sdpa", "flex")   # sdpa: boolean TTT mask (any device); flex: BlockMask + flex_attention (CUDA)
 
 
 class TeacherHead(nn.Module):
@@ -120,7 +121,7 @@ def finalize_metrics(sums: dict[str, torch.Tensor | float]) -> dict[str, float]:
 
 
 def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, torch.Tensor], steps: int = 3,
-                step_decay: float = 1.0, loss: str = "kl", aux_noise: float = 0.0
+                step_decay: float = 1.0, loss: str = "kl", aux_noise: float = 0.0, attention: str = "sdpa"
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Unroll `steps` draft steps over a packed batch -> (loss, metric sums).
 
@@ -128,11 +129,15 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
     teacher argmax with loss="ce"). As in speculators, a position is correct "through k" when it
     matched the teacher at every step 0..k, trained or not (a draft that misses a prompt token is
     rejected at serving time just the same); the rates count loss-masked positions only.
+    attention="flex" builds flex-attention BlockMasks (same semantics) instead of boolean masks.
     """
     if not 1 <= steps <= MAX_TTT_STEPS:
         raise ValueError(f"ttt steps must be in 1..{MAX_TTT_STEPS}, got {steps}")
     if loss not in ("kl", "ce"):
         raise ValueError(f"loss must be 'kl' or 'ce', got {loss!r}")
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    make_mask = ttt_block_mask if attention == "flex" else ttt_mask
     input_ids, doc_ids, loss_mask = batch["input_ids"], batch["doc_ids"], batch["loss_mask"]
     position_ids = batch["position_ids"]
     B, T = input_ids.shape
@@ -156,7 +161,7 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
     through = torch.ones(B * T, dtype=torch.bool, device=input_ids.device)        # correct at every step so far
     for k in range(steps):
         tokens = shift_left(input_ids, k + 1, 0)                                  # token t+k+1 at position t
-        mask = ttt_mask(doc_ids, k)                                               # [B,1,T,(k+1)T]
+        mask = make_mask(doc_ids, k)                                              # [B,1,T,(k+1)T] (or BlockMask)
         embeds = drafter.embed_tokens(tokens)
         cos, sin = drafter.rotary_emb(hidden, position_ids + k)
         out = drafter.layers[0](embeds.to(hidden.dtype), hidden, cos, sin, mask, cache)   # [B,T,H] pre-norm
@@ -196,11 +201,12 @@ class TTTObjective(nn.Module):
     FSDP can wrap the whole training computation as one module call."""
 
     def __init__(self, drafter: Eagle3Drafter, teacher: TeacherHead, steps: int = 3, step_decay: float = 1.0,
-                 loss: str = "kl", aux_noise: float = 0.0):
+                 loss: str = "kl", aux_noise: float = 0.0, attention: str = "sdpa"):
         super().__init__()
         self.drafter, self.teacher = drafter, teacher
         self.steps, self.step_decay, self.loss, self.aux_noise = steps, step_decay, loss, aux_noise
+        self.attention = attention
 
     def forward(self, batch: dict[str, torch.Tensor]):
         return ttt_forward(self.drafter, self.teacher, batch, self.steps, self.step_decay, self.loss,
-                           self.aux_noise if self.training else 0.0)
+                           self.aux_noise if self.training else 0.0, self.attention)
