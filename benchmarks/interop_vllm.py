@@ -148,15 +148,19 @@ def measure_ours(model: str, drafter_dir: Path, prompts: list[list[int]], k: int
     drafter = load_drafter(drafter_dir, dtype=getattr(torch, dtype), target_model=target.model)
     proposer = EagleProposer(drafter, k=k)
     outputs, accepted, rounds, tokens, seconds = [], 0, 0, 0, 0.0
+    per_pos = [0] * k                       # rounds whose draft position i+1 was accepted (vLLM's form)
     for ids in prompts:
         g = generate(target.model, ids, proposer, max_new_tokens=max_tokens)
         outputs.append(g.token_ids)
+        for a in g.accepted:
+            for i in range(a):
+                per_pos[i] += 1
         accepted += sum(g.accepted)
         rounds += len(g.accepted)
         tokens += len(g.token_ids)
         seconds += g.seconds
     return {"accept_len": (accepted + rounds) / rounds if rounds else 1.0, "accepted_tokens": accepted,
-            "verify_rounds": rounds, "tokens": tokens, "tokens_per_s": tokens / seconds if seconds else 0.0,
+            "num_accepted_tokens_per_pos": per_pos, "verify_rounds": rounds, "tokens": tokens, "tokens_per_s": tokens / seconds if seconds else 0.0,
             "dtype": dtype, "outputs": outputs}
 
 
@@ -272,6 +276,8 @@ def print_table(r: dict) -> None:
     t.add_row("specdraft eagle3 (HF)", fmt(r["ours"]["tokens_per_s"]), fmt(r["acceptance_len"]["ours"]),
               fmt(eq.get("ours_vs_vllm_plain")) + " (vs vLLM plain)")
     Console().print(t)
+    vllm_pos = r["vllm_spec_counters"].get("eagle3", {}).get("num_accepted_tokens_per_pos")
+    print(f"accepted per draft position: vLLM {vllm_pos}, specdraft {r['ours'].get('num_accepted_tokens_per_pos')}")
     print(f"acceptance agrees within ±{r['tolerance']:.0%}: {r['acceptance_agrees']}; "
           f"errors: {sorted(r['errors']) or 'none'}; passed: {r['passed']}")
 
