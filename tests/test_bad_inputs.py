@@ -22,14 +22,6 @@ from specdraft.testing import save_tiny_target
 LAYERS = "2,4,5"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tree_hash(path: Path) -> str:
     """Hash of every file (name + bytes) under `path`: an output left intact hashes the same."""
     h = hashlib.sha256()

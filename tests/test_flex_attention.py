@@ -20,14 +20,6 @@ from specdraft.testing import tiny_llama
 from specdraft.train.objective import TeacherHead, TTTObjective, finalize_metrics, ttt_forward
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # two documents and two padding positions in row 0; one document then padding in row 1
 DOC_IDS = torch.tensor([[0, 0, 0, 1, 1, -1],
                         [0, 0, 0, 0, -1, -1]])

@@ -13,15 +13,6 @@ from specdraft.train.objective import (TeacherHead, add_sums, finalize_metrics, 
 
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core machine they lose a lot."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 V = 8   # target vocab = draft vocab in the hand-made construction
 H = 16
 

@@ -21,14 +21,6 @@ LAYERS = [2, 4, 5]
 DRAFT = 48
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def write_store(out, target, samples, masks, nan_sample=None):
     manifest = new_manifest(target.identity, LAYERS, "float32", target.hidden_size)
     writer = StoreWriter(out, manifest)
