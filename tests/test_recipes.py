@@ -31,6 +31,7 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tmp_path):
     stages = [line.split()[2] for line in log.splitlines() if line.startswith("$ specdraft")]
     assert stages == ["prepare", "capture", "vocab", "train", "eval", "bench", "export", "report"]
     assert log.count("exit 0") == 8
+    assert "--train-on-prompts" in log and "train_on_prompts: true" in (run / "config.yaml").read_text()
 
     # a second run skips the finished data, store, vocab and training stages
     run_recipe(str(tiny_target), ws, profile=TINY)

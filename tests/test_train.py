@@ -134,6 +134,25 @@ def test_train_writes_metrics_checkpoints_and_best(ws, tmp_path):
     assert drafter.lm_head.weight.shape[0] == DRAFT and not drafter.embed_tokens.weight.requires_grad
 
 
+def test_train_on_prompts_trains_every_position_and_validates_on_the_mask(ws, tmp_path, monkeypatch):
+    from specdraft.train import objective
+
+    seen = []                                               # (training?, positions, loss-masked positions)
+    original = objective.TTTObjective.forward
+
+    def spy(self, batch):
+        real = batch["doc_ids"] >= 0
+        seen.append((self.training, int(real.sum()), int(batch["loss_mask"][real].sum())))
+        return original(self, batch)
+
+    monkeypatch.setattr(objective.TTTObjective, "forward", spy)
+    train(config(ws, tmp_path / "run", epochs=1, train_on_prompts=True))
+    trained = [(n, m) for training, n, m in seen if training]
+    validated = [(n, m) for training, n, m in seen if not training]
+    assert trained and all(m == n for n, m in trained)     # every real position is trained
+    assert validated and all(m < n for n, m in validated)  # validation keeps the prompts out
+
+
 def test_resume_mid_epoch_is_exact(ws, tmp_path):
     kw = dict(epochs=2, save_every=3, aux_noise=0.05, keep_step_checkpoints=5)
     full = tmp_path / "full"

@@ -328,6 +328,7 @@ def train(
     step_decay: float = typer.Option(1.0, help="Loss weight of TTT step k is step_decay**k."),
     loss: str = typer.Option("kl", help="kl (teacher over the draft vocab) or ce (teacher argmax)."),
     aux_noise: float = typer.Option(0.0, help="Uniform noise U(-a, a) on the aux states while training."),
+    train_on_prompts: bool = typer.Option(False, "--train-on-prompts", help="Train on every position (the teacher is the target there too), not only the loss mask; validation keeps the mask."),
     attention: str = typer.Option("sdpa", "--attention", help="sdpa (explicit TTT mask, runs anywhere) or flex (compiled flex_attention, CUDA only)."),
     max_tokens: int = typer.Option(2048, help="Tokens per packed row."),
     rows_per_batch: int = typer.Option(1, help="Packed rows per optimizer step (per rank)."),

@@ -28,6 +28,7 @@ class RunConfig:
     step_decay: float = 1.0                  # weight of step k is step_decay**k
     loss: str = "kl"                         # kl (teacher over the draft vocab) or ce (teacher argmax)
     aux_noise: float = 0.0                   # uniform noise U(-a, a) added to the aux states in training
+    train_on_prompts: bool = False           # train every position (prompts too), validate on the loss mask
     attention: str = "sdpa"                  # sdpa (explicit TTT mask, any device) or flex (flex_attention, CUDA)
     # data
     max_tokens: int = 2048                   # tokens per packed row

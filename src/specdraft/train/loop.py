@@ -379,6 +379,8 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
             train_sums, stop = None, False
             for b, batch in enumerate(data.train.batches(epoch, state["batch"]), state["batch"]):
                 batch = {k: v.to(runtime.device) for k, v in batch.items()}
+                if cfg.train_on_prompts:   # the target's distribution is the teacher at prompt tokens too
+                    batch["loss_mask"] = torch.ones_like(batch["loss_mask"])
                 lr = optimizer.param_groups[0]["lr"]
                 with torch.autocast(runtime.device.type, dtype=torch.bfloat16, enabled=bf16):
                     loss, sums = model(batch)
