@@ -35,6 +35,16 @@ def write_store(out, target, samples, masks, nan_sample=None):
     return out
 
 
+def write_workspace(root, target, samples, masks) -> None:
+    """root/hidden (the store of `samples`) and root/vocab.safetensors (a DRAFT-token vocab from them)."""
+    write_store(root / "hidden", target, samples, masks)
+    counts = vocab_mod.count_tokens(torch.tensor(sum(samples, [])).numpy(), torch.tensor(sum(masks, [])).numpy(),
+                                    target.vocab_size)
+    d2t, t2d = vocab_mod.mapping_from_counts(counts, DRAFT)
+    vocab_mod.save(vocab_mod.Vocab(d2t, t2d, {"target_id": target.name, "fingerprint": target.identity["fingerprint"]}),
+                   root / "vocab.safetensors")
+
+
 @pytest.fixture(scope="session")
 def ws(tiny_target, tmp_path_factory):
     """A tiny workspace: 12 samples captured from the tiny target, a 48-token draft vocab."""
@@ -47,12 +57,7 @@ def ws(tiny_target, tmp_path_factory):
         n = 14 + (i * 5) % 17
         samples.append(torch.randint(7, 7 + 60, (n,), generator=g).tolist())
         masks.append([0] * 4 + [1] * (n - 4))
-    write_store(root / "hidden", target, samples, masks)
-    counts = vocab_mod.count_tokens(torch.tensor(sum(samples, [])).numpy(), torch.tensor(sum(masks, [])).numpy(),
-                                    target.vocab_size)
-    d2t, t2d = vocab_mod.mapping_from_counts(counts, DRAFT)
-    vocab_mod.save(vocab_mod.Vocab(d2t, t2d, {"target_id": target.name, "fingerprint": target.identity["fingerprint"]}),
-                   root / "vocab.safetensors")
+    write_workspace(root, target, samples, masks)
     return {"root": root, "target": target, "model": str(tiny_target), "samples": samples, "masks": masks}
 
 
@@ -290,12 +295,7 @@ def watch_ws(tiny_target, tmp_path_factory):
     g = torch.Generator().manual_seed(0)
     samples = [torch.randint(7, 7 + 60, (24 + (i * 7) % 17,), generator=g).tolist() for i in range(64)]
     masks = [[0] * 4 + [1] * (len(s) - 4) for s in samples]
-    write_store(root / "hidden", target, samples, masks)
-    counts = vocab_mod.count_tokens(torch.tensor(sum(samples, [])).numpy(), torch.tensor(sum(masks, [])).numpy(),
-                                    target.vocab_size)
-    d2t, t2d = vocab_mod.mapping_from_counts(counts, DRAFT)
-    vocab_mod.save(vocab_mod.Vocab(d2t, t2d, {"target_id": target.name, "fingerprint": target.identity["fingerprint"]}),
-                   root / "vocab.safetensors")
+    write_workspace(root, target, samples, masks)
     ws = {"root": root, "target": target, "model": str(tiny_target)}
     train(config(ws, root / "baseline", **WATCH))
     ws["baseline"] = root / "baseline"
