@@ -26,7 +26,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from specdraft.infer.speculative import few_row_matmul, target_linears
+from specdraft.infer.speculative import cache_kwarg, few_row_matmul, target_linears
 from specdraft.targets import load_target
 
 
@@ -48,8 +48,9 @@ def main() -> None:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     cache = DynamicCache(config=model.config)
+    with_cache = {cache_kwarg(model): cache}
     with torch.inference_mode():
-        model(input_ids=torch.randint(0, vocab, (1, args.context), generator=g), cache=cache, use_cache=True,
+        model(input_ids=torch.randint(0, vocab, (1, args.context), generator=g), use_cache=True, **with_cache,
               logits_to_keep=1)
 
     def forward(ids: torch.Tensor, few_rows: bool) -> tuple[float, torch.Tensor]:
@@ -59,9 +60,9 @@ def main() -> None:
             start = time.perf_counter()
             if few_rows:
                 with few_row_matmul(model, linears):
-                    logits = model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True).logits
+                    logits = model(input_ids=ids, position_ids=pos, use_cache=True, **with_cache).logits
             else:
-                logits = model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True).logits
+                logits = model(input_ids=ids, position_ids=pos, use_cache=True, **with_cache).logits
             seconds = time.perf_counter() - start
             cache.crop(-n)                                                        # back to `context`
         return seconds, logits

@@ -12,7 +12,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.infer.eagle import EagleProposer, TreeShape, check_drafter_fits
 from specdraft.infer.ngram import NgramProposer, lookup
 from specdraft.infer.sampling import Sampling
-from specdraft.infer.speculative import (FEW_ROWS, Profile, TargetRunner, few_row_matmul, generate,
+from specdraft.infer.speculative import (FEW_ROWS, Profile, TargetRunner, cache_kwarg, few_row_matmul, generate,
                                         per_position_accept)
 from specdraft.infer.tree import Draft, tree_attention_mask
 from specdraft.model.config import DrafterConfig
@@ -119,7 +119,7 @@ def test_tree_mask_equals_running_each_path(target):
             path.append(draft.tokens[n - 1])
             n = draft.parents[n - 1]
         path = [prompt[-1]] + path[::-1]
-        ref = target(torch.tensor([path]), cache=copy.deepcopy(base), use_cache=True).logits[0, -1]
+        ref = target(torch.tensor([path]), use_cache=True, **{cache_kwarg(target): copy.deepcopy(base)}).logits[0, -1]
         torch.testing.assert_close(logits[node], ref, atol=1e-4, rtol=1e-4)
 
 

@@ -155,14 +155,15 @@ def measure_verify_ms(target_model, n_max: int, context: int, repeats: int = 5) 
     """Latency of one target forward over n = 1..n_max new tokens on top of a KV cache of `context`."""
     from transformers import DynamicCache
 
-    from specdraft.infer.speculative import few_row_matmul, target_linears
+    from specdraft.infer.speculative import cache_kwarg, few_row_matmul, target_linears
 
     linears = target_linears(target_model)
     vocab = target_model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, context), generator=g)
     cache = DynamicCache(config=target_model.config)
-    target_model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+    with_cache = {cache_kwarg(target_model): cache}
+    target_model(input_ids=prompt, use_cache=True, logits_to_keep=1, **with_cache)
     out = []
     for n in range(1, n_max + 1):
         ids = torch.randint(0, vocab, (1, n), generator=g)
@@ -170,7 +171,7 @@ def measure_verify_ms(target_model, n_max: int, context: int, repeats: int = 5) 
 
         def step():
             with few_row_matmul(target_model, linears):                                         # as in generate()
-                target_model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)   # logits [1, n, V]
+                target_model(input_ids=ids, position_ids=pos, use_cache=True, **with_cache)  # logits [1, n, V]
             cache.crop(-n)                                                               # back to `context`
         out.append(_median_ms(step, repeats))
     return out

@@ -159,6 +159,14 @@ def few_row_matmul(model, linears: list[torch.nn.Linear] | None = None):
             del layer.forward
 
 
+def cache_kwarg(model) -> str:
+    """The forward() keyword of the KV cache: `cache` since transformers 5.2x, `past_key_values`
+    before (vLLM 0.32 pins transformers < 5.20, and specdraft shares its environment)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def target_linears(model) -> list[torch.nn.Linear]:
     return [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
 
@@ -176,6 +184,7 @@ class TargetRunner:
         self.profile = profile
         self.device = next(model.parameters()).device
         self.cache = DynamicCache(config=model.config)
+        self.cache_key = cache_kwarg(model)
         self.linears = target_linears(model)
 
     def cache_len(self) -> int:
@@ -196,7 +205,8 @@ class TargetRunner:
         try:
             with self.profile.timed("verify_s"), few_row_matmul(self.model, self.linears):
                 out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                                 cache=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+                                 use_cache=True, logits_to_keep=1 if last_only else 0,
+                                 **{self.cache_key: self.cache})
         finally:
             for h in handles:
                 h.remove()
