@@ -20,6 +20,9 @@ console = Console(stderr=True)
 
 MODEL = typer.Option("default", "--model", "-m", help="Hub id, local folder, .gguf file, or 'default' (SmolLM2-135M-Instruct).")
 TRUST = typer.Option(False, "--trust-remote-code", help="Allow the model's own Python code (only for models you trust).")
+ENGINE = typer.Option("auto", "--engine", help="Runs the target over data: hf (transformers, in this process), vllm, or auto (vLLM when installed and a CUDA device is present).")
+TP = typer.Option(1, "--tensor-parallel-size", help="vLLM tensor parallelism (GPUs per engine).")
+ENGINE_ARGS = typer.Option(None, "--engine-args", help="""JSON object passed to vllm.LLM(...), e.g. '{"max_model_len": 4096, "gpu_memory_utilization": 0.85}'.""")
 
 
 def parse_layers(text: Optional[str]) -> Optional[list[int]]:
@@ -61,14 +64,21 @@ def prepare(
     split: str = typer.Option("train", help="Dataset split for hub datasets."),
     seed: int = typer.Option(0, help="Seed for builtin prompts and sampling."),
     trust_remote_code: bool = TRUST,
+    engine: str = ENGINE,
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Regenerate through a running `vllm serve` (OpenAI-compatible), e.g. http://HOST:8000/v1."),
+    tensor_parallel_size: int = TP,
+    engine_args: Optional[str] = ENGINE_ARGS,
 ):
     """Render conversations with the chat template and build the assistant-token loss mask."""
     from specdraft.data.prepare import prepare as run_prepare
+    from specdraft.data.vllm_engine import engine_options
 
+    opts = engine_options(engine, tensor_parallel_size, engine_args, endpoint)
     summary = run_prepare(model=model, source=data, out=out, regenerate=regenerate, temperature=temperature,
                           max_new_tokens=max_new_tokens, max_length=max_length,
                           min_assistant_tokens=min_assistant_tokens, dedup=dedup, limit=limit,
-                          batch_size=batch_size, split=split, seed=seed, trust_remote_code=trust_remote_code)
+                          batch_size=batch_size, split=split, seed=seed, trust_remote_code=trust_remote_code,
+                          engine=opts)
     counts = summary["counts"]
     dropped = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in counts["dropped"].items() if n)
     console.print(f"[green]prepared[/] {counts['samples']} samples, {counts['tokens']} tokens "
@@ -88,9 +98,13 @@ def capture(
     verify: bool = typer.Option(False, "--verify", help="Only re-hash the shards of --out and report."),
     compute_dtype: str = typer.Option("float32", help="Dtype the target runs in: float32, bfloat16 or float16."),
     trust_remote_code: bool = TRUST,
+    engine: str = ENGINE,
+    tensor_parallel_size: int = TP,
+    engine_args: Optional[str] = ENGINE_ARGS,
 ):
     """Store the target's aux hidden states and pre-norm last layer output, per token."""
     from specdraft.data import capture as cap
+    from specdraft.data.vllm_engine import engine_options
 
     if verify:
         report = cap.verify_store(out)
@@ -101,7 +115,8 @@ def capture(
         raise SpecdraftError("capture: --data WS/data is required (or pass --verify)")
     manifest = cap.capture(model=model, data=data, out=out, layers=parse_layers(layers), dtype=dtype,
                            batch_tokens=batch_tokens, shard_tokens=shard_tokens, resume=resume,
-                           trust_remote_code=trust_remote_code, compute_dtype=compute_dtype)
+                           trust_remote_code=trust_remote_code, compute_dtype=compute_dtype,
+                           engine=engine_options(engine, tensor_parallel_size, engine_args))
     console.print(f"[green]captured[/] {manifest['num_samples']} samples, {manifest['num_tokens']} tokens "
                   f"in {len(manifest['shards'])} shards -> {out}")
 
@@ -154,11 +169,13 @@ def vocab_remap(a: Path = typer.Argument(..., help="Source mapping A."),
 
 @app.command()
 def demo(workspace: Path = typer.Option(Path("ws/demo"), "--workspace", help="Where the demo writes."),
-         profile: str = typer.Option("quick", help="quick (about 20 min on 2 cores) or full.")):
+         profile: str = typer.Option("quick", help="quick (about 20 min on 2 cores) or full."),
+         engine: str = ENGINE):
     """The end-to-end job on the embedded default target (SmolLM2-135M-Instruct)."""
+    from specdraft.data.vllm_engine import engine_options
     from specdraft.recipes import run_demo
 
-    run_demo(workspace, profile=profile)
+    run_demo(workspace, profile=profile, engine=engine_options(engine).name)
 
 
 @app.command()
@@ -166,13 +183,15 @@ def recipe(model: str = typer.Argument(..., help="smollm2 (the embedded default)
            profile: str = typer.Option("quick", help="quick or full (see docs/recipes.md)."),
            workspace: Optional[Path] = typer.Option(None, "--workspace", help="Default: ws/<model>-<profile>."),
            data: str = typer.Option("builtin", "--data", help="Conversations to regenerate (file, hub dataset, builtin)."),
+           engine: str = ENGINE,
            ):
     """Every stage, prepare to report, for any target: the recipe behind `make demo`."""
+    from specdraft.data.vllm_engine import engine_options
     from specdraft.recipes import run_recipe
 
     target = "default" if model in ("smollm2", "default") else model
     ws = workspace or Path("ws") / f"{model.replace('/', '--')}-{profile}"
-    run_recipe(target, ws, profile=profile, data=data)
+    run_recipe(target, ws, profile=profile, data=data, engine=engine_options(engine).name)
 
 
 @app.command("export")
@@ -362,6 +381,9 @@ def train(
     parallel: str = typer.Option("ddp", "--parallel", help="With --nproc N > 1: ddp, or fsdp (FSDP2 shards weights and optimizer state)."),
     online: bool = typer.Option(False, "--online", help="Compute hidden states with --model inside the loop (no store)."),
     data: Optional[str] = typer.Option(None, "--data", help="Prepared data (WS/data) for --online."),
+    engine: str = typer.Option("auto", "--engine", help="With --online: hf (hooks in this process), vllm, or auto (vLLM when installed and a CUDA device is present)."),
+    tensor_parallel_size: int = TP,
+    engine_args: Optional[str] = ENGINE_ARGS,
 ):
     """Train an EAGLE-3 drafter with training-time test from the hidden-state store."""
     from specdraft.train.config import resolve_config
@@ -374,7 +396,7 @@ def train(
         raise SpecdraftError(f"--parallel {parallel}: use one of {', '.join(distributed.STRATEGIES)}")
     if nproc > 1:
         distributed.exec_torchrun(nproc, distributed.forward_cli_args(sys.argv[2:]))
-    launcher = {"config", "nproc", "online", "data", "parallel"}
+    launcher = {"config", "nproc", "online", "data", "parallel", "engine", "tensor_parallel_size", "engine_args"}
     overrides = {name: value for name, value in ctx.params.items()
                  if name not in launcher and getattr(ctx.get_parameter_source(name), "name", "") != "DEFAULT"}
     if "resume" in overrides or "out" in overrides:   # resume reads RUN/config.yaml unless --config is given
@@ -382,9 +404,10 @@ def train(
     cfg = resolve_config(config, **overrides)
     extra = {}
     if online:
+        from specdraft.data.vllm_engine import engine_options
         from specdraft.train.online import online_setup
 
-        extra = online_setup(data)(cfg, Runtime())
+        extra = online_setup(data, engine_options(engine, tensor_parallel_size, engine_args))(cfg, Runtime())
     summary = run_training(cfg, **extra)
     val = summary.get("val") or {}
     tail = f", val loss {val['loss']:.4f}, accept {val['accept_len']:.3f}" if val else ""

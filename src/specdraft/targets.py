@@ -102,27 +102,28 @@ def resolve(model: str) -> tuple[str, str]:
 
 @dataclass
 class Target:
-    model: torch.nn.Module
+    model: torch.nn.Module | None  # None when an external engine (vLLM) holds the weights
     tokenizer: object
     name: str                      # display id (hub id or path)
     path: str                      # what from_pretrained loaded
     identity: dict = field(default_factory=dict)
+    hf_config: object = None       # the config when `model` is None
 
     @property
     def config(self):
-        return self.model.config
+        return self.model.config if self.model is not None else self.hf_config
 
     @property
     def num_layers(self) -> int:
-        return self.model.config.num_hidden_layers
+        return self.config.num_hidden_layers
 
     @property
     def hidden_size(self) -> int:
-        return self.model.config.hidden_size
+        return self.config.hidden_size
 
     @property
     def vocab_size(self) -> int:
-        return self.model.config.vocab_size
+        return self.config.vocab_size
 
 
 def load_tokenizer(model: str, trust_remote_code: bool = False):
@@ -162,22 +163,146 @@ def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = 
 
 def identity_of(model: torch.nn.Module, name: str) -> dict:
     """Content fingerprint: two targets with the same config but other weights differ."""
-    cfg = model.config
-    h = hashlib.sha256()
-    for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size"):
-        h.update(f"{key}={getattr(cfg, key, None)};".encode())
     probes = [model.get_input_embeddings().weight[:64]]
     inner = getattr(model, "model", None)
     if inner is not None and hasattr(inner, "norm"):
         probes.append(inner.norm.weight)
     if inner is not None and hasattr(inner, "layers"):
         probes.append(inner.layers[-1].input_layernorm.weight)
+    return fingerprint(model.config, probes, name)
+
+
+def fingerprint(cfg, probes: list[torch.Tensor], name: str) -> dict:
+    """The identity dict from the config and a few weight tensors (embedding rows, norms)."""
+    h = hashlib.sha256()
+    for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size"):
+        h.update(f"{key}={getattr(cfg, key, None)};".encode())
     for t in probes:
         # round through bf16 so fp32 and bf16 loads of one target agree
         h.update(t.detach().to(torch.bfloat16).float().cpu().numpy().tobytes())
     return {"id": name, "model_type": cfg.model_type, "num_layers": cfg.num_hidden_layers,
             "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
             "fingerprint": h.hexdigest()[:32]}
+
+
+def checkpoint_file(path: str, filename: str) -> Path | None:
+    """A file of the checkpoint: inside a local folder, or from the hub (cached; None if absent)."""
+    folder = Path(path)
+    if folder.is_dir():
+        return folder / filename if (folder / filename).is_file() else None
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(path, filename))
+    except EntryNotFoundError:
+        return None
+
+
+def read_checkpoint_tensors(path: str, keys: list[str], name: str, rows: int | None = None) -> dict:
+    """Named tensors of a safetensors checkpoint (local folder or hub id), without loading the rest.
+    `rows` keeps only the first rows of 2-D tensors (the fingerprint's embedding probe)."""
+    from safetensors import safe_open
+
+    index = checkpoint_file(path, "model.safetensors.index.json")
+    if index is not None:
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = {k: weight_map.get(k) for k in keys}
+    else:
+        files = dict.fromkeys(keys, "model.safetensors")
+    missing = [k for k, f in files.items() if f is None]
+    if missing:
+        raise SpecdraftError(f"--model {name}: the checkpoint has no tensor {missing[0]}, so specdraft cannot "
+                             "read it without loading the whole model; use --engine hf")
+    out = {}
+    for key in keys:
+        file = checkpoint_file(path, files[key])
+        if file is None:
+            raise SpecdraftError(f"--model {name}: checkpoint file {files[key]} not found; use --engine hf")
+        with safe_open(str(file), framework="pt") as f:
+            if key not in f.keys():
+                raise SpecdraftError(f"--model {name}: {file.name} has no tensor {key}; use --engine hf")
+            part = f.get_slice(key)
+            out[key] = part[:rows] if rows is not None and len(part.get_shape()) == 2 else part[:]
+    return out
+
+
+def identity_from_checkpoint(path: str, cfg, name: str) -> dict:
+    """identity_of() without loading the model: the same probe tensors, read from the checkpoint's
+    safetensors files. An external engine (vLLM) holds the weights; a store or prepared data it
+    writes must still name the target exactly as the transformers path does."""
+    L = cfg.num_hidden_layers
+    keys = ["model.embed_tokens.weight", "model.norm.weight", f"model.layers.{L - 1}.input_layernorm.weight"]
+    tensors = read_checkpoint_tensors(path, keys, name, rows=64)
+    return fingerprint(cfg, [tensors[k] for k in keys], name)
+
+
+class TargetHead(torch.nn.Module):
+    """What training needs of a target beside its hidden states: input embeddings, the final
+    RMSNorm and lm_head, laid out as a transformers CausalLM exposes them (`get_input_embeddings`,
+    `model.norm`, `get_output_embeddings`). Online training through vLLM loads only this."""
+
+    def __init__(self, cfg, embed: torch.Tensor, norm: torch.Tensor, lm_head: torch.Tensor):
+        super().__init__()
+        self.config = cfg
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = torch.nn.Embedding.from_pretrained(embed, freeze=True)   # [V, H]
+        self.model.norm = torch.nn.RMSNorm(norm.shape[0], eps=getattr(cfg, "rms_norm_eps", 1e-6))
+        self.model.norm.weight = torch.nn.Parameter(norm, requires_grad=False)             # [H]
+        self.lm_head = torch.nn.Linear(lm_head.shape[1], lm_head.shape[0], bias=False)
+        self.lm_head.weight = torch.nn.Parameter(lm_head, requires_grad=False)             # [V, H]
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+
+def load_target_head(model: str, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False) -> Target:
+    """The target as describe_target() gives it, with a TargetHead (embeddings, final norm, lm_head
+    read from the checkpoint) as its model: a few GB for a 1T-parameter target, not the whole."""
+    described = describe_target(model, trust_remote_code)
+    cfg = described.config
+    keys = ["model.embed_tokens.weight", "model.norm.weight"]
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    tensors = read_checkpoint_tensors(described.path, keys + ([] if tied else ["lm_head.weight"]), described.name)
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    embed = tensors["model.embed_tokens.weight"].to(torch_dtype)
+    head = embed if tied else tensors["lm_head.weight"].to(torch_dtype)
+    described.model = TargetHead(cfg, embed, tensors["model.norm.weight"].to(torch_dtype), head).eval().to(device)
+    return described
+
+
+def target_config(model: str, trust_remote_code: bool = False):
+    """The target's transformers config (no weights)."""
+    from transformers import AutoConfig
+
+    path, _ = resolve(model)
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except OSError as e:
+        raise SpecdraftError(f"--model {model}: cannot read config ({str(e).splitlines()[0]})") from None
+
+
+def generation_config(path: str):
+    """The checkpoint's generation_config.json (its eos ids), or None where it has none."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return None
+
+
+def describe_target(model: str, trust_remote_code: bool = False) -> Target:
+    """The target without its weights in this process: config, tokenizer and fingerprint, which
+    is all specdraft needs beside an external engine that runs the model."""
+    path, name = resolve(model)
+    cfg = target_config(model, trust_remote_code)
+    tok = load_tokenizer(model, trust_remote_code)
+    return Target(model=None, tokenizer=tok, name=name, path=path,
+                  identity=identity_from_checkpoint(path, cfg, name), hf_config=cfg)
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -197,13 +322,8 @@ def check_aux_layers(layer_ids: list[int], num_layers: int, where: str = "--laye
 
 def info(model: str, trust_remote_code: bool = False) -> dict:
     """What `specdraft info` prints; reads config + tokenizer only, no weights."""
-    from transformers import AutoConfig
-
     path, name = resolve(model)
-    try:
-        cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except OSError as e:
-        raise SpecdraftError(f"--model {model}: cannot read config ({str(e).splitlines()[0]})") from None
+    cfg = target_config(model, trust_remote_code)
     tok = load_tokenizer(model, trust_remote_code)
     L = cfg.num_hidden_layers
     return {

@@ -122,6 +122,31 @@ def recording(model, layer_ids: list[int]):
         rec.remove()
 
 
+@contextmanager
+def hidden_state_engine(engine: str, target, layer_ids: list[int], store_dtype: torch.dtype, batch_tokens: int,
+                        compute_dtype: str = "float32", opts=None, max_len: int = 2048, scratch: Path | None = None,
+                        on_batch=None):
+    """A function (samples, first_index) -> (aux [N, 3, H], last [N, H], offsets [S+1]) that runs the
+    target over token-id lists with `engine`: 'hf' (forward hooks in this process) or 'vllm'
+    (extract_hidden_states in a vLLM engine; `scratch` holds its per-request files). The two give
+    the same tensors (tests/test_vllm_engine.py), so capture and online training take either."""
+    if engine == "vllm":
+        from specdraft.data.vllm_engine import capture_engine, vllm_capture_samples
+
+        with capture_engine(target, layer_ids, compute_dtype, opts, max_len, scratch) as (llm, _):
+            def run_vllm(samples: list[list[int]], first_index: int = 0):
+                aux, last, offsets = vllm_capture_samples(llm, samples, store_dtype, target.hidden_size, on_batch)
+                check_finite(aux, last, offsets, layer_ids, first_index)
+                return aux, last, offsets
+            yield run_vllm
+        return
+    with recording(target.model, layer_ids) as rec:
+        def run_hf(samples: list[list[int]], first_index: int = 0):
+            return capture_samples(target.model, samples, layer_ids, store_dtype, batch_tokens, rec,
+                                   on_batch=on_batch, first_index=first_index)
+        yield run_hf
+
+
 def capture_samples(model, samples: list[list[int]], layer_ids: list[int], store_dtype: torch.dtype,
                     batch_tokens: int, rec: Recorder, on_batch=None, first_index: int = 0):
     """Forward `samples` (token id lists, kept in their order) in length-bucketed batches.
@@ -175,10 +200,13 @@ def check_finite(aux, last, offsets, layer_ids, first_index: int) -> None:
 
 
 def _clean_temp_files(out: Path) -> None:
-    """Remove half-written temp files a killed capture may leave (atomic_path names them .NAME.*.tmp)."""
+    """Remove half-written temp files a killed capture may leave (atomic_path names them .NAME.*.tmp;
+    a vLLM capture keeps its per-request files in .vllm-hidden-*/)."""
     for p in out.glob(".*.tmp"):
         if p.name.startswith((".shard-", f".{st.MANIFEST}.")):
             p.unlink(missing_ok=True)
+    for p in out.glob(".vllm-hidden-*"):
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def _resume_manifest(out: Path, want: dict) -> dict:
@@ -195,6 +223,11 @@ def _resume_manifest(out: Path, want: dict) -> dict:
         if manifest.get(key) != want.get(key):
             raise SpecdraftError(f"{out}: store has {key} {manifest.get(key)} but this capture would use "
                                  f"{want.get(key)}; pass {option} {manifest.get(key)} or another --out")
+    have_engine = (manifest.get("engine") or {}).get("name", "transformers")
+    if have_engine != want["engine"]["name"]:
+        flag = "vllm" if have_engine == "vllm" else "hf"
+        raise SpecdraftError(f"{out}: store was captured with {have_engine} but this capture would use "
+                             f"{want['engine']['name']}; pass --engine {flag} to resume it or choose another --out")
     if manifest.get("data", {}).get("fingerprint") != want["data"]["fingerprint"]:
         raise SpecdraftError(f"{out}: store was captured from other prepared data than --data "
                              f"{want['data']['path']}; pass the same --data or another --out")
@@ -247,14 +280,16 @@ def _progress():
 def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | None = None,
             dtype: str = "bfloat16", batch_tokens: int = 4096, shard_tokens: int = 65536,
             resume: bool = False, trust_remote_code: bool = False, compute_dtype: str = "float32",
-            device: str = "cpu", target=None, progress: bool = True) -> dict:
+            device: str = "cpu", target=None, progress: bool = True, engine="hf") -> dict:
     """Capture the store for prepared `data` into `out`; returns the final manifest.
 
     `target` may be an already loaded specdraft.targets.Target (benchmarks, online use).
+    `engine` is 'hf', 'vllm', 'auto' or a vllm_engine.EngineOptions (tensor parallelism, LLM args).
     """
     from specdraft.data.prepared import check_prepared_for, load_prepared
+    from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
     from specdraft.io import ensure_writable_dir
-    from specdraft.targets import DTYPES, check_aux_layers, default_aux_layers, load_target
+    from specdraft.targets import DTYPES, check_aux_layers, default_aux_layers, describe_target, load_target
 
     dtype = st.dtype_name(dtype)
     if compute_dtype not in DTYPES:
@@ -270,10 +305,15 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
         raise SpecdraftError(f"{out}: already holds files (a previous capture?); pass --resume to continue "
                              "it or choose another --out")
 
+    opts = engine if isinstance(engine, EngineOptions) else engine_options(engine)
     ds, meta = load_prepared(data)
     lengths, data_fingerprint, max_id = sample_columns(ds)
     if target is None:
-        target = load_target(model, dtype=compute_dtype, device=device, trust_remote_code=trust_remote_code)
+        engine_name = choose_engine(opts, model, trust_remote_code)
+        target = (describe_target(model, trust_remote_code) if engine_name == "vllm" else
+                  load_target(model, dtype=compute_dtype, device=device, trust_remote_code=trust_remote_code))
+    else:
+        engine_name = "hf" if target.model is not None else "vllm"
     check_prepared_for(meta, target, data, "capture")
     if max_id >= target.vocab_size:
         raise SpecdraftError(f"{data}: token id {max_id} is outside the vocabulary of {target.name} "
@@ -283,7 +323,7 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
 
     want = st.new_manifest(target.identity, layer_ids, dtype, target.hidden_size, shard_tokens=shard_tokens,
                            batch_tokens=batch_tokens, compute_dtype=str(DTYPES[compute_dtype]).removeprefix("torch."),
-                           data={"path": str(data), "fingerprint": data_fingerprint,
+                           engine=engine_record(engine_name), data={"path": str(data), "fingerprint": data_fingerprint,
                                  "num_samples": len(lengths), "num_tokens": sum(lengths)})
     ensure_writable_dir(out)
     if resume and (out / st.MANIFEST).exists():
@@ -314,11 +354,12 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     try:
         if bar:
             bar.start()
-        with recording(target.model, layer_ids) as rec:
+        with hidden_state_engine(engine_name, target, layer_ids, store_dtype, batch_tokens,
+                                 str(DTYPES[compute_dtype]).removeprefix("torch."), opts, max(lengths), out,
+                                 on_batch=advance) as run_target:
             for start, end in todo:
                 rows = ds[start:end]
-                aux, last, offsets = capture_samples(target.model, rows["input_ids"], layer_ids, store_dtype,
-                                                     batch_tokens, rec, on_batch=advance, first_index=start)
+                aux, last, offsets = run_target(rows["input_ids"], first_index=start)
                 input_ids = torch.tensor([t for s in rows["input_ids"] for t in s], dtype=torch.int64)
                 loss_mask = torch.tensor([m for s in rows["loss_mask"] for m in s], dtype=torch.uint8)
                 writer.write_shard(aux, last, input_ids, loss_mask, offsets)

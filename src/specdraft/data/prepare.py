@@ -42,11 +42,20 @@ def check_options(max_length: int, min_assistant_tokens: int, limit: int | None,
 def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, temperature: float = 0.0,
             max_new_tokens: int = 256, max_length: int = 2048, min_assistant_tokens: int = 1,
             dedup: bool = True, limit: int | None = None, batch_size: int = 16, split: str = "train",
-            seed: int = 0, trust_remote_code: bool = False, console: Console | None = None) -> dict:
-    """Write OUT/dataset and OUT/prepare.json; return the prepare.json content."""
+            seed: int = 0, trust_remote_code: bool = False, console: Console | None = None,
+            engine="auto") -> dict:
+    """Write OUT/dataset and OUT/prepare.json; return the prepare.json content.
+
+    `engine` ('auto', 'hf', 'vllm' or a vllm_engine.EngineOptions, whose `endpoint` names a
+    running `vllm serve`) is what regenerates; without --regenerate no engine runs."""
+    from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
+
     started = time.perf_counter()
     console = console or Console(stderr=True)
     check_options(max_length, min_assistant_tokens, limit, batch_size, max_new_tokens, temperature)
+    opts = engine if isinstance(engine, EngineOptions) else engine_options(engine)
+    if opts.endpoint and not regenerate:
+        raise SpecdraftError("--endpoint: only regeneration runs on a server; add --regenerate or drop --endpoint")
     kind = source_kind(source)
     conversations = list(load_conversations(source, split=split, seed=seed, limit=limit, regenerate=regenerate))
     if not conversations:
@@ -57,16 +66,24 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     # torch and transformers load only now: bad data is reported in a fraction of a second.
     import torch
 
-    from specdraft.data.regenerate import RegenSettings, regenerate as regenerate_all
-    from specdraft.targets import load_target, load_tokenizer
+    from specdraft.data.regenerate import RegenSettings, answer_engine, regenerate as regenerate_all
+    from specdraft.targets import describe_target, generation_config, load_target, load_tokenizer
 
     quiet_libraries()
     require_chat_template(load_tokenizer(model, trust_remote_code), model)
-    cuda = torch.cuda.is_available() and regenerate
-    target = load_target(model, dtype="bfloat16" if cuda else "float32", device="cuda" if cuda else "cpu",
-                         trust_remote_code=trust_remote_code)
+    engine_name = "hf"
+    if regenerate:
+        engine_name = "endpoint" if opts.endpoint else choose_engine(opts, model, trust_remote_code)
+    if engine_name == "hf":
+        cuda = torch.cuda.is_available() and regenerate
+        target = load_target(model, dtype="bfloat16" if cuda else "float32", device="cuda" if cuda else "cpu",
+                             trust_remote_code=trust_remote_code)
+        gen_config = getattr(target.model, "generation_config", None)
+    else:   # the engine holds the weights: read config, tokenizer and fingerprint only
+        target = describe_target(model, trust_remote_code)
+        gen_config = generation_config(target.path)
     tok = target.tokenizer
-    end_ids = end_of_turn_ids(tok, getattr(target.model, "generation_config", None))
+    end_ids = end_of_turn_ids(tok, gen_config)
 
     dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "over_limit": 0}
     regeneration = None
@@ -80,10 +97,13 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
             conversations = conversations[:limit]
         settings = RegenSettings(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                                  target=target.identity["fingerprint"])
-        answered, stats = regenerate_all(target, [c.messages for c in conversations], out, settings, end_ids,
-                                         batch_size=batch_size, console=console)
+        with answer_engine(engine_name, target, settings, end_ids, opts) as answer:
+            answered, stats = regenerate_all(answer, [c.messages for c in conversations], out, settings,
+                                             batch_size=batch_size, console=console)
         conversations = [Conversation(messages=m, where=c.where) for m, c in zip(answered, conversations)]
-        regeneration = {**settings.as_dict(), "batch_size": batch_size, **vars(stats)}
+        used = ({"name": "vllm-endpoint", "url": opts.endpoint} if engine_name == "endpoint"
+                else engine_record(engine_name))
+        regeneration = {**settings.as_dict(), "batch_size": batch_size, "engine": used, **vars(stats)}
 
     rows = render_and_filter(tok, conversations, end_ids, max_length, min_assistant_tokens, dedup, limit, dropped)
     if not rows["input_ids"]:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,9 +127,12 @@ def append_progress(path: Path, records: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def regenerate(target, conversations: list[list[dict]], out: Path, settings: RegenSettings,
-               end_ids: list[int], batch_size: int = 16, console=None) -> tuple[list[list[dict]], RegenStats]:
-    """Return the conversations with target-written assistant turns (same order) and stats."""
+def regenerate(answer, conversations: list[list[dict]], out: Path, settings: RegenSettings,
+               batch_size: int = 16, console=None) -> tuple[list[list[dict]], RegenStats]:
+    """Return the conversations with target-written assistant turns (same order) and stats.
+
+    `answer(prompts, seeds, on_step)` is the engine (see answer_engine): one (text, truncated,
+    new tokens) per prompt conversation."""
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
@@ -168,7 +172,8 @@ def regenerate(target, conversations: list[list[dict]], out: Path, settings: Reg
                 active = [(p, prompt) for p in pending if (prompt := p.next_prompt()) is not None]
                 if not active:
                     break
-                answers = generate_batch(target, [prompt for _, prompt in active], settings, end_ids, on_step)
+                seeds = [request_seed(settings, p.key, p.position) for p, _ in active]
+                answers = answer([prompt for _, prompt in active], seeds, on_step)
                 for (p, _), (text, truncated, n) in zip(active, answers):
                     p.answer(text, truncated, n)
                     stats.turns += 1
@@ -184,6 +189,41 @@ def regenerate(target, conversations: list[list[dict]], out: Path, settings: Reg
             show()
     stats.seconds = time.perf_counter() - start
     return [finished[k]["messages"] for k in keys], stats
+
+
+def request_seed(settings: RegenSettings, key: str, turn: int) -> int:
+    """A per-answer sampling seed for engines that take one per request (vLLM)."""
+    digest = hashlib.sha256(f"{settings.seed}:{key}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % (2**63)
+
+
+@contextmanager
+def answer_engine(engine: str, target, settings: RegenSettings, end_ids: list[int], opts=None):
+    """The `answer` function of regenerate() for engine 'hf' (target.model.generate in this
+    process), 'vllm' (an offline vllm.LLM started here) or 'endpoint' (a running `vllm serve`).
+    Every engine gets the same prompt token ids, rendered here with the target's chat template."""
+    if engine == "hf":
+        yield lambda prompts, seeds, on_step=None: generate_batch(target, prompts, settings, end_ids, on_step)
+        return
+    from specdraft.data import vllm_engine as ve
+
+    tok = target.tokenizer
+
+    def prompt_ids(prompts: list[list[dict]]) -> list[list[int]]:
+        return [encode(tok, render_text(tok, p, add_generation_prompt=True)) for p in prompts]
+
+    if engine == "endpoint":
+        served = ve.check_endpoint(opts.endpoint, target, tok)
+        yield lambda prompts, seeds, on_step=None: ve.endpoint_answers(
+            opts.endpoint, served, tok, prompt_ids(prompts), settings, end_ids, seeds)
+        return
+    dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+    llm = ve.start_llm(ve.llm_arguments(target.path, dtype, opts, seed=settings.seed))
+    try:
+        yield lambda prompts, seeds, on_step=None: ve.vllm_answers(llm, tok, prompt_ids(prompts), settings,
+                                                                   end_ids, seeds)
+    finally:
+        ve.stop_llm(llm)
 
 
 def seed_batch(settings: RegenSettings, batch_keys: list[str]) -> None:

@@ -30,6 +30,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--online", action="store_true", help="compute hidden states with --model in the loop")
     p.add_argument("--data", default=None, help="prepared data (WS/data) for --online")
     p.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp"], help="under torchrun: DDP or FSDP2")
+    p.add_argument("--engine", default="auto", help="with --online: hf, vllm or auto")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="with --online --engine vllm")
+    p.add_argument("--engine-args", default=None, help="with --online --engine vllm: JSON for vllm.LLM")
     return p
 
 
@@ -39,13 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(parser().parse_args(argv))
     config_file = args.pop("config")
     online, data, parallel = args.pop("online"), args.pop("data"), args.pop("parallel")
+    engine = (args.pop("engine"), args.pop("tensor_parallel_size"), args.pop("engine_args"))
     overrides = {k: v for k, v in args.items() if v is not None}
     try:
         cfg = resolve_config(config_file, **overrides)
+        from specdraft.data.vllm_engine import engine_options
         from specdraft.train.loop import Runtime, train
         from specdraft.train.online import online_setup
 
-        setup = online_setup(data) if online else None    # (cfg, runtime) -> dict(data=..., target=...)
+        # (cfg, runtime) -> dict(data=..., target=...)
+        setup = online_setup(data, engine_options(*engine)) if online else None
         if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from specdraft.train import distributed  # written by train-scale
 

@@ -16,10 +16,16 @@ metrics are the same:
 
 Samples are cut to max_tokens before the forward: attention is causal, so the hidden states of
 the kept prefix are the ones of the full sample.
+
+With `--engine vllm` the hidden states come from a vLLM engine started once for the run
+(data.vllm_engine: extract_hidden_states), not from hooks in this process, which loads only what
+the loop needs of the target (targets.TargetHead: embeddings, final norm, lm_head); the batches
+are the same.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -32,7 +38,8 @@ class OnlineSamples:
     """Prepared samples whose aux/last hidden states come from the target on demand."""
 
     def __init__(self, target, input_ids: list[list[int]], loss_mask: list[list[int]], layer_ids: list[int],
-                 max_tokens: int | None = None, batch_tokens: int = 8192, dtype: torch.dtype = torch.float32):
+                 max_tokens: int | None = None, batch_tokens: int = 8192, dtype: torch.dtype = torch.float32,
+                 run_target=None):
         self.target = target.identity
         self.model = target.model
         self.layer_ids = list(layer_ids)
@@ -43,6 +50,8 @@ class OnlineSamples:
         self.input_ids = [cut(list(s)) for s in input_ids]
         self.loss_mask = [cut(list(m)) for m in loss_mask]
         self.sample_lengths = [len(s) for s in self.input_ids]
+        self.run_target = run_target   # samples -> (aux, last, offsets) of another engine; None = hooks here
+        self._engine = ExitStack()     # holds a vLLM engine started by start_vllm()
         self._ready: dict[int, dict[str, torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -55,9 +64,13 @@ class OnlineSamples:
         ids = [i for i in dict.fromkeys(ids) if i not in self._ready]
         if not ids:
             return
-        with recording(self.model, self.layer_ids) as rec:
-            aux, last, offsets = capture_samples(self.model, [self.input_ids[i] for i in ids], self.layer_ids,
-                                                 self.dtype, self.batch_tokens, rec)   # [N,3,H], [N,H], [S+1]
+        samples = [self.input_ids[i] for i in ids]
+        if self.run_target is not None:
+            aux, last, offsets = self.run_target(samples)                            # [N,3,H], [N,H], [S+1]
+        else:
+            with recording(self.model, self.layer_ids) as rec:
+                aux, last, offsets = capture_samples(self.model, samples, self.layer_ids, self.dtype,
+                                                     self.batch_tokens, rec)         # [N,3,H], [N,H], [S+1]
         for k, i in enumerate(ids):
             a, b = int(offsets[k]), int(offsets[k + 1])
             self._ready[i] = {"input_ids": torch.tensor(self.input_ids[i], dtype=torch.long),
@@ -66,6 +79,23 @@ class OnlineSamples:
 
     def clear(self) -> None:
         self._ready.clear()
+
+    def start_vllm(self, target, engine) -> None:
+        """Run the target in a vLLM capture engine (EngineOptions `engine`) until close() or exit."""
+        import atexit
+        import tempfile
+
+        from specdraft.data.capture import hidden_state_engine
+
+        dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+        atexit.register(self.close)   # stops the engine and removes its scratch folder
+        self.run_target = self._engine.enter_context(hidden_state_engine(
+            "vllm", target, self.layer_ids, torch.float32, 0, dtype, engine, max(self.sample_lengths),
+            Path(tempfile.gettempdir())))
+
+    def close(self) -> None:
+        self._engine.close()
+        self.run_target = None
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         if i not in self._ready:
@@ -86,8 +116,11 @@ class OnlineBatches(StoreBatches):
 
 
 def online_samples(target, data: str | Path, layer_ids: list[int] | None = None,
-                   max_tokens: int | None = None) -> OnlineSamples:
-    """Load prepared data (WS/data) for `target`, refusing data prepared for another target."""
+                   max_tokens: int | None = None, engine=None) -> OnlineSamples:
+    """Load prepared data (WS/data) for `target`, refusing data prepared for another target.
+
+    `engine` (vllm_engine.EngineOptions) runs the target in a vLLM engine started here for the
+    life of this process; None runs it with hooks on target.model."""
     from specdraft.data.prepared import check_prepared_for, load_prepared
     from specdraft.targets import check_aux_layers, default_aux_layers
 
@@ -102,15 +135,18 @@ def online_samples(target, data: str | Path, layer_ids: list[int] | None = None,
     if max_id >= target.vocab_size:
         raise SpecdraftError(f"{data}: token id {max_id} is outside the vocabulary of {target.name} "
                              f"({target.vocab_size} tokens); the data was tokenized for another model")
-    return OnlineSamples(target, columns["input_ids"], columns["loss_mask"], layer_ids, max_tokens=max_tokens)
+    samples = OnlineSamples(target, columns["input_ids"], columns["loss_mask"], layer_ids, max_tokens=max_tokens)
+    if engine is not None:
+        samples.start_vllm(target, engine)
+    return samples
 
 
-def online_data(cfg, runtime, target, data: str | Path, layer_ids: list[int] | None = None):
+def online_data(cfg, runtime, target, data: str | Path, layer_ids: list[int] | None = None, engine=None):
     """The loop's TrainData for online mode: the same split, packing and rank sharding as
-    train.loop.store_data, over prepared samples run through `target`."""
+    train.loop.store_data, over prepared samples run through `target` (or `engine`, vLLM)."""
     from specdraft.train.loop import TrainData
 
-    samples = online_samples(target, data, layer_ids, max_tokens=cfg.max_tokens)
+    samples = online_samples(target, data, layer_ids, max_tokens=cfg.max_tokens, engine=engine)
     train_ids, val_ids = split_samples(len(samples), cfg.val_fraction, cfg.seed)
     common = dict(max_tokens=cfg.max_tokens, rows_per_batch=cfg.rows_per_batch, seed=cfg.seed,
                   rank=runtime.rank, world_size=runtime.world_size)
@@ -119,16 +155,23 @@ def online_data(cfg, runtime, target, data: str | Path, layer_ids: list[int] | N
     return TrainData(train, val, samples.hidden_size, samples.layer_ids, samples.target, f"{data} (online)")
 
 
-def online_setup(data: str | Path | None):
+def online_setup(data: str | Path | None, engine=None):
     """For `--online --data WS/data`: a function (cfg, runtime) -> train() keyword arguments, the
     target loaded once on this rank's device (teacher head, embeddings and hidden states) and the
-    online TrainData."""
-    from specdraft.targets import load_target
+    online TrainData. `engine` (vllm_engine.EngineOptions) may move the hidden states to vLLM."""
+    from specdraft.data.vllm_engine import choose_engine
+    from specdraft.targets import load_target, load_target_head
 
     if not data:
         raise SpecdraftError("--online: pass --data WS/data (the prepared data the target runs over)")
 
     def setup(cfg, runtime) -> dict:
-        target = load_target(cfg.model, device=str(runtime.device), trust_remote_code=cfg.trust_remote_code)
-        return {"target": target, "data": online_data(cfg, runtime, target, data)}
+        use_vllm = engine is not None and choose_engine(engine, cfg.model, cfg.trust_remote_code) == "vllm"
+        if use_vllm and runtime.world_size > 1:
+            raise SpecdraftError("--online --engine vllm: one training process drives the engine; use --nproc 1 "
+                                 "(vLLM parallelises the target with --tensor-parallel-size)")
+        # with vLLM holding the target, this process needs only its embeddings, final norm and lm_head
+        load = load_target_head if use_vllm else load_target
+        target = load(cfg.model, device=str(runtime.device), trust_remote_code=cfg.trust_remote_code)
+        return {"target": target, "data": online_data(cfg, runtime, target, data, engine=engine if use_vllm else None)}
     return setup
