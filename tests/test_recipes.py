@@ -43,3 +43,18 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tmp_path):
 def test_unknown_profile_is_refused():
     with pytest.raises(SpecdraftError, match="--profile huge"):
         profile_by_name("huge")
+
+
+@pytest.mark.integration
+def test_recipe_through_the_vllm_engine(tmp_path):
+    """The same recipe with regeneration and capture in vLLM (a tiny Llama whose head size vLLM's CPU
+    attention takes): every stage runs, and the data and store record the engine."""
+    from specdraft.testing import save_tiny_target
+
+    target = save_tiny_target(tmp_path / "target", hidden_size=64, num_heads=2, num_kv_heads=1)
+    ws = tmp_path / "ws"
+    summary = run_recipe(str(target), ws, profile=TINY, engine="vllm")
+    assert json.loads((ws / "data" / "prepare.json").read_text())["regeneration"]["engine"]["name"] == "vllm"
+    assert json.loads((ws / "hidden" / "manifest.json").read_text())["engine"]["name"] == "vllm"
+    assert summary["identical_to_greedy"] == {"greedy": True, "ngram": True, "eagle3": True}
+    assert "--engine vllm" in (ws / "recipe.log").read_text()

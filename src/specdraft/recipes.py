@@ -79,9 +79,11 @@ def run_stage(console: Console, args: list[str], log: Path) -> None:
     console.print(f"[dim]  done in {seconds:.0f} s[/]")
 
 
-def run_recipe(model: str, workspace: str | Path, profile: str | Profile = "quick", data: str = "builtin") -> dict:
+def run_recipe(model: str, workspace: str | Path, profile: str | Profile = "quick", data: str = "builtin",
+               engine: str = "auto") -> dict:
     """Run every stage for `model` into `workspace`; returns the bench summary. `profile` is a name
-    in PROFILES or a Profile (tests use a tiny one)."""
+    in PROFILES or a Profile (tests use a tiny one). `engine` runs regeneration and capture
+    (auto: vLLM on CUDA when installed, transformers otherwise)."""
     prof = profile if isinstance(profile, Profile) else profile_by_name(profile)
     profile = profile if isinstance(profile, str) else "custom"
     ws = Path(workspace)
@@ -89,18 +91,19 @@ def run_recipe(model: str, workspace: str | Path, profile: str | Profile = "quic
     console = Console(stderr=True)
     log = ws / "recipe.log"
     run = ws / "runs" / profile
-    console.print(f"[bold]specdraft recipe[/] {model} · profile {profile} · workspace {ws}", highlight=False)
+    console.print(f"[bold]specdraft recipe[/] {model} · profile {profile} · engine {engine} · workspace {ws}",
+                  highlight=False)
     console.print(f"[dim]{dataclasses.asdict(prof)}[/]", highlight=False)
     started = time.perf_counter()
 
     if not (ws / "data" / "prepare.json").exists():
         run_stage(console, ["prepare", "--model", model, "--data", data, "--regenerate",
                             "--limit", str(prof.samples), "--max-new-tokens", str(prof.max_new_tokens),
-                            "--batch-size", str(prof.regen_batch),
+                            "--batch-size", str(prof.regen_batch), "--engine", engine,
                             "--out", str(ws / "data")], log)
     if not _store_complete(ws / "hidden"):
         resume = ["--resume"] if (ws / "hidden" / "manifest.json").exists() else []
-        run_stage(console, ["capture", "--model", model, "--data", str(ws / "data"),
+        run_stage(console, ["capture", "--model", model, "--data", str(ws / "data"), "--engine", engine,
                             "--out", str(ws / "hidden"), *resume], log)
     if not (ws / "vocab.safetensors").exists():
         run_stage(console, ["vocab", "build", "--data", str(ws / "data"), "--size", str(prof.draft_vocab),
@@ -164,5 +167,5 @@ def _store_complete(path: Path) -> bool:
         return False
 
 
-def run_demo(workspace: str | Path, profile: str = "quick") -> dict:
-    return run_recipe("default", workspace, profile=profile)
+def run_demo(workspace: str | Path, profile: str = "quick", engine: str = "auto") -> dict:
+    return run_recipe("default", workspace, profile=profile, engine=engine)
