@@ -321,8 +321,9 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     L = target.num_layers
     layer_ids = check_aux_layers(list(layers) if layers is not None else default_aux_layers(L), L)
 
+    compute_name = str(DTYPES[compute_dtype]).removeprefix("torch.")
     want = st.new_manifest(target.identity, layer_ids, dtype, target.hidden_size, shard_tokens=shard_tokens,
-                           batch_tokens=batch_tokens, compute_dtype=str(DTYPES[compute_dtype]).removeprefix("torch."),
+                           batch_tokens=batch_tokens, compute_dtype=compute_name,
                            engine=engine_record(engine_name), data={"path": str(data), "fingerprint": data_fingerprint,
                                  "num_samples": len(lengths), "num_tokens": sum(lengths)})
     ensure_writable_dir(out)
@@ -343,9 +344,6 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     todo = plan[writer.next_shard:]
     remaining = sum(lengths[writer.next_sample:])
     _check_disk(out, remaining, target.hidden_size, dtype)
-    # The manifest goes down before the first shard: a capture killed after writing a shard can
-    # always be resumed (a shard without a manifest could not be told from a stranger's file).
-    writer.save()
 
     store_dtype = st.STORE_DTYPES[dtype]
     bar = _progress() if progress else None
@@ -354,9 +352,12 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     try:
         if bar:
             bar.start()
-        with hidden_state_engine(engine_name, target, layer_ids, store_dtype, batch_tokens,
-                                 str(DTYPES[compute_dtype]).removeprefix("torch."), opts, max(lengths), out,
-                                 on_batch=advance) as run_target:
+        with hidden_state_engine(engine_name, target, layer_ids, store_dtype, batch_tokens, compute_name, opts,
+                                 max(lengths), out, on_batch=advance) as run_target:
+            # The manifest goes down once the engine runs and before the first shard: a capture killed
+            # after writing a shard can always be resumed (a shard without a manifest could not be told
+            # from a stranger's file), and an engine that fails to start leaves --out as it was.
+            writer.save()
             for start, end in todo:
                 rows = ds[start:end]
                 aux, last, offsets = run_target(rows["input_ids"], first_index=start)

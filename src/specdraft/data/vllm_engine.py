@@ -233,7 +233,11 @@ def vllm_answers(llm, tok, prompt_ids: list[list[int]], settings, end_ids: list[
     from vllm import SamplingParams
 
     params = [SamplingParams(**sampling_fields(settings, end_ids, s), detokenize=False) for s in seeds]
-    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+    except ValueError as e:   # e.g. a prompt longer than the engine's max_model_len
+        raise SpecdraftError(f"vLLM refused a regeneration request: {first_line(e)}; raise max_model_len in "
+                             "--engine-args or lower --max-length") from None
     answers = []
     for out in outputs:
         gen = out.outputs[0]
@@ -301,6 +305,10 @@ def endpoint_answers(endpoint: str, served_model: str, tok, prompt_ids: list[lis
 def capture_engine(target, layer_ids: list[int], compute_dtype: str, opts: EngineOptions, max_len: int,
                    storage_root: Path):
     """A vLLM engine that records aux + last hidden states, with its per-request file folder."""
+    limit = opts.engine_args.get("max_model_len")
+    if limit is not None and limit <= max_len:
+        raise SpecdraftError(f"--engine-args: max_model_len {limit} is too short for the longest sample "
+                             f"({max_len} tokens); pass at least {max_len + 1}")
     storage = Path(tempfile.mkdtemp(prefix=".vllm-hidden-", dir=storage_root))
     capture_ids = [*layer_ids, target.num_layers]       # id L = the last decoder layer's output
     args = llm_arguments(target.path, compute_dtype, opts, max_model_len=max_len + 1,
