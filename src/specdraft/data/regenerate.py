@@ -268,11 +268,15 @@ def generate_batch(target, prompts: list[list[dict]], settings: RegenSettings, e
                                    stopping_criteria=[ReportEachStep(on_step, width)] if on_step else None,
                                    **kwargs)
     new = output[:, width:].tolist()                                          # [B, <= max_new_tokens]
+    return [answer_from_ids(tok, ids, True, end_ids) for ids in new]
+
+
+def answer_from_ids(tok, ids: list[int], hit_length: bool, end_ids: list[int]) -> tuple[str, bool, int]:
+    """(text, truncated, new tokens) from one answer's generated ids, whatever engine made them:
+    cut at the first end-of-turn id (engines may or may not return it), decode without specials."""
     ends = set(end_ids)
-    answers = []
-    for ids in new:
-        stop = next((i for i, t in enumerate(ids) if t in ends), None)
-        content = ids if stop is None else ids[:stop]
-        text = tok.decode(content, skip_special_tokens=True).strip()
-        answers.append((text, stop is None, len(content) + (stop is not None)))
-    return answers
+    stop = next((i for i, t in enumerate(ids) if t in ends), None)
+    content = ids if stop is None else ids[:stop]
+    truncated = stop is None and hit_length
+    text = tok.decode(content, skip_special_tokens=True).strip()
+    return text, truncated, len(content) + (0 if truncated else 1)

@@ -35,8 +35,6 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-import torch
-
 from specdraft.errors import SpecdraftError
 
 ENGINES = ("auto", "hf", "vllm")
@@ -108,6 +106,8 @@ def engine_record(name: str) -> dict:
 
 def choose_engine(opts: EngineOptions, model: str, trust_remote_code: bool = False) -> str:
     """'hf' or 'vllm' for these options and this target (see the module docstring for auto)."""
+    import torch
+
     from specdraft.targets import target_config as read_config
 
     if opts.name == "hf":
@@ -141,6 +141,8 @@ def llm_arguments(target_path: str, dtype: str, opts: EngineOptions, seed: int =
                   max_model_len: int | None = None, capture_layer_ids: list[int] | None = None,
                   storage: str | None = None) -> dict:
     """Keyword arguments for vllm.LLM: our defaults, then the capture method, then --engine-args."""
+    import torch
+
     cpu = not torch.cuda.is_available()
     args: dict = {"model": target_path, "tokenizer": target_path, "dtype": dtype, "seed": seed,
                   "tensor_parallel_size": opts.tensor_parallel_size}
@@ -208,16 +210,6 @@ def first_line(e: BaseException) -> str:
 
 # ----------------------------------------------------------------------------- regeneration
 
-def answer_from_ids(tok, ids: list[int], hit_length: bool, end_ids: list[int]) -> tuple[str, bool, int]:
-    """(text, truncated, new tokens) from generated ids, exactly as the transformers path forms it."""
-    ends = set(end_ids)
-    stop = next((i for i, t in enumerate(ids) if t in ends), None)
-    content = ids if stop is None else ids[:stop]
-    truncated = stop is None and hit_length
-    text = tok.decode(content, skip_special_tokens=True).strip()
-    return text, truncated, len(content) + (0 if truncated else 1)
-
-
 def sampling_fields(settings, end_ids: list[int], seed: int) -> dict:
     """The SamplingParams / completions fields for these regeneration settings."""
     fields = {"max_tokens": settings.max_new_tokens, "stop_token_ids": list(end_ids),
@@ -231,6 +223,8 @@ def vllm_answers(llm, tok, prompt_ids: list[list[int]], settings, end_ids: list[
                  seeds: list[int]) -> list[tuple[str, bool, int]]:
     """Generate one answer per prompt (token ids) with the offline engine; vLLM schedules the batch."""
     from vllm import SamplingParams
+
+    from specdraft.data.regenerate import answer_from_ids
 
     params = [SamplingParams(**sampling_fields(settings, end_ids, s), detokenize=False) for s in seeds]
     try:
@@ -285,6 +279,8 @@ def check_endpoint(endpoint: str, target, tok) -> str:
 def endpoint_answers(endpoint: str, served_model: str, tok, prompt_ids: list[list[int]], settings,
                      end_ids: list[int], seeds: list[int]) -> list[tuple[str, bool, int]]:
     """One completions request per prompt, all in flight at once so the server batches them."""
+    from specdraft.data.regenerate import answer_from_ids
+
     def ask(i: int) -> tuple[str, bool, int]:
         body = {"model": served_model, "prompt": prompt_ids[i], "return_token_ids": True,
                 "skip_special_tokens": True, **sampling_fields(settings, end_ids, seeds[i])}
@@ -323,13 +319,13 @@ def capture_engine(target, layer_ids: list[int], compute_dtype: str, opts: Engin
         shutil.rmtree(storage, ignore_errors=True)
 
 
-def vllm_capture_samples(llm, samples: list[list[int]], store_dtype: torch.dtype, hidden_size: int,
-                         on_batch=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def vllm_capture_samples(llm, samples: list[list[int]], store_dtype, hidden_size: int, on_batch=None):
     """Prefill every sample once in vLLM (1 new token each) and read back its hidden states.
 
     Returns aux [N, 3, H], last [N, H] in store_dtype and offsets [S+1], samples in their order,
     exactly the shapes data.capture.capture_samples returns.
     """
+    import torch
     from vllm import SamplingParams
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
         cleanup_hidden_states,
