@@ -38,8 +38,7 @@ class OnlineSamples:
     """Prepared samples whose aux/last hidden states come from the target on demand."""
 
     def __init__(self, target, input_ids: list[list[int]], loss_mask: list[list[int]], layer_ids: list[int],
-                 max_tokens: int | None = None, batch_tokens: int = 8192, dtype: torch.dtype = torch.float32,
-                 run_target=None):
+                 max_tokens: int | None = None, batch_tokens: int = 8192, dtype: torch.dtype = torch.float32):
         self.target = target.identity
         self.model = target.model
         self.layer_ids = list(layer_ids)
@@ -50,7 +49,7 @@ class OnlineSamples:
         self.input_ids = [cut(list(s)) for s in input_ids]
         self.loss_mask = [cut(list(m)) for m in loss_mask]
         self.sample_lengths = [len(s) for s in self.input_ids]
-        self.run_target = run_target   # samples -> (aux, last, offsets) of another engine; None = hooks here
+        self.run_target = None         # samples -> (aux, last, offsets) from vLLM (start_vllm); None = hooks here
         self._engine = ExitStack()     # holds a vLLM engine started by start_vllm()
         self._ready: dict[int, dict[str, torch.Tensor]] = {}
 
