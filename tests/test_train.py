@@ -139,6 +139,19 @@ def test_train_writes_metrics_checkpoints_and_best(ws, tmp_path):
     assert drafter.lm_head.weight.shape[0] == DRAFT and not drafter.embed_tokens.weight.requires_grad
 
 
+def test_training_loads_only_the_target_head_and_trains_as_with_the_whole_target(ws, tmp_path):
+    """train() without a target reads embeddings, final norm and lm_head from the checkpoint
+    (targets.TargetHead): the run is identical to one given the whole loaded target."""
+    from specdraft.targets import TargetHead
+    from specdraft.train.loop import training_target
+
+    cfg = config(ws, tmp_path / "head", epochs=1)
+    assert isinstance(training_target(cfg).model, TargetHead)
+    train(cfg)
+    train(config(ws, tmp_path / "whole", epochs=1), target=ws["target"])
+    assert read_metrics(tmp_path / "head") == read_metrics(tmp_path / "whole")
+
+
 def test_train_on_prompts_trains_every_position_and_validates_on_the_mask(ws, tmp_path, monkeypatch):
     from specdraft.train import objective
 

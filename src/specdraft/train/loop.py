@@ -77,6 +77,18 @@ def store_data(cfg: RunConfig, runtime: Runtime) -> TrainData:
 
 # ----------------------------------------------------------------------------- checks
 
+def training_target(cfg: RunConfig):
+    """Training reads the target's embeddings, final norm and lm_head, never its layers (the store
+    holds what they compute): load those alone where the checkpoint names them the Llama way, so a
+    1T-parameter target costs a few GB here, not the whole model; anything else loads whole."""
+    from specdraft.targets import load_target, load_target_head
+
+    try:
+        return load_target_head(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    except SpecdraftError:
+        return load_target(cfg.model, trust_remote_code=cfg.trust_remote_code)
+
+
 def check_inputs(cfg: RunConfig, data: TrainData, target, vocab) -> None:
     """Refuse mismatched inputs with one line naming both sides and their numbers."""
     if data.hidden_size != target.hidden_size:
@@ -258,7 +270,6 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
     from rich.console import Console
 
     from specdraft import vocab as vocab_mod
-    from specdraft.targets import load_target
 
     cfg.check()
     runtime = runtime or Runtime()
@@ -278,7 +289,7 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
                                  "with trainer_state.pt); start without --resume")
     vocab = vocab_mod.load(cfg.vocab)
     data = data or store_data(cfg, runtime)
-    target = target or load_target(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    target = target or training_target(cfg)
     check_inputs(cfg, data, target, vocab)
     watch = load_watch(cfg, run_dir) if cfg.baseline else None
 
