@@ -240,7 +240,7 @@ def identity_from_checkpoint(path: str, cfg, name: str) -> dict:
 class TargetHead(torch.nn.Module):
     """What training needs of a target beside its hidden states: input embeddings, the final
     RMSNorm and lm_head, laid out as a transformers CausalLM exposes them (`get_input_embeddings`,
-    `model.norm`, `get_output_embeddings`). Online training through vLLM loads only this."""
+    `model.norm`, `get_output_embeddings`). Training (train.loop.training_target) loads only this."""
 
     def __init__(self, cfg, embed: torch.Tensor, norm: torch.Tensor, lm_head: torch.Tensor):
         super().__init__()
