@@ -86,8 +86,21 @@ def safe_shard_path(root: Path, name: object) -> Path:
     return root / name
 
 
+def is_int(value: object) -> bool:
+    """A JSON integer (bool is an int subclass in Python, but not a count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def manifest_error(path: Path, field: str, problem: str, shard: str = "") -> SpecdraftError:
+    """One line naming manifest.json, the field and the fix (a bad manifest cannot be resumed from)."""
+    where = f"field '{field}'" + (f" of shard {shard}" if shard else "")
+    return SpecdraftError(f"{path}: {where} {problem}; the manifest is damaged or hand-edited: "
+                          "re-capture into an empty --out")
+
+
 def read_manifest(root: str | Path) -> dict:
-    """Read and sanity-check manifest.json (fields, types, shard file names)."""
+    """Read manifest.json and check it field by field (types, shard file names, totals), so a bad
+    one fails here, in `capture --verify` too, and never halfway through training."""
     root = Path(root)
     path = root / MANIFEST
     if not root.is_dir():
@@ -104,18 +117,67 @@ def read_manifest(root: str | Path) -> dict:
     for key in ("target", "layer_ids", "dtype", "hidden_size", "num_samples", "num_tokens", "shards"):
         if key not in manifest:
             raise SpecdraftError(f"{path}: missing field '{key}'; re-run capture")
-    dtype_name(manifest["dtype"])
-    expect = 0
+    target = manifest["target"]
+    if not isinstance(target, dict) or not isinstance(target.get("fingerprint", ""), str):
+        raise manifest_error(path, "target", f"must be an object naming the target (id, fingerprint), "
+                                             f"got {json.dumps(target)}")
+    layer_ids = manifest["layer_ids"]
+    if not isinstance(layer_ids, list) or len(layer_ids) != 3 or not all(is_int(i) and i >= 0 for i in layer_ids):
+        raise manifest_error(path, "layer_ids", f"must be a list of 3 layer numbers, got {json.dumps(layer_ids)}")
+    if not isinstance(manifest["dtype"], str) or manifest["dtype"] not in STORE_DTYPES:
+        raise manifest_error(path, "dtype", f"must be bfloat16, float16 or float32, got {json.dumps(manifest['dtype'])}")
+    for key in ("hidden_size", "num_samples", "num_tokens"):
+        if not is_int(manifest[key]) or manifest[key] < (1 if key == "hidden_size" else 0):
+            raise manifest_error(path, key, f"must be a {'positive' if key == 'hidden_size' else 'non-negative'} "
+                                            f"integer, got {json.dumps(manifest[key])}")
+    if not isinstance(manifest.get("complete", False), bool):
+        raise manifest_error(path, "complete", f"must be true or false, got {json.dumps(manifest['complete'])}")
+    if not isinstance(manifest["shards"], list):
+        raise manifest_error(path, "shards", f"must be a list of shard entries, got {json.dumps(manifest['shards'])}")
+    expect, tokens = 0, 0
     for entry in manifest["shards"]:
         if not isinstance(entry, dict) or not {"file", "samples", "num_tokens", "sha256"} <= entry.keys():
             raise SpecdraftError(f"{path}: malformed shard entry {entry!r}; re-run capture")
         safe_shard_path(root, entry["file"])
-        start, end = entry["samples"]
+        samples = entry["samples"]
+        if not isinstance(samples, list) or len(samples) != 2 or not all(is_int(i) for i in samples):
+            raise manifest_error(path, "samples", f"must be [start, end], got {json.dumps(samples)}", entry["file"])
+        if not is_int(entry["num_tokens"]) or entry["num_tokens"] < 0:
+            raise manifest_error(path, "num_tokens", f"must be a non-negative integer, got "
+                                 f"{json.dumps(entry['num_tokens'])}", entry["file"])
+        if not isinstance(entry["sha256"], str):
+            raise manifest_error(path, "sha256", f"must be a hex string, got {json.dumps(entry['sha256'])}", entry["file"])
+        start, end = samples
         if start != expect or end < start:
             raise SpecdraftError(f"{path}: shard {entry['file']} covers samples [{start}, {end}) but the "
                                  f"previous shard ended at {expect}; re-run capture")
-        expect = end
+        expect, tokens = end, tokens + entry["num_tokens"]
+    if (expect, tokens) != (manifest["num_samples"], manifest["num_tokens"]):
+        raise SpecdraftError(f"{path}: fields 'num_samples'/'num_tokens' say {manifest['num_samples']} samples, "
+                             f"{manifest['num_tokens']} tokens but the shards listed hold {expect} samples, "
+                             f"{tokens} tokens: the manifest lists only some of its shards; re-capture into "
+                             "an empty --out")
+    if manifest.get("complete"):
+        check_all_shards_listed(root, manifest)
     return manifest
+
+
+def check_all_shards_listed(root: Path, manifest: dict) -> None:
+    """A finished store lists every shard in its folder and every sample of its prepared data;
+    anything else means two captures shared the folder or shard entries were dropped."""
+    path = root / MANIFEST
+    listed = {entry["file"] for entry in manifest["shards"]}
+    stray = sorted(p.name for p in root.iterdir() if SHARD_NAME.match(p.name) and p.name not in listed)
+    if stray:
+        raise SpecdraftError(f"{path}: field 'shards' does not list {', '.join(stray[:3])} found in {root}: "
+                             "the manifest lists only some of its shards (or two captures shared the folder); "
+                             "re-capture into an empty --out")
+    data = manifest.get("data")
+    want = data.get("num_samples") if isinstance(data, dict) else None
+    if is_int(want) and want != manifest["num_samples"]:
+        raise SpecdraftError(f"{path}: field 'num_samples' is {manifest['num_samples']} but the store is marked "
+                             f"complete and its prepared data (data.num_samples) has {want}: the manifest lists "
+                             "only some of its shards; re-capture into an empty --out")
 
 
 def new_manifest(target: dict, layer_ids: list[int], dtype: str, hidden_size: int, **extra) -> dict:
@@ -169,8 +231,11 @@ class StoreWriter:
                    "offsets": offsets.to(torch.int64).contiguous()}
         # One metadata key: safetensors writes several in hash order, which would make
         # otherwise identical shards (e.g. after a resume) differ byte-wise.
+        # What the shard is, beside the manifest: a reader checks a shard's header against the
+        # manifest, so a folder mixing two captures (other dtype, layers, target) is refused.
         metadata = {"specdraft": json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION,
-                                             "samples": [start, end]}, sort_keys=True)}
+                                             "samples": [start, end], **shard_identity(self.manifest)},
+                                            sort_keys=True)}
         with atomic_path(self.root / name) as tmp:
             save_file(tensors, str(tmp), metadata=metadata)
             digest = sha256_file(tmp)
@@ -188,6 +253,45 @@ class StoreWriter:
 
 
 # ---------------------------------------------------------------------------- reader
+
+SAFETENSORS_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+
+
+def shard_identity(manifest: dict) -> dict:
+    """The capture settings every shard records in its metadata (older shards lack them)."""
+    return {"layer_ids": list(manifest["layer_ids"]), "dtype": manifest["dtype"],
+            "hidden_size": int(manifest["hidden_size"]), "target": manifest["target"].get("fingerprint", "")}
+
+
+def check_shard(path: Path, handle, entry: dict, manifest: dict) -> None:
+    """A shard's header (metadata, tensor dtypes and shapes; no data read) against the manifest,
+    so a folder mixing two captures fails with one line instead of training on both."""
+    fix = "the store mixes shards of different captures: re-capture into an empty --out"
+    try:
+        meta = json.loads((handle.metadata() or {}).get("specdraft", "{}"))
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise SpecdraftError(f"{path}: metadata 'specdraft' is not a JSON object; {fix}")
+    start, end = entry["samples"]
+    recorded = {"samples": [start, end], **shard_identity(manifest)}
+    for field, want in recorded.items():
+        if field in meta and meta[field] != want:
+            raise SpecdraftError(f"{path}: {field} {json.dumps(meta[field])} but {MANIFEST} says "
+                                 f"{json.dumps(want)}; {fix}")
+    n, H = entry["num_tokens"], manifest["hidden_size"]
+    dtype = SAFETENSORS_DTYPES[dtype_name(manifest["dtype"])]
+    for name in ("aux", "last"):
+        got = handle.get_slice(name).get_dtype()
+        if got != dtype:
+            raise SpecdraftError(f"{path}: tensor '{name}' is {got} but {MANIFEST} says dtype "
+                                 f"{manifest['dtype']}; {fix}")
+    shapes = {"aux": [n, 3, H], "last": [n, H], "input_ids": [n], "loss_mask": [n], "offsets": [end - start + 1]}
+    for name, want in shapes.items():
+        got = list(handle.get_slice(name).get_shape())
+        if got != want:
+            raise SpecdraftError(f"{path}: tensor '{name}' has shape {got} but {MANIFEST} implies {want} "
+                                 f"(num_tokens {n}, 3 aux layers, hidden_size {H}, samples [{start}, {end})); {fix}")
 
 
 def open_shard(path: Path):
@@ -291,7 +395,8 @@ class HiddenStore(torch.utils.data.Dataset):
             return self._handles[k]
         path = safe_shard_path(self.root, self.shards[k]["file"])
         handle = open_shard(path)
-        if k not in self._offsets:
+        if k not in self._offsets:   # first open: the header must agree with the manifest
+            check_shard(path, handle, self.shards[k], self.manifest)
             off = handle.get_tensor("offsets").tolist()
             start, end = self.shards[k]["samples"]
             if len(off) != end - start + 1 or off[0] != 0 or off[-1] != self.shards[k]["num_tokens"]:
