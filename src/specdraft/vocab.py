@@ -94,10 +94,16 @@ def _load_token_counts_source(data: Path):
     if data.is_dir() and (data / "manifest.json").exists():
         from safetensors import safe_open
 
+        from specdraft.data.store import safe_shard_path
+
         manifest = read_json(data / "manifest.json", "hidden-store manifest")
+        shards = manifest.get("shards") if isinstance(manifest, dict) else None
+        if not isinstance(shards, list) or not all(isinstance(e, dict) for e in shards):
+            raise SpecdraftError(f"{data / 'manifest.json'}: field 'shards' must be a list of shard entries; "
+                                 "re-capture into an empty --out")
         ids, masks = [], []
-        for entry in manifest.get("shards") or []:
-            with safe_open(str(data / entry["file"]), framework="np") as f:
+        for entry in shards:   # entries stay inside the store
+            with safe_open(str(safe_shard_path(data, entry.get("file"))), framework="np") as f:
                 ids.append(f.get_tensor("input_ids").reshape(-1))
                 masks.append(f.get_tensor("loss_mask").reshape(-1))
         if not ids:
@@ -159,10 +165,10 @@ def save(vocab: Vocab, out: str | Path) -> None:
 def check_mapping(d2t: torch.Tensor, t2d: torch.Tensor | None, where: str,
                   target_vocab_size: int | None = None) -> None:
     """Fail with one line unless d2t/t2d follow the offsets convention and agree with each other."""
-    if d2t.dim() != 1 or d2t.dtype not in (torch.int64, torch.int32):
+    d2t = integer_d2t(d2t, where)
+    if d2t.dim() != 1:
         raise SpecdraftError(f"{where}: d2t must be a 1-D integer tensor, got {tuple(d2t.shape)} {d2t.dtype}")
     n = d2t.numel()
-    d2t = d2t.to(torch.long)
     targets = torch.arange(n, dtype=torch.long) + d2t
     vsize = t2d.numel() if t2d is not None else target_vocab_size
     if t2d is not None:
@@ -193,6 +199,15 @@ def check_mapping(d2t: torch.Tensor, t2d: torch.Tensor | None, where: str,
         raise SpecdraftError(f"{where}: d2t maps outside the target vocabulary ({CONVENTION})")
 
 
+def integer_d2t(d2t: torch.Tensor, where: str, fix: str = "rebuild it with `specdraft vocab build`") -> torch.Tensor:
+    """d2t as int64; a float d2t is refused before any cast, since rounding it would silently turn
+    offsets into other token ids."""
+    if d2t.dtype not in (torch.int64, torch.int32):
+        raise SpecdraftError(f"{where}: d2t is {str(d2t.dtype).removeprefix('torch.')} but must be an integer "
+                             f"tensor (int64 offsets; {CONVENTION}); {fix}")
+    return d2t.to(torch.long)
+
+
 def t2d_from_d2t(d2t: torch.Tensor, target_vocab_size: int) -> torch.Tensor:
     t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
     t2d[torch.arange(d2t.numel()) + d2t.to(torch.long)] = True
@@ -206,7 +221,9 @@ def _read_tensors(path: Path, names: tuple[str, ...]) -> dict[str, torch.Tensor]
     if (path / "model.safetensors").exists():
         files = {n: path / "model.safetensors" for n in names}
     elif (path / "model.safetensors.index.json").exists():
-        wmap = read_json(path / "model.safetensors.index.json", "safetensors index").get("weight_map", {})
+        from specdraft.formats.eagle import index_weight_map
+
+        wmap = index_weight_map(path / "model.safetensors.index.json")
         files = {n: path / wmap[n] for n in names if n in wmap}
     elif (path / "pytorch_model.bin").exists():
         from specdraft.formats.eagle import read_weights  # weights_only=True, errors as one line
@@ -237,7 +254,7 @@ def load(path: str | Path) -> Vocab:
             raise SpecdraftError(f"{path}: the drafter weights hold no d2t (a drafter with the full "
                                  "target vocab has no mapping)")
         vsize = (cfg.get("transformer_layer_config") or {}).get("vocab_size") or cfg.get("vocab_size")
-        d2t = tensors["d2t"].to(torch.long)
+        d2t = integer_d2t(tensors["d2t"], str(path), "save the drafter's d2t as int64")
         t2d = tensors.get("t2d")
         if t2d is None:
             if not vsize:
@@ -256,7 +273,7 @@ def load(path: str | Path) -> Vocab:
             keys = set(f.keys())
             if "d2t" not in keys:
                 raise SpecdraftError(f"{path}: no 'd2t' tensor; build one with `specdraft vocab build`")
-            d2t = f.get_tensor("d2t").to(torch.long)
+            d2t = integer_d2t(f.get_tensor("d2t"), str(path))
             t2d = f.get_tensor("t2d") if "t2d" in keys else None
     except SafetensorError as e:
         raise SpecdraftError(f"{path}: not a readable safetensors file ({e})") from None

@@ -23,7 +23,7 @@ from specdraft.formats.eagle import WEIGHT_FILES, read_weights, weights_file
 from specdraft.formats.validate import validate
 from specdraft.io import fsync_dir, read_json
 from specdraft.model.config import DrafterConfig
-from specdraft.vocab import t2d_from_d2t
+from specdraft.vocab import integer_d2t, t2d_from_d2t
 
 LAYOUTS = ("speculators", "sglang")           # what we write
 DETECTED = ("speculators", "sglang", "eagle")  # what we read ("eagle": .bin from the official repo)
@@ -167,7 +167,7 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, torch.Tensor], Drafte
         lm_head = tensors.get("lm_head.weight")
         cfg = sglang.parse_config(config, where, None if lm_head is None else lm_head.shape[0])
     if "d2t" in tensors:
-        tensors["d2t"] = tensors["d2t"].to(torch.long)
+        tensors["d2t"] = integer_d2t(tensors["d2t"], where, "save the drafter's d2t as int64 (re-export it)")
         if "t2d" in tensors:
             tensors["t2d"] = tensors["t2d"].to(torch.bool)
         elif tensors["d2t"].numel() != cfg.vocab_size:
@@ -175,7 +175,17 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, torch.Tensor], Drafte
             check_mapping(tensors["d2t"], None, where, cfg.vocab_size)
             tensors["t2d"] = t2d_from_d2t(tensors["d2t"], cfg.vocab_size)
     validate(tensors, cfg, where)
+    check_finite(tensors, weights_file(folder))
     return tensors, cfg, layout
+
+
+def check_finite(tensors: dict[str, torch.Tensor], weights: Path) -> None:
+    """Refuse a drafter holding NaN/inf: it still drafts (greedy output stays lossless) but accepts
+    nothing, so eval would report 0 acceptance as a fact and export would ship it."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise SpecdraftError(f"{weights}: tensor '{name}' holds NaN/inf; this drafter is broken "
+                                 "(training diverged?): use an earlier checkpoint or retrain")
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

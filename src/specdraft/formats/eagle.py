@@ -22,6 +22,28 @@ def weights_file(folder: Path) -> Path | None:
     return None
 
 
+def plain_file_name(name: object) -> bool:
+    """True for a file name with no folder part (what an index or manifest entry may hold)."""
+    return (isinstance(name, str) and bool(name) and "/" not in name and "\\" not in name
+            and name not in (".", "..") and not Path(name).is_absolute() and Path(name).name == name)
+
+
+def index_weight_map(path: Path) -> dict[str, str]:
+    """The weight_map of a model.safetensors.index.json, checked entry by entry: every value is
+    a plain file name inside the checkpoint folder, so no entry can read `../../x` or `/etc/x`."""
+    index = read_json(path, "safetensors index")
+    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        raise SpecdraftError(f"{path}: field 'weight_map' must be a non-empty object of tensor name -> file "
+                             "name; re-export the checkpoint")
+    for tensor, file in wmap.items():
+        if not plain_file_name(file):
+            raise SpecdraftError(f"{path}: weight_map entry {tensor!r} -> {file!r} points outside the "
+                                 "checkpoint folder; entries must be plain file names such as "
+                                 "model-00001-of-00002.safetensors")
+    return wmap
+
+
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -33,7 +55,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
         if path.name == "model.safetensors":
             return load_file(str(path))
         if path.name.endswith(".index.json"):
-            wmap = read_json(path, "safetensors index").get("weight_map") or {}
+            wmap = index_weight_map(path)
             out: dict[str, torch.Tensor] = {}
             for shard in sorted(set(wmap.values())):
                 out.update(load_file(str(folder / shard)))
