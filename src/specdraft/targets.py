@@ -126,14 +126,54 @@ class Target:
         return self.config.vocab_size
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
 def load_tokenizer(model: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     path, _ = resolve(model)
+    if Path(path).is_dir() and not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
+        raise SpecdraftError(f"--model {model}: no tokenizer files in {path} (looked for "
+                             f"{', '.join(TOKENIZER_FILES)}); copy the model's tokenizer into the folder")
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except OSError as e:
-        raise SpecdraftError(f"--model {model}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
+    except (OSError, ValueError) as e:   # transformers raises ValueError for a tokenizer it cannot build
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SpecdraftError(f"--model {model}: cannot load tokenizer ({first}); "
+                             "check the folder's tokenizer files") from None
+
+
+def check_decoder_only(cfg, model: str) -> None:
+    """EAGLE-3 drafts for a decoder-only causal LM and taps 3 of its layers: refuse anything else
+    from its config, before any weights load (a BERT config would otherwise load as
+    BertLMHeadModel with random weights, and `info` would print negative aux layer ids)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    kind = getattr(cfg, "model_type", None) or "?"
+    where = f"--model {model}: {kind}"
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise SpecdraftError(f"{where} is an encoder-decoder model; EAGLE-3 drafts for decoder-only "
+                             "causal LMs (Llama, Qwen, Mistral, ...): pass one of those")
+    # BERT-family configs carry is_decoder/add_cross_attention: bidirectional encoders unless is_decoder
+    if getattr(cfg, "is_decoder", None) is False and hasattr(cfg, "add_cross_attention"):
+        raise SpecdraftError(f"{where} is a bidirectional encoder, not a causal LM; EAGLE-3 drafts for "
+                             "decoder-only causal LMs (Llama, Qwen, Mistral, ...): pass one of those")
+    remote = "AutoModelForCausalLM" in (getattr(cfg, "auto_map", None) or {})
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
+        raise SpecdraftError(f"{where} has no causal-LM class in transformers; EAGLE-3 drafts for "
+                             "decoder-only causal LMs (Llama, Qwen, Mistral, ...): pass one of those")
+    layers = getattr(cfg, "num_hidden_layers", None)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 3:
+        raise SpecdraftError(f"{where} has num_hidden_layers {layers!r}; EAGLE-3 taps 3 aux layers, so the "
+                             "target needs at least 3 decoder layers: pass a deeper target (or fix config.json)")
+
+
+def check_weights_read(error: Exception, model: str, path: str) -> SpecdraftError:
+    """A truncated or corrupt weights file as one line (safetensors raises its own error type)."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return SpecdraftError(f"--model {model}: cannot read the weights in {path} ({first}); the file is "
+                          "truncated or corrupt: download or copy the model again")
 
 
 def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu",
@@ -143,12 +183,19 @@ def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = 
 
     from transformers.utils import logging as hf_logging
 
+    from safetensors import SafetensorError
+
     hf_logging.disable_progress_bar()   # keep stderr for our own progress and one-line errors
     path, name = resolve(model)
+    cfg = target_config(model, trust_remote_code)    # refuses a non-causal or too shallow target
+    tok = load_tokenizer(model, trust_remote_code)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     try:
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
-                                                  trust_remote_code=trust_remote_code)
+        lm, loading = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch_dtype,
+                                                           trust_remote_code=trust_remote_code,
+                                                           output_loading_info=True)
+    except SafetensorError as e:
+        raise check_weights_read(e, model, path) from None
     except OSError as e:
         raise SpecdraftError(f"--model {model}: cannot load ({str(e).splitlines()[0]})") from None
     except ValueError as e:
@@ -156,9 +203,23 @@ def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = 
             raise SpecdraftError(f"--model {model}: needs custom code; pass --trust-remote-code "
                                  "if you trust it") from None
         raise
+    missing = sorted(loading.get("missing_keys") or [])
+    if missing:   # transformers filled them with random values: a broken target, a new fingerprint each load
+        raise SpecdraftError(f"--model {model}: the checkpoint in {path} lacks {len(missing)} weight(s) of "
+                             f"{type(lm).__name__} (first: {missing[0]}); the folder is incomplete or its "
+                             "config.json names another architecture: download or copy the model again")
     lm.eval().to(device)
-    tok = load_tokenizer(model, trust_remote_code)
-    return Target(model=lm, tokenizer=tok, name=name, path=path, identity=identity_of(lm, name))
+    return Target(model=lm, tokenizer=tok, name=name, path=path, identity=stable_identity(lm, path, name))
+
+
+def stable_identity(model: torch.nn.Module, path: str, name: str) -> dict:
+    """The fingerprint read from the checkpoint files, as describe_target() computes it, so it does
+    not depend on the dtype the model was loaded in (an fp16 load rounded the probes differently);
+    identity_of() the loaded model where the checkpoint does not use the Llama tensor names."""
+    try:
+        return identity_from_checkpoint(path, model.config, name)
+    except SpecdraftError:
+        return identity_of(model, name)
 
 
 def identity_of(model: torch.nn.Module, name: str) -> dict:
@@ -202,11 +263,13 @@ def checkpoint_file(path: str, filename: str) -> Path | None:
 def read_checkpoint_tensors(path: str, keys: list[str], name: str, rows: int | None = None) -> dict:
     """Named tensors of a safetensors checkpoint (local folder or hub id), without loading the rest.
     `rows` keeps only the first rows of 2-D tensors (the fingerprint's embedding probe)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     index = checkpoint_file(path, "model.safetensors.index.json")
     if index is not None:
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        from specdraft.formats.eagle import index_weight_map
+
+        weight_map = index_weight_map(index)
         files = {k: weight_map.get(k) for k in keys}
     else:
         files = dict.fromkeys(keys, "model.safetensors")
@@ -219,11 +282,14 @@ def read_checkpoint_tensors(path: str, keys: list[str], name: str, rows: int | N
         file = checkpoint_file(path, files[key])
         if file is None:
             raise SpecdraftError(f"--model {name}: checkpoint file {files[key]} not found; use --engine hf")
-        with safe_open(str(file), framework="pt") as f:
-            if key not in f.keys():
-                raise SpecdraftError(f"--model {name}: {file.name} has no tensor {key}; use --engine hf")
-            part = f.get_slice(key)
-            out[key] = part[:rows] if rows is not None and len(part.get_shape()) == 2 else part[:]
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                if key not in f.keys():
+                    raise SpecdraftError(f"--model {name}: {file.name} has no tensor {key}; use --engine hf")
+                part = f.get_slice(key)
+                out[key] = part[:rows] if rows is not None and len(part.get_shape()) == 2 else part[:]
+        except SafetensorError as e:
+            raise check_weights_read(e, name, str(file)) from None
     return out
 
 
@@ -275,14 +341,19 @@ def load_target_head(model: str, dtype: str = "float32", device: str = "cpu", tr
 
 
 def target_config(model: str, trust_remote_code: bool = False):
-    """The target's transformers config (no weights)."""
+    """The target's transformers config (no weights), refused unless a decoder-only causal LM."""
     from transformers import AutoConfig
 
     path, _ = resolve(model)
     try:
-        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except OSError as e:
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:   # ValueError: no or unknown model_type, custom code
+        if "trust_remote_code" in str(e):
+            raise SpecdraftError(f"--model {model}: needs custom code; pass --trust-remote-code "
+                                 "if you trust it") from None
         raise SpecdraftError(f"--model {model}: cannot read config ({str(e).splitlines()[0]})") from None
+    check_decoder_only(cfg, model)
+    return cfg
 
 
 def generation_config(path: str):
