@@ -59,6 +59,7 @@ class TrainData:
     layer_ids: list[int]
     target: dict                        # identity of the target the hidden states came from
     source: str = ""                    # for messages (the store path)
+    identity: dict = field(default_factory=dict)   # what checkpoints record of the data (data_identity)
 
 
 def store_data(cfg: RunConfig, runtime: Runtime) -> TrainData:
@@ -72,7 +73,10 @@ def store_data(cfg: RunConfig, runtime: Runtime) -> TrainData:
                   rank=runtime.rank, world_size=runtime.world_size)
     train = StoreBatches(store, train_ids, shuffle=True, **common)
     val = StoreBatches(store, val_ids, shuffle=False, **common) if val_ids else None
-    return TrainData(train, val, store.hidden_size, store.layer_ids, store.target, str(cfg.store))
+    data = store.manifest.get("data") if isinstance(store.manifest.get("data"), dict) else {}
+    identity = {"data_fingerprint": data.get("fingerprint", ""), "num_samples": len(store),
+                "num_tokens": store.num_tokens}
+    return TrainData(train, val, store.hidden_size, store.layer_ids, store.target, str(cfg.store), identity)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -109,6 +113,42 @@ def check_inputs(cfg: RunConfig, data: TrainData, target, vocab) -> None:
         raise SpecdraftError(f"target fingerprint: store {data.source} was captured from "
                              f"{data.target.get('id')} ({store_fp}) but --model {cfg.model} is {target_fp}; "
                              "train with the target the store was captured from")
+
+
+INPUTS_FILE = "inputs.json"   # in each training checkpoint: the data it trained on (data_identity)
+
+
+def data_identity(data: TrainData) -> dict:
+    """What a checkpoint records of its training data, so that --resume can refuse other data."""
+    return {"store": data.source, "layer_ids": list(data.layer_ids), "hidden_size": data.hidden_size,
+            "target": {"id": data.target.get("id", ""), "fingerprint": data.target.get("fingerprint", "")},
+            **data.identity}
+
+
+def check_resume_inputs(resume_from: Path, drafter: Eagle3Drafter, data: TrainData) -> None:
+    """--resume continues the run on the data it started with: another store (other aux layers, target
+    or samples) would train on it while every checkpoint still names the old layers. Checkpoints
+    written before inputs.json existed are checked on their aux layers alone."""
+    from specdraft.io import read_json
+
+    saved_path = resume_from / INPUTS_FILE
+    saved = read_json(saved_path, "checkpoint inputs") if saved_path.is_file() else {}
+    saved = saved if isinstance(saved, dict) else {}
+    run_store = saved.get("store") or "the run's own store (see its config.yaml)"
+    fix = f"resume with --store {run_store}, or start a new run in another --out"
+    layers = list(drafter.config.aux_layer_ids)
+    if layers and layers != list(data.layer_ids):
+        raise SpecdraftError(f"aux layers: checkpoint {resume_from} was trained on layers {layers} but --store "
+                             f"{data.source} holds layers {list(data.layer_ids)}; {fix}")
+    now = data_identity(data)
+    for key, what in (("target", "target"), ("data_fingerprint", "prepared data"),
+                      ("num_samples", "sample count"), ("num_tokens", "token count")):
+        was, have = saved.get(key), now.get(key)
+        if key == "target":
+            was, have = (was or {}).get("fingerprint"), have.get("fingerprint")
+        if was and have and was != have:
+            raise SpecdraftError(f"{what}: checkpoint {resume_from} was trained on store {saved.get('store')} "
+                                 f"({key} {was}) but --store {data.source} has {key} {have}; {fix}")
 
 
 # ----------------------------------------------------------------------------- the drafter
@@ -300,6 +340,7 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
         if not torch.equal(drafter.d2t, vocab.d2t):
             raise SpecdraftError(f"draft vocab: checkpoint {resume_from} was trained with another mapping than "
                                  f"--vocab {cfg.vocab}; resume with the run's own vocab")
+        check_resume_inputs(resume_from, drafter, data)
         log(f"resuming from {resume_from}")
     elif cfg.from_pretrained:
         drafter, remap_report = pretrained_drafter(cfg, target, vocab, data.layer_ids, log)
@@ -374,7 +415,7 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
         trainer_state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                          "rng": ckpt.rng_state(), **state}
         progress = {k: state[k] for k in ("epoch", "batch", "step", "tokens_seen")}
-        extra = {ckpt.PROGRESS_FILE: progress}
+        extra = {ckpt.PROGRESS_FILE: progress, INPUTS_FILE: data_identity(data)}
         if val:
             extra["val.json"] = val
         if runtime.is_main:
