@@ -1,0 +1,364 @@
+"""Everything loaded is checked against what it claims (issue 14, parts 2 and 3): store shards
+against their manifest, manifests and index files field by field, `train --resume` against the
+run's own store, drafter weights for NaN/inf, d2t for an integer dtype, and targets for being
+decoder-only causal LMs with at least 3 layers. Each case runs the CLI in-process and must exit 2
+with ONE stderr line naming the file, the field and the fix, and leave existing outputs unchanged.
+
+docs/reliability.md ("Loaded files and targets") lists the same cases as a table.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from bad_workspace import check_refusal, copy, ws  # noqa: F401  (ws is a fixture)
+
+TRAIN = ["--epochs", "1", "--max-tokens", "64", "--val-fraction", "0", "--precision", "fp32", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def lws(ws):
+    """The shared workspace plus what these cases need: stores captured as float16 and from other aux
+    layers (their shards get mixed into copies of the good store), and a finished 1-epoch run."""
+    from specdraft.data import capture as cap
+    from specdraft.train.config import resolve_config
+    from specdraft.train.loop import train
+
+    root = ws["root"]
+    for name, layers, dtype in (("h-f16", [2, 4, 5], "float16"), ("h-136", [1, 3, 6], "float32")):
+        cap.capture(model=ws["target"], data=root / "data", out=root / name, layers=layers, dtype=dtype,
+                    shard_tokens=200, progress=False)
+    cfg = resolve_config(out=str(root / "run"), store=str(root / "hidden"), vocab=str(root / "vocab.safetensors"),
+                         model=ws["target"], epochs=1, max_tokens=64, val_fraction=0.0, precision="fp32",
+                         progress=False)
+    train(cfg)
+    return ws
+
+
+def train_args(ws, store, out: str) -> list:
+    return ["train", "--model", ws["target"], "--store", store, "--vocab", ws["root"] / "vocab.safetensors",
+            "--out", ws["root"] / out, *TRAIN]
+
+
+def edit_manifest(store: Path, edit: Callable[[dict], None]) -> Path:
+    manifest = json.loads((store / "manifest.json").read_text())
+    edit(manifest)
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    return store
+
+
+def swap_shard(ws, new: str, donor: str, old_metadata: bool = False) -> Path:
+    """A copy of the good store whose shard-00001 comes from the `donor` capture, with the manifest's
+    sha256 updated to match (what two captures into one folder leave behind)."""
+    from specdraft.io import sha256_file
+
+    store = copy(ws, "hidden", new)
+    shard = store / "shard-00001.safetensors"
+    shutil.copyfile(ws["root"] / donor / shard.name, shard)
+    if old_metadata:   # as written before shards recorded their dtype and layers
+        from safetensors.torch import load_file, save_file
+        tensors = load_file(str(shard))
+        meta = {"specdraft": json.dumps({"format": "specdraft-hidden-store", "format_version": 1,
+                                         "samples": json.loads((store / "manifest.json").read_text())
+                                         ["shards"][1]["samples"]}, sort_keys=True)}
+        save_file(tensors, str(shard), metadata=meta)
+
+    def rehash(m):
+        m["shards"][1]["sha256"] = sha256_file(shard)
+    return edit_manifest(store, rehash)
+
+
+def drafter_copy(ws, new: str, edit: Callable[[dict], None]) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    folder = copy(ws, "drafter", new)
+    tensors = load_file(str(folder / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def index_drafter(ws, new: str, entry: str) -> Path:
+    """A drafter whose model.safetensors.index.json sends every tensor to `entry`."""
+    from safetensors import safe_open
+
+    folder = ws["root"] / new
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    shutil.copyfile(ws["root"] / "drafter" / "config.json", folder / "config.json")
+    with safe_open(str(ws["root"] / "drafter" / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(keys, entry)}))
+    return folder
+
+
+def odd_target(ws, new: str, config=None, weights=None, keep_tokenizer: bool = True) -> Path:
+    """A folder with the tiny target's tokenizer (or none) and `config` (+ `weights`, a model)."""
+    folder = ws["root"] / new
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(ws["target"], folder)
+    if not keep_tokenizer:
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
+            (folder / name).unlink(missing_ok=True)
+    if config is not None:
+        (folder / "model.safetensors").unlink()
+        (folder / "config.json").unlink()
+        (weights.save_pretrained(folder) if weights is not None else config.save_pretrained(folder))
+    return folder
+
+
+def prepare_args(ws, model) -> tuple[list, Path]:
+    return (["prepare", "--model", model, "--data", ws["root"] / "good.jsonl", "--out", ws["root"] / "data"],
+            ws["root"] / "data")
+
+
+# ----------------------------------------------------------------------------- store vs manifest
+
+def c_shard_float16(ws):
+    return train_args(ws, swap_shard(ws, "m-f16", "h-f16"), "run-f16"), ws["root"] / "m-f16"
+
+
+def c_shard_float16_old_metadata(ws):
+    return train_args(ws, swap_shard(ws, "m-f16-old", "h-f16", old_metadata=True), "run-f16-old"), ws["root"] / "m-f16-old"
+
+
+def c_shard_other_layers(ws):
+    return train_args(ws, swap_shard(ws, "m-136", "h-136"), "run-136"), ws["root"] / "m-136"
+
+
+def c_manifest_drops_shard(ws):
+    store = edit_manifest(copy(ws, "hidden", "m-drop"), lambda m: m["shards"].pop())
+    return train_args(ws, store, "run-drop"), store
+
+
+def drop_last_shard_and_totals(m):
+    last = m["shards"].pop()
+    m["num_samples"], m["num_tokens"] = last["samples"][0], m["num_tokens"] - last["num_tokens"]
+
+
+def c_manifest_drops_shard_verify(ws):
+    store = edit_manifest(copy(ws, "hidden", "m-drop2"), drop_last_shard_and_totals)
+    return ["capture", "--out", store, "--verify"], store
+
+
+def c_manifest_target_null(ws):
+    store = edit_manifest(copy(ws, "hidden", "m-null"), lambda m: m.update(target=None))
+    return ["capture", "--out", store, "--verify"], store
+
+
+def c_manifest_target_null_train(ws):
+    store = edit_manifest(copy(ws, "hidden", "m-null2"), lambda m: m.update(target=None))
+    return train_args(ws, store, "run-null"), store
+
+
+def c_manifest_layer_ids_string(ws):
+    store = edit_manifest(copy(ws, "hidden", "m-layers"), lambda m: m.update(layer_ids="2,4,5"))
+    return ["capture", "--out", store, "--verify"], store
+
+
+def c_manifest_hidden_size_string(ws):
+    store = edit_manifest(copy(ws, "hidden", "m-hsize"), lambda m: m.update(hidden_size="64"))
+    return train_args(ws, store, "run-hsize"), store
+
+
+def c_manifest_shard_tokens_string(ws):
+    store = edit_manifest(copy(ws, "hidden", "m-ntok"), lambda m: m["shards"][0].update(num_tokens="10"))
+    return ["capture", "--out", store, "--verify"], store
+
+
+# ----------------------------------------------------------------------------- checkpoints and vocab
+
+def c_index_dotdot(ws):
+    return ["import", index_drafter(ws, "d-dotdot", "../drafter/model.safetensors"), "--out",
+            ws["root"] / "imp-dotdot"], ws["root"] / "drafter"
+
+
+def c_index_absolute(ws):
+    return ["import", index_drafter(ws, "d-abs", str(ws["root"] / "drafter" / "model.safetensors")), "--out",
+            ws["root"] / "imp-abs"], ws["root"] / "drafter"
+
+
+def nan_fc(tensors):
+    tensors["fc.weight"][0, 0] = float("nan")
+
+
+def c_nan_eval(ws):
+    d = drafter_copy(ws, "d-nan", nan_fc)
+    return ["eval", "--drafter", d, "--data", ws["root"] / "hidden", "--model", ws["target"], "--split", "all"], d
+
+
+def c_nan_export(ws):
+    d = drafter_copy(ws, "d-nan2", nan_fc)
+    return ["export", d, "--out", ws["root"] / "exp-nan"], d
+
+
+def c_nan_generate(ws):
+    d = drafter_copy(ws, "d-nan3", nan_fc)
+    return ["generate", "-p", "hi", "--model", ws["target"], "--drafter", d, "--max-new-tokens", "4",
+            "--device", "cpu"], d
+
+
+def c_float_d2t_vocab(ws):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(ws["root"] / "vocab.safetensors"))
+    path = ws["root"] / "vocab-float.safetensors"
+    save_file({"d2t": tensors["d2t"].float(), "t2d": tensors["t2d"]}, str(path))
+    return ["vocab", "diff", ws["root"] / "vocab.safetensors", path], path
+
+
+def c_float_d2t_drafter(ws):
+    d = drafter_copy(ws, "d-float", lambda t: t.update(d2t=t["d2t"].float()))
+    return ["import", d, "--out", ws["root"] / "imp-float"], d
+
+
+def c_resume_other_store(ws):
+    run = ws["root"] / "run"
+    return (["train", "--model", ws["target"], "--store", ws["root"] / "h-136", "--vocab",
+             ws["root"] / "vocab.safetensors", "--out", run, "--resume", *TRAIN[:-1], "--epochs", "2",
+             "--no-progress"], run)
+
+
+# ----------------------------------------------------------------------------- targets
+
+def c_bert_prepare(ws):
+    from transformers import BertConfig, BertLMHeadModel
+
+    cfg = BertConfig(vocab_size=263, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                     intermediate_size=64)
+    return prepare_args(ws, odd_target(ws, "t-bert", cfg, BertLMHeadModel(cfg)))
+
+
+def c_bert_info(ws):
+    from transformers import BertConfig
+
+    return ["info", "--model", odd_target(ws, "t-bert2", BertConfig(vocab_size=263, num_hidden_layers=4))], None
+
+
+def c_encoder_decoder_info(ws):
+    from transformers import T5Config
+
+    return ["info", "--model", odd_target(ws, "t-t5", T5Config(vocab_size=263, num_layers=4))], None
+
+
+def c_two_layers_prepare(ws):
+    from specdraft.testing import save_tiny_target
+
+    folder = ws["root"] / "t-two"
+    shutil.rmtree(folder, ignore_errors=True)
+    return prepare_args(ws, save_tiny_target(folder, num_layers=2))
+
+
+def c_zero_layers_info(ws):
+    folder = odd_target(ws, "t-zero")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 0}))
+    return ["info", "--model", folder], None
+
+
+def c_truncated_target(ws):
+    folder = odd_target(ws, "t-trunc")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return prepare_args(ws, folder)
+
+
+def c_target_missing_weight(ws):
+    from safetensors.torch import load_file, save_file
+
+    folder = odd_target(ws, "t-missing")
+    tensors = load_file(str(folder / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return prepare_args(ws, folder)
+
+
+def c_target_no_tokenizer(ws):
+    return ["info", "--model", odd_target(ws, "t-notok", keep_tokenizer=False)], None
+
+
+@dataclass
+class Case:
+    name: str          # the bad input, as the docs table names it
+    build: Callable    # ws -> (argv list, folder or file that must stay intact or None)
+    phrase: str        # a key phrase the one-line message must contain
+
+
+MATRIX = [
+    Case("store shard of a float16 capture", c_shard_float16, 'shard-00001.safetensors: dtype "float16"'),
+    Case("store shard of a float16 capture (older shard metadata)", c_shard_float16_old_metadata,
+         "shard-00001.safetensors: tensor 'aux' is F16"),
+    Case("store shard of another aux-layer capture", c_shard_other_layers, "shard-00001.safetensors: layer_ids"),
+    Case("manifest lists only some shards (train)", c_manifest_drops_shard, "lists only some of its shards"),
+    Case("manifest lists only some shards, totals fixed (verify)", c_manifest_drops_shard_verify,
+         "does not list shard-00"),
+    Case('manifest "target": null (verify)', c_manifest_target_null, "field 'target'"),
+    Case('manifest "target": null (train)', c_manifest_target_null_train, "field 'target'"),
+    Case("manifest layer_ids a string", c_manifest_layer_ids_string, "field 'layer_ids'"),
+    Case("manifest hidden_size a string", c_manifest_hidden_size_string, "field 'hidden_size'"),
+    Case("manifest shard num_tokens a string", c_manifest_shard_tokens_string, "num_tokens"),
+    Case("index.json entry ../drafter/x", c_index_dotdot, "points outside the checkpoint folder"),
+    Case("index.json entry an absolute path", c_index_absolute, "points outside the checkpoint folder"),
+    Case("NaN drafter weight (eval)", c_nan_eval, "tensor 'fc.weight' holds NaN/inf"),
+    Case("NaN drafter weight (export)", c_nan_export, "tensor 'fc.weight' holds NaN/inf"),
+    Case("NaN drafter weight (generate)", c_nan_generate, "tensor 'fc.weight' holds NaN/inf"),
+    Case("float d2t in a vocab file", c_float_d2t_vocab, "d2t is float32 but must be an integer tensor"),
+    Case("float d2t in a drafter", c_float_d2t_drafter, "d2t is float32 but must be an integer tensor"),
+    Case("train --resume with a store of other aux layers", c_resume_other_store, "aux layers: checkpoint"),
+    Case("BERT target (prepare)", c_bert_prepare, "bidirectional encoder"),
+    Case("BERT target (info)", c_bert_info, "bidirectional encoder"),
+    Case("encoder-decoder target (info)", c_encoder_decoder_info, "encoder-decoder"),
+    Case("2-layer target (prepare)", c_two_layers_prepare, "num_hidden_layers 2"),
+    Case("0-layer target (info)", c_zero_layers_info, "num_hidden_layers 0"),
+    Case("truncated target safetensors", c_truncated_target, "truncated or corrupt"),
+    Case("target checkpoint missing a weight", c_target_missing_weight, "lacks 1 weight"),
+    Case("target without tokenizer files", c_target_no_tokenizer, "no tokenizer files"),
+]
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=[c.name for c in MATRIX])
+def test_refused_with_one_line(lws, monkeypatch, capsys, case):
+    check_refusal(lws, monkeypatch, capsys, case.build, case.phrase)
+
+
+# ----------------------------------------------------------------------------- what still works
+
+def test_fingerprint_same_across_loads_and_dtypes(ws):
+    """Two loads of one folder name the same target, whatever the dtype (an fp16 load used to round
+    the probe tensors differently) and whether the weights load here or only the config does."""
+    from specdraft.targets import describe_target, load_target
+
+    first = load_target(ws["target"]).identity
+    assert load_target(ws["target"]).identity == first
+    assert load_target(ws["target"], dtype="float16").identity == first
+    assert load_target(ws["target"], dtype="bfloat16").identity == first
+    assert describe_target(ws["target"]).identity == first
+
+
+def test_resume_with_the_runs_own_store_records_it(lws):
+    """A checkpoint records the data it trained on; resuming with that store still passes the checks."""
+    from specdraft.train.checkpoint import latest_checkpoint
+    from specdraft.train.loop import INPUTS_FILE
+
+    saved = json.loads((latest_checkpoint(lws["root"] / "run") / INPUTS_FILE).read_text())
+    assert saved["layer_ids"] == [2, 4, 5] and saved["store"] == str(lws["root"] / "hidden")
+    assert saved["target"]["fingerprint"] and saved["num_samples"] == 10
+
+
+def test_good_index_and_eight_layer_target_still_load(ws, tmp_path):
+    """A sharded checkpoint with plain file names imports; the tiny 8-layer target passes `info`."""
+    from specdraft.formats import import_checkpoint, load_checkpoint
+    from specdraft.targets import info
+
+    folder = index_drafter(ws, "d-good-index", "part-1.safetensors")
+    shutil.copyfile(ws["root"] / "drafter" / "model.safetensors", folder / "part-1.safetensors")
+    import_checkpoint(folder, tmp_path / "imported")
+    assert load_checkpoint(tmp_path / "imported")[1].aux_layer_ids == [2, 4, 5]
+    assert info(ws["target"])["default_aux_layers"] == [2, 4, 5]
