@@ -205,9 +205,12 @@ def bad_inputs(tmp_path, tiny_target):
 
 def test_bad_input_is_one_line_exit_2(tiny_target, tmp_path):
     cases = bad_inputs(tmp_path, tiny_target)
-    # All at once: most of each run is interpreter start-up, which overlaps well.
-    runs = [subprocess.Popen([sys.executable, "-m", "specdraft.cli", "prepare", *map(str, args)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _, args, _ in cases]
+    # All at once: most of each run is interpreter start-up, which overlaps well. Each into its own
+    # --out (the last --out wins): one folder takes one writer at a time.
+    runs = [subprocess.Popen([sys.executable, "-m", "specdraft.cli", "prepare", *map(str, args),
+                              "--out", str(tmp_path / f"out-{i}")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i, (_, args, _) in enumerate(cases)]
     for (name, _, expected), proc in zip(cases, runs):
         _, stderr = proc.communicate(timeout=300)
         err = stderr.strip()

@@ -73,12 +73,15 @@ def prepare(
     from specdraft.data.prepare import prepare as run_prepare
     from specdraft.data.vllm_engine import engine_options
 
+    from specdraft.io import own_folder
+
     opts = engine_options(engine, tensor_parallel_size, engine_args, endpoint)
-    summary = run_prepare(model=model, source=data, out=out, regenerate=regenerate, temperature=temperature,
-                          max_new_tokens=max_new_tokens, max_length=max_length,
-                          min_assistant_tokens=min_assistant_tokens, dedup=dedup, limit=limit,
-                          batch_size=batch_size, split=split, seed=seed, trust_remote_code=trust_remote_code,
-                          engine=opts)
+    with own_folder(out, "prepare"):
+        summary = run_prepare(model=model, source=data, out=out, regenerate=regenerate, temperature=temperature,
+                              max_new_tokens=max_new_tokens, max_length=max_length,
+                              min_assistant_tokens=min_assistant_tokens, dedup=dedup, limit=limit,
+                              batch_size=batch_size, split=split, seed=seed, trust_remote_code=trust_remote_code,
+                              engine=opts)
     counts = summary["counts"]
     dropped = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in counts["dropped"].items() if n)
     console.print(f"[green]prepared[/] {counts['samples']} samples, {counts['tokens']} tokens "
@@ -113,10 +116,13 @@ def capture(
         return
     if data is None:
         raise SpecdraftError("capture: --data WS/data is required (or pass --verify)")
-    manifest = cap.capture(model=model, data=data, out=out, layers=parse_layers(layers), dtype=dtype,
-                           batch_tokens=batch_tokens, shard_tokens=shard_tokens, resume=resume,
-                           trust_remote_code=trust_remote_code, compute_dtype=compute_dtype,
-                           engine=engine_options(engine, tensor_parallel_size, engine_args))
+    from specdraft.io import own_folder
+
+    with own_folder(out, "capture"):
+        manifest = cap.capture(model=model, data=data, out=out, layers=parse_layers(layers), dtype=dtype,
+                               batch_tokens=batch_tokens, shard_tokens=shard_tokens, resume=resume,
+                               trust_remote_code=trust_remote_code, compute_dtype=compute_dtype,
+                               engine=engine_options(engine, tensor_parallel_size, engine_args))
     console.print(f"[green]captured[/] {manifest['num_samples']} samples, {manifest['num_tokens']} tokens "
                   f"in {len(manifest['shards'])} shards -> {out}")
 
@@ -204,8 +210,10 @@ def export_cmd(
 ):
     """Write the drafter in the layout a serving engine loads (see docs/serving.md)."""
     from specdraft.formats import export
+    from specdraft.io import own_folder
 
-    summary = export(run_or_ckpt, out, fmt, speculative_tokens=speculative_tokens)
+    with own_folder(out, "export"):
+        summary = export(run_or_ckpt, out, fmt, speculative_tokens=speculative_tokens)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -220,8 +228,10 @@ def import_cmd(
 ):
     """Read a drafter in any supported layout and write it in ours."""
     from specdraft.formats import import_checkpoint
+    from specdraft.io import own_folder
 
-    summary = import_checkpoint(src, out)
+    with own_folder(out, "import"):
+        summary = import_checkpoint(src, out)
     if as_json:
         print(json.dumps(summary, indent=2))
         return

@@ -88,3 +88,59 @@ def ensure_writable_dir(path: str | os.PathLike) -> Path:
     if not os.access(path, os.W_OK):
         raise SpecdraftError(f"{path}: output folder is not writable; choose another --out")
     return path
+
+
+LOCK_NAME = ".specdraft.lock"   # inside an output folder while a command writes it; removed when it ends
+
+
+@contextlib.contextmanager
+def own_folder(path: str | os.PathLike, command: str) -> Iterator[Path]:
+    """Create output folder `path` and hold an exclusive lock on it while the block runs.
+
+    Two commands writing one folder would mix their files (a store of two captures, two runs'
+    metrics), so a second writer fails at once with one line naming the holder. The lock is an
+    fcntl.flock on PATH/.specdraft.lock: the kernel drops it when the holder dies, so a killed
+    run never leaves the folder locked, only a stale file that the next holder reuses."""
+    import fcntl
+
+    path = Path(path)
+    created = not path.exists()
+    ensure_writable_dir(path)
+    lock = path / LOCK_NAME
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise SpecdraftError(f"{path}: cannot create its lock file {LOCK_NAME} ({e.strerror}); "
+                                 "choose another --out") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").split()
+            os.close(fd)
+            who = f"pid {holder[0]}, {' '.join(holder[1:])}" if holder else "pid unknown"
+            raise SpecdraftError(f"{path}: in use by another specdraft process ({who}); wait for it to "
+                                 "finish or choose another --out") from None
+        if _same_file(fd, lock):
+            break
+        os.close(fd)   # the previous holder removed the file between our open and our lock: retry
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {command}\n".encode())
+        yield path
+    finally:
+        if _same_file(fd, lock):
+            with contextlib.suppress(OSError):
+                lock.unlink()
+        os.close(fd)
+        if created:   # a command refused before writing leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether `path` still names the file open as `fd` (a finished holder unlinks its lock file)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False

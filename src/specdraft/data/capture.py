@@ -288,7 +288,7 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     """
     from specdraft.data.prepared import check_prepared_for, load_prepared
     from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
-    from specdraft.io import ensure_writable_dir
+    from specdraft.io import LOCK_NAME, ensure_writable_dir
     from specdraft.targets import DTYPES, check_aux_layers, default_aux_layers, describe_target, load_target
 
     dtype = st.dtype_name(dtype)
@@ -301,7 +301,7 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise SpecdraftError(f"{out}: exists and is not a directory; pass a folder for --out")
-    if out.is_dir() and any(out.iterdir()) and not resume:
+    if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not resume:
         raise SpecdraftError(f"{out}: already holds files (a previous capture?); pass --resume to continue "
                              "it or choose another --out")
 
@@ -332,7 +332,7 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
         manifest = _resume_manifest(out, want)
         # The stored batch layout keeps resumed shards byte-identical to an uninterrupted run.
         batch_tokens = int(manifest.get("batch_tokens", batch_tokens))
-    elif resume and any(p for p in out.iterdir() if not p.name.endswith(".tmp")):
+    elif resume and any(p for p in out.iterdir() if not p.name.endswith(".tmp") and p.name != LOCK_NAME):
         raise SpecdraftError(f"{out}: has files but no {st.MANIFEST}, so there is nothing to resume; "
                              "choose another --out or empty it")
     else:

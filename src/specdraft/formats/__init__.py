@@ -21,7 +21,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.formats import sglang, speculators
 from specdraft.formats.eagle import WEIGHT_FILES, read_weights, weights_file
 from specdraft.formats.validate import validate
-from specdraft.io import fsync_dir, read_json
+from specdraft.io import LOCK_NAME, fsync_dir, read_json
 from specdraft.model.config import DrafterConfig
 from specdraft.vocab import integer_d2t, t2d_from_d2t
 
@@ -64,7 +64,8 @@ def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> Non
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise SpecdraftError(f"{folder}: exists and is not a folder; choose another --out")
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / "config.json").exists():
+    if (folder.is_dir() and any(p.name != LOCK_NAME for p in folder.iterdir())
+            and not (folder / "config.json").exists()):
         raise SpecdraftError(f"{folder}: not empty and not a checkpoint; refusing to replace it, "
                              "choose an empty or new --out")
     folder.parent.mkdir(parents=True, exist_ok=True)
