@@ -352,6 +352,7 @@ def train(
     from_pretrained: Optional[str] = typer.Option(None, "--from-pretrained", help="Start from this drafter folder."),
     remap: bool = typer.Option(True, "--remap/--no-remap", help="Remap a --from-pretrained lm_head to --vocab when the mappings differ (else refuse)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the latest checkpoint in --out exactly."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="--out already holds a run: delete its files (metrics, checkpoints, best/, journal) and start over."),
     norm_before_residual: bool = typer.Option(False, "--norm-before-residual/--no-norm-before-residual"),
     ttt_steps: int = typer.Option(3, help="Unrolled draft steps per position (1..7)."),
     step_decay: float = typer.Option(1.0, help="Loss weight of TTT step k is step_decay**k."),

@@ -83,11 +83,17 @@ def run_recipe(model: str, workspace: str | Path, profile: str | Profile = "quic
                engine: str = "auto") -> dict:
     """Run every stage for `model` into `workspace`; returns the bench summary. `profile` is a name
     in PROFILES or a Profile (tests use a tiny one). `engine` runs regeneration and capture
-    (auto: vLLM on CUDA when installed, transformers otherwise)."""
+    (auto: vLLM on CUDA when installed, transformers otherwise). The workspace is held for the
+    whole recipe (io.own_folder): a second recipe into it fails at once instead of mixing stages."""
+    from specdraft.io import own_folder
+
     prof = profile if isinstance(profile, Profile) else profile_by_name(profile)
-    profile = profile if isinstance(profile, str) else "custom"
-    ws = Path(workspace)
-    ws.mkdir(parents=True, exist_ok=True)
+    with own_folder(workspace, "recipe"):
+        return _run_stages(model, Path(workspace), prof, profile if isinstance(profile, str) else "custom",
+                           data, engine)
+
+
+def _run_stages(model: str, ws: Path, prof: Profile, profile: str, data: str, engine: str) -> dict:
     console = Console(stderr=True)
     log = ws / "recipe.log"
     run = ws / "runs" / profile
@@ -109,14 +115,14 @@ def run_recipe(model: str, workspace: str | Path, profile: str | Profile = "quic
         run_stage(console, ["vocab", "build", "--data", str(ws / "data"), "--size", str(prof.draft_vocab),
                             "--out", str(ws / "vocab.safetensors")], log)
     if not (run / "checkpoints" / f"epoch-{prof.epochs}").exists():
-        resume = ["--resume"] if (run / "checkpoints").exists() else []
+        continue_run = _continue_run(run)
         run_stage(console, ["train", "--model", model, "--store", str(ws / "hidden"),
                             "--vocab", str(ws / "vocab.safetensors"), "--out", str(run),
                             "--epochs", str(prof.epochs), "--lr", str(prof.lr),
                             "--ttt-steps", str(prof.ttt_steps), "--max-tokens", str(prof.max_tokens),
                             "--rows-per-batch", str(prof.rows_per_batch),
                             "--warmup-steps", str(prof.warmup_steps),
-                            *(["--train-on-prompts"] if prof.train_on_prompts else []), *resume], log)
+                            *(["--train-on-prompts"] if prof.train_on_prompts else []), *continue_run], log)
     drafter = run / "best"
     run_stage(console, ["eval", "--model", model, "--drafter", str(drafter), "--data", str(ws / "hidden"),
                         "--json", str(run / "eval.json")], log)
@@ -155,6 +161,17 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
                       "yes" if summary["identical_to_greedy"][name] else "NO")
     Console().print(table)
     console.print(f"total {summary['seconds'] / 60:.1f} min · report: [bold]{report}[/]", highlight=False)
+
+
+def _continue_run(run: Path) -> list[str]:
+    """How the train stage continues an interrupted run: --resume from its last checkpoint, or
+    --overwrite when it was stopped before writing one (train refuses a started run without either)."""
+    checkpoints = (run / "checkpoints").glob("*-*/trainer_state.pt")
+    if any((c.parent / "progress.json").is_file() for c in checkpoints):
+        return ["--resume"]
+    if any((run / name).exists() for name in ("metrics.jsonl", "config.yaml", "checkpoints", "best")):
+        return ["--overwrite"]
+    return []
 
 
 def _store_complete(path: Path) -> bool:

@@ -21,6 +21,7 @@ class RunConfig:
     from_pretrained: str | None = None       # start from this drafter folder instead of from scratch
     remap: bool = True                       # remap a from_pretrained lm_head to the run's vocab (else refuse)
     resume: bool = False                     # continue the latest checkpoint in `out` exactly
+    overwrite: bool = False                  # wipe the run already in `out` and start over (never saved as true)
     # drafter
     norm_before_residual: bool = False
     # objective
@@ -86,6 +87,8 @@ class RunConfig:
             raise SpecdraftError("--stop-if-behind: needs --baseline RUN (the run to compare with)")
         if self.log_every < 1:
             raise SpecdraftError(f"--log-every {self.log_every}: must be at least 1")
+        if self.resume and self.overwrite:
+            raise SpecdraftError("--resume and --overwrite: pick one (continue the run in --out, or wipe it and start over)")
         return self
 
     def watch_config(self):

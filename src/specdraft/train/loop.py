@@ -8,8 +8,10 @@ Reads top to bottom in `train()`. What distributed or online training swaps in i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,15 +306,70 @@ def evaluate(model: torch.nn.Module, batches: Batches, runtime: Runtime, bf16: b
     return finalize_metrics(runtime.reduce_sums(sums)) if sums is not None else {}
 
 
+# what `train` writes in RUN: --overwrite deletes these; the first four mean "RUN already holds a run"
+RUN_FILES = ("metrics.jsonl", "config.yaml", "checkpoints", "best", "remap.json", "journal.md", "tensorboard")
+
+
 def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None = None,
           target=None) -> dict:
     """Run (or resume) training as configured; returns a summary (steps, tokens, last val metrics)."""
+    cfg.check()
+    runtime = runtime or Runtime()
+    with own_run_folder(cfg, runtime):
+        return _train(cfg, runtime, data, target)
+
+
+@contextlib.contextmanager
+def own_run_folder(cfg: RunConfig, runtime: Runtime):
+    """Rank 0 locks RUN for the whole run (a second train into it fails at once) and refuses a
+    folder that already holds a run unless --resume or --overwrite. Collective: every rank learns
+    the outcome, so no rank waits in a collective for a rank 0 that gave up."""
+    from specdraft.io import own_folder
+
+    with contextlib.ExitStack() as held:
+        error = None
+        if runtime.is_main:
+            try:
+                held.enter_context(own_folder(cfg.out, "train"))
+                check_run_folder(cfg)
+            except SpecdraftError as e:
+                error = e
+        if any_rank(runtime, error is not None):
+            raise error or SpecdraftError(f"{cfg.out}: refused by rank 0 (its message says why)")
+        yield
+
+
+def check_run_folder(cfg: RunConfig) -> None:
+    """Training into a finished or running run without --resume used to empty its metrics,
+    replace best/ and keep its later checkpoints: two runs mixed in one folder."""
+    run_dir = Path(cfg.out)
+    held = [name + ("/" if (run_dir / name).is_dir() else "") for name in RUN_FILES[:4] if (run_dir / name).exists()]
+    if held and not (cfg.resume or cfg.overwrite):
+        raise SpecdraftError(f"{run_dir}: already holds a run ({', '.join(held)}); pass --resume to continue it, "
+                             "--overwrite to start over, or choose another --out")
+
+
+def wipe_run(run_dir: Path, log) -> None:
+    """--overwrite: delete what an earlier train wrote in RUN, so the folder holds one run only."""
+    removed = []
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    if removed:
+        log(f"--overwrite: deleted the previous run's {', '.join(removed)}")
+
+
+def _train(cfg: RunConfig, runtime: Runtime, data: TrainData | None, target) -> dict:
     from rich.console import Console
 
     from specdraft import vocab as vocab_mod
 
-    cfg.check()
-    runtime = runtime or Runtime()
     if cfg.attention == "flex" and runtime.device.type != "cuda":
         raise SpecdraftError("--attention flex: needs a CUDA device (flex attention compiles for GPUs); "
                              "use --attention sdpa on CPU")
@@ -370,10 +427,12 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
         scheduler.load_state_dict(saved["scheduler"])
         ckpt.set_rng_state(saved["rng"])
         state.update({k: saved[k] for k in ("epoch", "batch", "step", "tokens_seen", "best_val", "window")})
+    if runtime.is_main and cfg.overwrite:   # every input check passed: only now delete the old run
+        wipe_run(run_dir, log)
     metrics_log = MetricsLog(run_dir, runtime.is_main, cfg.tensorboard, console)
     if runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_yaml(cfg, run_dir / "config.yaml")
+        save_yaml(cfg.replace(overwrite=False), run_dir / "config.yaml")   # a --resume of it must not wipe
         if remap_report is not None:
             from specdraft.io import write_json
             write_json(run_dir / "remap.json", remap_report)
