@@ -209,12 +209,38 @@ def resolve_checkpoint(path: str | Path) -> Path:
                          f"{path}/checkpoints/epoch-N/)")
 
 
+EXPORT_FILES = ("config.json", "model.safetensors")   # everything export and import write
+
+
+def check_replaceable(out: Path, command: str) -> None:
+    """export and import swap in a whole new --out folder, deleting what it held: allow that over a
+    previous export only. A training checkpoint (its trainer_state.pt), a run, a store or anything
+    else is refused with one line saying what the folder holds."""
+    if not out.is_dir():
+        return
+    names = sorted(p.name for p in out.iterdir() if p.name not in (*EXPORT_FILES, LOCK_NAME))
+    if not names:
+        return
+    if {"trainer_state.pt", "progress.json"} & set(names):
+        what = "a training checkpoint"
+    elif {"metrics.jsonl", "config.yaml", "checkpoints", "best"} & set(names):
+        what = "a training run"
+    elif "manifest.json" in names:
+        what = "a hidden-state store"
+    else:
+        what = "files that are not an export"
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    raise SpecdraftError(f"{out}: holds {what} ({shown}); {command} replaces --out whole and would delete "
+                         "it; choose an empty or new --out")
+
+
 def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: int = 3) -> dict:
     """Re-write a checkpoint (or a run's best/newest one) in a serving engine's layout."""
     ckpt = resolve_checkpoint(src)
     out = Path(out)
     if out.resolve() == ckpt.resolve():
         raise SpecdraftError(f"--out {out}: is the source checkpoint; choose another folder")
+    check_replaceable(out, "export")
     tensors, cfg, src_layout = load_checkpoint(ckpt)
     save_checkpoint(out, tensors, cfg, layout=layout, speculative_tokens=speculative_tokens)
     return {"source": str(ckpt), "source_layout": src_layout, "layout": layout, "out": str(out),
@@ -226,6 +252,7 @@ def import_checkpoint(src: str | Path, out: str | Path) -> dict:
     src, out = Path(src), Path(out)
     if out.exists() and out.resolve() == src.resolve():
         raise SpecdraftError(f"--out {out}: is the source checkpoint; choose another folder")
+    check_replaceable(out, "import")
     tensors, cfg, layout = load_checkpoint(src)
     save_checkpoint(out, tensors, cfg, layout="speculators")
     return {"source": str(src), "source_layout": layout, "out": str(out), "tensors": len(tensors),
