@@ -23,10 +23,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are shared like any file
     tmp = Path(tmp)
     try:
         yield tmp
+        # mkstemp makes 0600, and so does a writer that replaces the file (safetensors' save_file):
+        # outputs are shared like any file, so a serving container running as another user reads them
+        os.chmod(tmp, with_umask(0o666))
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -36,10 +38,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp.unlink()
 
 
-def _umask() -> int:
+def with_umask(mode: int) -> int:
+    """`mode` as the umask leaves it (0o777 -> 0o755 under umask 022): what a plain mkdir or open
+    gives, for files and folders that mkstemp/mkdtemp create private (0600/0700)."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    return mode & ~mask
 
 
 def fsync_dir(path: Path) -> None:

@@ -49,8 +49,11 @@ def dequantize_gguf(gguf: Path, out: Path, hub_id: str | None = None) -> Path:
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specdraft.io import with_umask
+
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    os.chmod(tmp, with_umask(0o777))   # mkdtemp makes 0700; the converted target is read like any folder
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,

@@ -21,7 +21,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.formats import sglang, speculators
 from specdraft.formats.eagle import WEIGHT_FILES, read_weights, weights_file
 from specdraft.formats.validate import validate
-from specdraft.io import LOCK_NAME, fsync_dir, read_json
+from specdraft.io import LOCK_NAME, fsync_dir, read_json, with_umask
 from specdraft.model.config import DrafterConfig
 from specdraft.vocab import integer_d2t, t2d_from_d2t
 
@@ -70,11 +70,13 @@ def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> Non
                              "choose an empty or new --out")
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    os.chmod(tmp, with_umask(0o777))   # mkdtemp makes 0700: a serving engine running as another user reads it
     old = None
     try:
         write(tmp)
         for f in tmp.rglob("*"):
             if f.is_file():
+                os.chmod(f, with_umask(0o666))   # safetensors writes 0600: others could not read the export
                 with open(f, "rb+") as fh:
                     os.fsync(fh.fileno())
         fsync_dir(tmp)
