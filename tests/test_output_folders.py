@@ -1,0 +1,176 @@
+"""Output folders are owned: one writer at a time (a lock naming its pid), train never mixes two
+runs in one folder, export/import never replace a training checkpoint or a store, and outputs
+are readable by other users (normal umask)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bad_workspace import check_refusal, copy, run_cli, ws  # noqa: F401  (ws is a fixture)
+from specdraft.errors import SpecdraftError
+
+SMALL = ["--max-tokens", "64", "--precision", "fp32", "--no-progress"]
+
+
+def train_args(ws, out, *extra) -> list:
+    return ["train", "--store", ws["root"] / "hidden", "--vocab", ws["root"] / "vocab.safetensors",
+            "--model", ws["target"], "--out", out, *SMALL, *extra]
+
+
+@pytest.fixture(scope="module")
+def run(ws):
+    """A finished 2-epoch run (metrics.jsonl, config.yaml, best/, checkpoints/epoch-1 and -2)."""
+    from specdraft.train.config import RunConfig
+    from specdraft.train.loop import train
+
+    out = ws["root"] / "finished-run"
+    train(RunConfig(out=str(out), store=str(ws["root"] / "hidden"), vocab=str(ws["root"] / "vocab.safetensors"),
+                    model=ws["target"], epochs=2, max_tokens=64, val_fraction=0.2, precision="fp32",
+                    progress=False))
+    assert (out / "best").is_dir() and (out / "checkpoints" / "epoch-2").is_dir()
+    return out
+
+
+class Holder:
+    """Another specdraft process holding `folder` (io.own_folder) until the block ends."""
+
+    def __init__(self, folder: Path, command: str):
+        code = ("import sys; from specdraft.io import own_folder\n"
+                f"with own_folder({str(folder)!r}, {command!r}):\n"
+                "    print('held', flush=True); sys.stdin.read()\n")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")})
+
+    def __enter__(self) -> int:
+        assert self.proc.stdout.readline().strip() == "held"
+        return self.proc.pid
+
+    def __exit__(self, *exc):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+# ----------------------------------------------------------------------------- the lock
+
+def test_own_folder_is_exclusive_and_leaves_nothing_behind(tmp_path):
+    from specdraft.io import LOCK_NAME, own_folder
+
+    folder = tmp_path / "out"
+    with own_folder(folder, "capture"):
+        assert (folder / LOCK_NAME).read_text() == f"{os.getpid()} capture\n"
+        # flock locks belong to an open file: a second open in this very process conflicts too
+        with pytest.raises(SpecdraftError, match=rf"out: in use by another specdraft process \(pid {os.getpid()}, capture\)"):
+            with own_folder(folder, "train"):
+                pass
+    assert not folder.exists()       # created for nothing: removed again
+    folder.mkdir()
+    (folder / "kept.txt").write_text("x")
+    with own_folder(folder, "train"):
+        pass
+    assert sorted(p.name for p in folder.iterdir()) == ["kept.txt"]   # the lock file goes with the holder
+
+
+def test_second_capture_into_a_held_folder_is_refused(ws, monkeypatch, capsys):
+    folder = ws["root"] / "h-held"
+    folder.mkdir()
+    with Holder(folder, "capture") as pid:
+        line = check_refusal(ws, monkeypatch, capsys, lambda ws: (
+            ["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", folder,
+             "--layers", "2,4,5", "--dtype", "float32"], folder), f"in use by another specdraft process (pid {pid}, capture)")
+    assert "choose another --out" in line
+    assert list(folder.iterdir()) == []     # the holder's lock file left with it
+
+
+def test_second_train_into_a_held_run_is_refused(ws, monkeypatch, capsys):
+    folder = ws["root"] / "run-held"
+    folder.mkdir()
+    with Holder(folder, "train") as pid:
+        check_refusal(ws, monkeypatch, capsys, lambda ws: (train_args(ws, folder, "--epochs", "1"), folder),
+                      f"in use by another specdraft process (pid {pid}, train)")
+    assert list(folder.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- train: one run per folder
+
+def test_train_into_an_existing_run_without_resume_is_refused(ws, run, monkeypatch, capsys):
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (train_args(ws, run, "--epochs", "1"), run),
+                         "already holds a run")
+    assert "metrics.jsonl" in line and "checkpoints/" in line and "--resume" in line and "--overwrite" in line
+
+
+def test_resume_and_overwrite_together_are_refused(ws, run, monkeypatch, capsys):
+    check_refusal(ws, monkeypatch, capsys, lambda ws: (train_args(ws, run, "--resume", "--overwrite"), run),
+                  "--resume and --overwrite")
+
+
+def test_train_overwrite_starts_the_run_over(ws, run, monkeypatch, capsys):
+    import yaml
+
+    from specdraft.analysis.journal import read
+
+    out = copy(ws, run.name, "overwritten-run")
+    code, err, _ = run_cli(monkeypatch, capsys, train_args(ws, out, "--epochs", "1", "--val-fraction", "0",
+                                                           "--overwrite"))
+    assert code == 0, err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch-1"]   # no stale epoch-2
+    assert not (out / "best").exists()       # no validation in the new run: the old best/ is gone
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["epochs"] == 1 and saved["overwrite"] is False   # a later --resume must not wipe it
+    assert {rec.split('"split": ')[1][:7] for rec in (out / "metrics.jsonl").read_text().splitlines()} == {'"train"'}
+    assert [e.text.split(":")[0] for e in read(out) if e.kind == "decision"] == ["started from scratch"]
+
+
+def test_recipe_continues_a_started_run_with_the_right_flag(tmp_path):
+    from specdraft.recipes import _continue_run
+
+    run = tmp_path / "run"
+    assert _continue_run(run) == []
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    assert _continue_run(run) == ["--overwrite"]      # killed before its first checkpoint
+    ckpt = run / "checkpoints" / "step-4"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.pt").write_bytes(b"")
+    (ckpt / "progress.json").write_text("{}")
+    assert _continue_run(run) == ["--resume"]
+
+
+# ----------------------------------------------------------------------------- export / import
+
+def test_export_onto_a_training_checkpoint_is_refused(ws, run, monkeypatch, capsys):
+    epoch = run / "checkpoints" / "epoch-1"
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (["export", ws["root"] / "drafter", "--out", epoch], epoch),
+                         "holds a training checkpoint")
+    assert "trainer_state.pt" in line and "choose an empty or new --out" in line
+    assert (epoch / "trainer_state.pt").is_file() and (epoch / "progress.json").is_file()
+
+
+def test_export_onto_a_run_folder_is_refused(ws, run, monkeypatch, capsys):
+    check_refusal(ws, monkeypatch, capsys, lambda ws: (["export", ws["root"] / "drafter", "--out", run], run),
+                  "holds a training run")
+
+
+def test_import_onto_a_store_is_refused(ws, monkeypatch, capsys):
+    store = ws["root"] / "hidden"
+    check_refusal(ws, monkeypatch, capsys, lambda ws: (["import", ws["root"] / "drafter", "--out", store], store),
+                  "holds a hidden-state store")
+
+
+def test_export_replaces_an_earlier_export_readable_by_everyone(ws, monkeypatch, capsys):
+    out = ws["root"] / "export-shared"
+    old = os.umask(0o022)
+    try:
+        for _ in range(2):     # the second export replaces the first
+            code, err, _ = run_cli(monkeypatch, capsys, ["export", ws["root"] / "drafter", "--out", out])
+            assert code == 0, err
+    finally:
+        os.umask(old)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert out.stat().st_mode & 0o777 == 0o755
+    for f in out.iterdir():
+        assert f.stat().st_mode & 0o777 == 0o644, f
