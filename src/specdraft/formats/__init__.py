@@ -220,7 +220,8 @@ def check_replaceable(out: Path, command: str) -> None:
     else is refused with one line saying what the folder holds."""
     if not out.is_dir():
         return
-    names = sorted(p.name for p in out.iterdir() if p.name not in (*EXPORT_FILES, LOCK_NAME))
+    names = sorted((p.name for p in out.iterdir() if p.name not in (*EXPORT_FILES, LOCK_NAME)),
+                   key=lambda name: (name.startswith("."), name))   # hidden files (.journal.lock) last
     if not names:
         return
     if {"trainer_state.pt", "progress.json"} & set(names):
