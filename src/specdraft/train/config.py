@@ -4,6 +4,9 @@ as RUN/config.yaml) plus the recipe in train/loop.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +68,20 @@ class RunConfig:
     watch_min_points: int = 2                # ... and only after this many consecutive points behind
 
     def check(self) -> "RunConfig":
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SpecdraftError(f"{flag(f.name)} {value}: must be a finite number")
+        for name, low in RANGES.items():
+            value = getattr(self, name)
+            if value < low:
+                raise SpecdraftError(f"{flag(name)} {value}: must be >= {low}")
+        if not 0 <= self.val_fraction < 1:
+            raise SpecdraftError(f"--val-fraction {self.val_fraction}: must be in [0, 1)")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise SpecdraftError(f"--beta1 {self.beta1} --beta2 {self.beta2}: each must be in [0, 1)")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise SpecdraftError(f"--min-lr-ratio {self.min_lr_ratio}: must be in [0, 1]")
         if not 1 <= self.ttt_steps <= 7:
             raise SpecdraftError(f"--ttt-steps {self.ttt_steps}: must be 1..7")
         if self.loss not in ("kl", "ce"):
@@ -108,10 +125,49 @@ class RunConfig:
         if unknown:
             raise SpecdraftError(f"{where}: unknown setting(s) {', '.join(unknown)}; "
                                  f"known: {', '.join(sorted(known))}")
+        hints = typing.get_type_hints(cls)
+        d = {name: check_type(name, value, hints[name], where) for name, value in d.items()}
         return cls(**d)
 
     def replace(self, **overrides) -> "RunConfig":
         return dataclasses.replace(self, **overrides)
+
+
+# Lower bounds of the numeric settings (ranges with two ends are checked in RunConfig.check).
+RANGES = {"max_tokens": 1, "rows_per_batch": 1, "warmup_steps": 0, "weight_decay": 0, "grad_clip": 0,
+          "step_decay": 0, "aux_noise": 0, "val_every": 0, "save_every": 0, "keep_step_checkpoints": 0,
+          "stop_after": 0, "watch_margin": 0, "watch_warmup_tokens": 0}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_type(name: str, value, expected, where: str):
+    """A YAML value must have the setting's type: `epochs: three` or `progress: 'no'` (a string,
+    which Python would treat as true) are refused by name instead of failing later or silently.
+    Returns the value; `lr: 1e-4`, which PyYAML reads as a string, becomes the float it means."""
+    allowed = typing.get_args(expected) or (expected,)      # `str | None` -> (str, NoneType)
+    if value is None and type(None) in allowed:
+        return value
+    if float in allowed and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if bool in allowed:
+        ok, words = isinstance(value, bool), "true or false"
+    elif int in allowed:
+        ok, words = isinstance(value, int) and not isinstance(value, bool), "a whole number"
+    elif float in allowed:
+        ok, words = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    else:
+        ok, words = isinstance(value, str), "a string"
+    if not ok:
+        default = RunConfig.__dataclass_fields__[name].default
+        example = f", e.g. {name}: {json.dumps(default)}" if default is not None else ""
+        raise SpecdraftError(f"{where}: {name} is {value!r} ({type(value).__name__}); expected {words}{example}")
+    return value
 
 
 def load_yaml(path: str | Path) -> dict:
