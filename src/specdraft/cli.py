@@ -212,6 +212,9 @@ def export_cmd(
     from specdraft.formats import export
     from specdraft.io import own_folder
 
+    if speculative_tokens < 1:
+        raise SpecdraftError(f"--speculative-tokens {speculative_tokens}: must be >= 1 (vLLM's "
+                             "num_speculative_tokens; 3-5 is usual)")
     with own_folder(out, "export"):
         summary = export(run_or_ckpt, out, fmt, speculative_tokens=speculative_tokens)
     if as_json:
@@ -457,6 +460,8 @@ def generate(
         raise SpecdraftError(f"--method {method}: unknown; choose greedy, ngram or eagle3")
     if k < 1:
         raise SpecdraftError(f"--k {k}: must be >= 1")
+    if max_new_tokens < 1:
+        raise SpecdraftError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
     if dtype not in DTYPES:
         raise SpecdraftError(f"--dtype {dtype}: choose float32, bfloat16 or float16")
     shape = TreeShape.parse(tree) if tree else None
@@ -528,7 +533,7 @@ def bench(
     if bad or not names:
         raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(B.METHODS)}")
     if k < 1 or max_new_tokens < 1:
-        raise SpecdraftError("--k and --max-new-tokens must be >= 1")
+        raise SpecdraftError(f"--k {k} --max-new-tokens {max_new_tokens}: each must be >= 1")
     if dtype not in DTYPES:
         raise SpecdraftError(f"--dtype {dtype}: choose float32, bfloat16 or float16")
     shape = TreeShape.parse(tree or B.DEFAULT_TREE)
@@ -593,15 +598,27 @@ def eval_cmd(
 
 
 def main() -> None:
-    """Entry point: bad input becomes one line on stderr and exit code 2, never a traceback."""
+    """Entry point: bad input becomes one line on stderr and exit code 2, never a traceback.
+
+    OS errors that no writer turned into a message (a full disk, a path that is a folder, no
+    permission) are bad input too: one line naming the path. SPECDRAFT_DEBUG=1 shows the traceback."""
+    import os
+
+    from specdraft.io import os_error_line
+
     try:
         app()
-    except SpecdraftError as e:
-        console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
-        sys.exit(2)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         sys.exit(130)
+    except Exception as e:
+        line = str(e) if isinstance(e, SpecdraftError) else os_error_line(getattr(e, "filename", None), e)
+        if line is None:
+            raise   # a bug, not bad input: the traceback is what helps
+        if os.environ.get("SPECDRAFT_DEBUG") == "1":
+            console.print_exception()
+        console.print(f"[red]error:[/] {line}", highlight=False, soft_wrap=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -20,8 +22,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     A reader never sees a half-written file: either the old file or the new one.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise SpecdraftError(f"{path}: is a directory; pass the path of a file to write, not a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise SpecdraftError(os_error_line(path, e)) from None
     os.close(fd)
     tmp = Path(tmp)
     try:
@@ -33,9 +40,43 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
+    except Exception as e:
+        line = os_error_line(path, e)
+        if line is None:
+            raise
+        raise SpecdraftError(line) from e
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+# What to do about the OS errors a writer meets; anything else gets the OS's own words.
+OS_ERROR_FIXES = {
+    errno.ENOSPC: "free disk space or choose another --out; files written before are intact",
+    errno.EDQUOT: "free space under your disk quota or choose another --out; files written before are intact",
+    errno.EACCES: "this user may not write there; choose another --out or fix its permissions",
+    errno.EPERM: "this user may not write there; choose another --out or fix its permissions",
+    errno.EROFS: "the file system is read-only; choose another --out",
+    errno.EISDIR: "a folder is in the way; pass a file path",
+    errno.ENOTDIR: "a file is in the way; pass a folder path",
+    errno.EFBIG: "the file is larger than this system allows (ulimit -f?); split the work or raise the limit",
+}
+
+
+def os_error_line(path: str | os.PathLike | None, e: BaseException) -> str | None:
+    """The one-line message for an OS error met while writing `path`, or None if `e` is not one.
+
+    safetensors reports I/O errors as SafetensorError("... (os error 28)"), so the errno is also
+    read from the message of an error that is not an OSError."""
+    code = e.errno if isinstance(e, OSError) else None
+    if code is None and not isinstance(e, SpecdraftError):
+        match = re.search(r"os error (\d+)", str(e))
+        code = int(match.group(1)) if match else None
+    if code is None:
+        return None
+    name = errno.errorcode.get(code, str(code))
+    fix = OS_ERROR_FIXES.get(code, "check the path and try again")
+    return f"{path or 'output'}: {os.strerror(code).lower()} ({name}); {fix}"
 
 
 def with_umask(mode: int) -> int:
@@ -60,16 +101,21 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def read_json(path: str | os.PathLike, what: str = "file") -> Any:
+def read_json(path: str | os.PathLike, what: str = "file") -> dict:
+    """A JSON file that must hold one object (every JSON file specdraft reads does)."""
     path = Path(path)
     if not path.exists():
         raise SpecdraftError(f"{path}: {what} not found")
     if path.is_dir():
         raise SpecdraftError(f"{path}: is a directory, expected a JSON {what}")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SpecdraftError(f"{path}: not valid JSON ({e}); re-create the {what}") from None
+    if not isinstance(data, dict):
+        raise SpecdraftError(f"{path}: expected a JSON object {{...}}, got {type(data).__name__}; "
+                             f"re-create the {what}")
+    return data
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -132,6 +178,11 @@ def own_folder(path: str | os.PathLike, command: str) -> Iterator[Path]:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {command}\n".encode())
         yield path
+    except Exception as e:   # a full disk (or the like) met by any writer of this folder: name it
+        line = os_error_line(getattr(e, "filename", None) or path, e)
+        if line is None:
+            raise
+        raise SpecdraftError(line) from e
     finally:
         if _same_file(fd, lock):
             with contextlib.suppress(OSError):

@@ -21,7 +21,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.formats import sglang, speculators
 from specdraft.formats.eagle import WEIGHT_FILES, read_weights, weights_file
 from specdraft.formats.validate import validate
-from specdraft.io import LOCK_NAME, fsync_dir, read_json, with_umask
+from specdraft.io import LOCK_NAME, fsync_dir, os_error_line, read_json, with_umask
 from specdraft.model.config import DrafterConfig
 from specdraft.vocab import integer_d2t, t2d_from_d2t
 
@@ -85,10 +85,14 @@ def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> Non
             os.replace(folder, old / folder.name)
         os.replace(tmp, folder)
         fsync_dir(folder.parent)
-    except BaseException:
+    except BaseException as e:
         if old is not None and not folder.exists():
             os.replace(old / folder.name, folder)  # put the previous checkpoint back
-        raise
+        cause = e.__cause__ if isinstance(e, SpecdraftError) else e   # atomic_path names its temp file
+        line = os_error_line(folder, cause) if isinstance(cause, Exception) else None
+        if line is None:
+            raise
+        raise SpecdraftError(line) from cause
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:

@@ -1,0 +1,187 @@
+"""A full disk in every writer: one line naming the path (exit 2), no traceback, and what was
+written before is intact.
+
+The disk fills up by injection: every fsync of a file under the armed folder fails with ENOSPC,
+which is where a full disk reports itself for files written through the page cache (every
+writer fsyncs before it renames a file into place). safetensors reports I/O errors in its own
+exception type; `test_safetensors_write_error_is_one_line` makes a real one with a file-size limit.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from bad_workspace import LAYERS, check_refusal, copy, ws  # noqa: F401  (ws is a fixture)
+
+PHRASE = "no space left on device (ENOSPC)"
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """full_disk(folder): from now on, fsync of any file under `folder` fails with ENOSPC."""
+    real_fsync = os.fsync
+
+    def arm(folder: Path) -> None:
+        root = str(Path(folder).resolve())
+
+        def fsync(fd: int) -> None:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(root):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+
+    return arm
+
+
+def fresh(ws, name: str) -> Path:
+    path = ws["root"] / name
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def exported(ws) -> Path:
+    from specdraft.formats import export
+
+    out = ws["root"] / "export-ok"
+    if not out.exists():
+        export(ws["root"] / "drafter", out, "speculators")
+    return out
+
+
+def c_prepare(ws):
+    out = fresh(ws, "data-full")
+    return ["prepare", "--model", ws["target"], "--data", ws["root"] / "good.jsonl", "--out", out], None, out
+
+
+def c_capture(ws):
+    out = fresh(ws, "h-full")
+    return (["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", out, "--layers", LAYERS,
+             "--dtype", "float32"], ws["root"] / "data", out)
+
+
+def c_vocab_build(ws):
+    out = ws["root"] / "vocab-full" / "vocab.safetensors"
+    out.parent.mkdir(exist_ok=True)
+    shutil.copy(ws["root"] / "vocab.safetensors", out)
+    return ["vocab", "build", "--data", ws["root"] / "data", "--size", "16", "--out", out], out.parent, out.parent
+
+
+def c_train(ws):
+    out = fresh(ws, "run-full")
+    return (["train", "--model", ws["target"], "--store", ws["root"] / "hidden", "--vocab",
+             ws["root"] / "vocab.safetensors", "--out", out, "--no-progress", "--epochs", "1", "--max-tokens", "64",
+             "--val-fraction", "0", "--precision", "fp32"], ws["root"] / "hidden", out)
+
+
+def c_export_over_export(ws):
+    out = exported(ws)
+    return ["export", ws["root"] / "drafter", "--out", out, "--format", "sglang"], out, out.parent
+
+
+def c_import(ws):
+    out = fresh(ws, "import-full")
+    return ["import", exported(ws), "--out", out], exported(ws), out.parent   # written beside, swapped in
+
+
+def c_bench_json(ws):
+    out = ws["root"] / "bench-full" / "bench.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text('{"old": true}\n')
+    return (["bench", "--model", ws["target"], "--prompts", ws["root"] / "good.jsonl", "--methods", "greedy",
+             "--max-new-tokens", "2", "--limit", "1", "--json", out], out.parent, out.parent)
+
+
+def c_eval_json(ws):
+    out = ws["root"] / "eval-full" / "eval.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text('{"old": true}\n')
+    return (["eval", "--drafter", ws["root"] / "drafter", "--data", ws["root"] / "hidden", "--model", ws["target"],
+             "--split", "all", "--json", out], out.parent, out.parent)
+
+
+def small_run(ws) -> Path:
+    """A run folder with two valid metrics lines and a journal (enough for compare and journal)."""
+    import json
+
+    run = ws["root"] / "run-small"
+    run.mkdir(exist_ok=True)
+    lines = [{"split": "val", "epoch": e, "step": 10 * (e + 1), "tokens_seen": 640 * (e + 1), "lr": 1e-4,
+              "metrics": {"loss_0": 2.0 - e, "full_acc_0": 0.3 + 0.1 * e, "accept_len": 1.2 + 0.1 * e}}
+             for e in range(2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (run / "journal.md").write_text("# journal\n")
+    (run / ".journal.lock").touch()   # left by any earlier journal entry
+    return run
+
+
+def c_compare_out(ws):
+    run = small_run(ws)
+    out = fresh(ws, "compare-full")
+    out.mkdir()
+    (out / "compare.md").write_text("old table\n")
+    return ["compare", run, "--out", out], out, out
+
+
+def c_journal_add(ws):
+    run = small_run(ws)
+    return ["journal", "add", run, "tried a higher lr", "--kind", "result"], run, run
+
+
+CASES = {"prepare": c_prepare, "capture": c_capture, "vocab build": c_vocab_build, "train": c_train,
+         "export over an earlier export": c_export_over_export, "import": c_import, "bench --json": c_bench_json,
+         "eval --json": c_eval_json, "compare --out": c_compare_out, "journal add": c_journal_add}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_disk_full_is_one_line_and_keeps_old_outputs(name, ws, full_disk, monkeypatch, capsys):
+    args, keep, armed = CASES[name](ws)
+
+    def build(_ws):
+        full_disk(armed)
+        return args, keep
+
+    line = check_refusal(ws, monkeypatch, capsys, build, PHRASE, after_start=name == "train")
+    print(f"\n{name}\t{line}")
+    leftovers = [p for p in Path(armed).parent.rglob("*.tmp")] if Path(armed).exists() else []
+    assert not leftovers, f"temp files left behind: {leftovers}"
+
+
+def test_safetensors_write_error_is_one_line(tmp_path):
+    """safetensors raises SafetensorError, not OSError, when a write fails: still one line naming
+    the path and the errno. A real failure: a file-size limit (EFBIG) stands in for the full disk."""
+    import resource
+    import signal
+
+    from safetensors.torch import save_file
+
+    from specdraft.io import os_error_line
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        with pytest.raises(Exception) as info:
+            save_file({"x": torch.zeros(1 << 16)}, str(tmp_path / "shard.safetensors"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert not isinstance(info.value, OSError), type(info.value)
+    line = os_error_line(tmp_path / "shard.safetensors", info.value)
+    assert line is not None and "(EFBIG)" in line and "shard.safetensors" in line, line
+
+
+def test_debug_env_shows_the_traceback(ws, monkeypatch, capsys):
+    """SPECDRAFT_DEBUG=1 keeps the one-line error and adds the traceback for a bug report."""
+    from bad_workspace import run_cli
+
+    monkeypatch.setenv("SPECDRAFT_DEBUG", "1")
+    code, err, _ = run_cli(monkeypatch, capsys, ["generate", "--model", ws["target"], "--prompt", "hi",
+                                                 "--method", "ngram", "--k", "0"])
+    assert code == 2 and "Traceback" in err and err.strip().splitlines()[-1].startswith("error: --k 0"), err
