@@ -275,6 +275,96 @@ def c_disk_full(ws):
              "--layers", LAYERS], ws["root"] / "data")
 
 
+# ----------------------------------------------------------------------------- numbers, types, paths (issue 14)
+
+
+def c_lr_nan(ws):
+    return (["train", "--model", ws["target"], "--store", ws["root"] / "hidden", "--vocab",
+             ws["root"] / "vocab.safetensors", "--out", ws["root"] / "run-lrnan", "--lr", "nan", "--no-progress"], None)
+
+
+def c_yaml_wrong_type(ws):
+    f = ws["root"] / "run.yaml"
+    f.write_text("epochs: three\nlr: 0.001\n")
+    return (["train", "--config", f, "--model", ws["target"], "--store", ws["root"] / "hidden", "--vocab",
+             ws["root"] / "vocab.safetensors", "--out", ws["root"] / "run-yaml", "--no-progress"], None)
+
+
+def c_yaml_bool_as_int(ws):
+    f = ws["root"] / "run-bool.yaml"
+    f.write_text("progress: 'no'\nmax_tokens: 64\nval_fraction: 0\nprecision: fp32\n")   # a string, always true
+    return (["train", "--config", f, "--model", ws["target"], "--store", ws["root"] / "hidden", "--vocab",
+             ws["root"] / "vocab.safetensors", "--out", ws["root"] / "run-yaml2"], None)
+
+
+def c_config_is_list(ws):
+    d = copy(ws, "drafter", "drafter-list")
+    (d / "config.json").write_text("[1, 2, 3]")
+    return ["import", d, "--out", ws["root"] / "import-list"], d
+
+
+def c_vocab_zero_rows(ws):
+    from safetensors.torch import save_file
+    path = ws["root"] / "vocab-empty.safetensors"
+    save_file({"d2t": torch.zeros(0, dtype=torch.long), "t2d": torch.zeros(263, dtype=torch.bool)}, str(path))
+    return (["train", "--model", ws["target"], "--store", ws["root"] / "hidden", "--vocab", path,
+             "--out", ws["root"] / "run-vocab0", "--no-progress"], path)
+
+
+def c_untrained_zero(ws):
+    return ["generate", "--model", ws["target"], "--prompt", "hi", "--drafter", "untrained:0",
+            "--max-new-tokens", "4"], None
+
+
+def c_json_is_dir(ws):
+    return ["bench", "--model", ws["target"], "--prompts", ws["root"] / "good.jsonl", "--methods", "greedy",
+            "--max-new-tokens", "2", "--limit", "1", "--json", ws["root"] / "hidden"], ws["root"] / "hidden"
+
+
+def c_eval_json_is_dir(ws):
+    return ["eval", "--drafter", ws["root"] / "drafter", "--data", ws["root"] / "hidden", "--model", ws["target"],
+            "--split", "all", "--json", ws["root"] / "hidden"], ws["root"] / "hidden"
+
+
+def c_vocab_out_is_dir(ws):
+    return ["vocab", "build", "--data", ws["root"] / "data", "--size", "32", "--out", ws["root"] / "hidden"], \
+        ws["root"] / "hidden"
+
+
+def c_metrics_wrong_types(ws):
+    run = ws["root"] / "run-badmetrics"
+    run.mkdir(exist_ok=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"split": "val", "step": "ten", "tokens_seen": None,
+                                                   "metrics": {"loss": "low"}}) + "\n")
+    return ["compare", run], run
+
+
+def c_metrics_metric_not_number(ws):
+    run = ws["root"] / "run-badmetrics2"
+    run.mkdir(exist_ok=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"split": "val", "step": 3, "epoch": 0, "tokens_seen": 100,
+                                                   "metrics": {"loss": "low"}}) + "\n")
+    return ["compare", run], run
+
+
+def c_export_tokens_negative(ws):
+    return ["export", ws["root"] / "drafter", "--out", ws["root"] / "export-neg", "--speculative-tokens", "-2"], \
+        ws["root"] / "drafter"
+
+
+def c_generate_negative_tokens(ws):
+    return ["generate", "--model", ws["target"], "--prompt", "hi", "--method", "greedy", "--max-new-tokens", "-3"], None
+
+
+def c_remap_other_tokenizer(ws):
+    from specdraft import vocab as vocab_mod
+    v = vocab_mod.load(ws["root"] / "vocab.safetensors")
+    assert v.meta.get("tokenizer"), "vocab build records the tokenizer"
+    path = ws["root"] / "vocab-othertok.safetensors"
+    vocab_mod.save(vocab_mod.Vocab(v.d2t.clone(), v.t2d.clone(), {**v.meta, "tokenizer": "0123456789abcdef"}), path)
+    return ["vocab", "remap", ws["root"] / "vocab.safetensors", path, "--out", ws["root"] / "remap.safetensors"], None
+
+
 MATRIX = [
     Case("jsonl line that is not JSON", c_not_json, "line 2: not valid JSON"),
     Case("unknown role", c_unknown_role, "unknown role 'wizard'"),
@@ -313,6 +403,20 @@ MATRIX = [
     Case("NaN in a store's hidden states (train)", c_train_nan_store, "loss is nan", after_start=True),
     Case("drafter/store for another target (eval)", c_eval_store_other_target, "fingerprint"),
     Case("--k 0", c_generate_k0, "--k 0"),
+    Case("--lr nan", c_lr_nan, "--lr nan"),
+    Case("wrongly typed value in --config YAML", c_yaml_wrong_type, "epochs"),
+    Case("string where a switch is expected in --config YAML", c_yaml_bool_as_int, "progress"),
+    Case("drafter config.json that is a JSON list", c_config_is_list, "JSON object"),
+    Case("vocab with 0 rows", c_vocab_zero_rows, "0 rows"),
+    Case("--drafter untrained:0", c_untrained_zero, "untrained:0"),
+    Case("--json naming an existing directory (bench)", c_json_is_dir, "is a directory"),
+    Case("--json naming an existing directory (eval)", c_eval_json_is_dir, "is a directory"),
+    Case("--out naming an existing directory (vocab build)", c_vocab_out_is_dir, "is a directory"),
+    Case("metrics.jsonl line with wrongly typed fields", c_metrics_wrong_types, "step"),
+    Case("metrics.jsonl metric that is not a number", c_metrics_metric_not_number, "loss"),
+    Case("--speculative-tokens -2 (export)", c_export_tokens_negative, "--speculative-tokens -2"),
+    Case("--max-new-tokens -3 (generate)", c_generate_negative_tokens, "--max-new-tokens -3"),
+    Case("vocab remap between different tokenizers", c_remap_other_tokenizer, "tokenizer"),
 ]
 
 
@@ -336,3 +440,18 @@ def test_disk_space_preflight_names_the_numbers(ws, monkeypatch, capsys):
 
 def test_matrix_is_big_enough():
     assert len(MATRIX) >= 25
+
+
+def test_vocab_records_the_tokenizer_so_remap_tells_siblings_from_strangers(ws, tmp_path):
+    """A sibling target (same tokenizer, other weights) remaps; one more token makes another tokenizer."""
+    from specdraft import vocab as vocab_mod
+    from specdraft.targets import load_tokenizer
+
+    vocab_mod.build_from_data(ws["root"] / "data", 16, tmp_path / "sibling.safetensors", model=ws["other"])
+    a, b = vocab_mod.load(ws["root"] / "vocab.safetensors"), vocab_mod.load(tmp_path / "sibling.safetensors")
+    assert a.meta["tokenizer"] == b.meta["tokenizer"]
+    assert vocab_mod.remap(a, b).carried == 16
+    tok = load_tokenizer(ws["target"])
+    before = vocab_mod.tokenizer_fingerprint(tok)
+    tok.add_tokens(["<new-token>"])
+    assert vocab_mod.tokenizer_fingerprint(tok) != before

@@ -11,6 +11,7 @@ the lowest unused ids when fewer distinct tokens exist, sort ascending.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +143,10 @@ def build_from_data(data: str | Path, size: int, out: str | Path, model: str | N
                "distinct_tokens": int((counts > 0).sum()), "loss_tokens": total}
     vocab_meta = {"target_id": str(target.get("id", "")), "fingerprint": str(target.get("fingerprint", "")),
                   "coverage": round(summary["coverage"], 6), "distinct_tokens": summary["distinct_tokens"]}
+    if model is not None:
+        from specdraft.targets import load_tokenizer
+
+        vocab_meta["tokenizer"] = tokenizer_fingerprint(load_tokenizer(model))
     save(Vocab(d2t, t2d, vocab_meta), out)
     return summary
 
@@ -169,6 +174,9 @@ def check_mapping(d2t: torch.Tensor, t2d: torch.Tensor | None, where: str,
     if d2t.dim() != 1:
         raise SpecdraftError(f"{where}: d2t must be a 1-D integer tensor, got {tuple(d2t.shape)} {d2t.dtype}")
     n = d2t.numel()
+    if n == 0:
+        raise SpecdraftError(f"{where}: d2t has 0 rows (an empty draft vocab); rebuild it with "
+                             "`specdraft vocab build --size N` (N >= 1)")
     targets = torch.arange(n, dtype=torch.long) + d2t
     vsize = t2d.numel() if t2d is not None else target_vocab_size
     if t2d is not None:
@@ -349,8 +357,25 @@ class Remap:
     unsourced: list[int]         # B draft ids with no source row in A
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Identity of a tokenizer's token -> id table (not of the model: siblings share it, and
+    padded embedding rows do not change it). Recorded in vocab files so remap can compare."""
+    table = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
+    return hashlib.sha256(table.encode()).hexdigest()[:16]
+
+
+def check_same_tokenizer(a: Vocab, b: Vocab) -> None:
+    """A remap moves rows by target id, which only means the same token under one tokenizer."""
+    ta, tb = a.meta.get("tokenizer"), b.meta.get("tokenizer")
+    if ta and tb and ta != tb:
+        raise SpecdraftError(f"vocab remap: {a.meta.get('source', 'A')} and {b.meta.get('source', 'B')} were built "
+                             f"with different tokenizers ({ta} vs {tb}), so one target id names different tokens; "
+                             "remap only between mappings of one tokenizer, or train the drafter from scratch")
+
+
 def remap(a: Vocab, b: Vocab) -> Remap:
     """Row permutation that moves A's lm_head rows to B's draft ids (by shared target token)."""
+    check_same_tokenizer(a, b)
     vsize = max(a.target_vocab_size, b.target_vocab_size)
     a_row_of_token = torch.full((vsize,), -1, dtype=torch.long)     # [V] A's draft id per target id
     a_row_of_token[a.draft_to_target] = torch.arange(a.draft_vocab_size)

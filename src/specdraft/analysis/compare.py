@@ -42,6 +42,22 @@ def flatten(record: dict) -> dict:
     return flat
 
 
+# Fields of a metrics record and the types they must have; every other field is a metric (a number).
+RECORD_FIELDS = {"split": (str,), "epoch": (int,), "step": (int,), "tokens_seen": (int, float),
+                 "lr": (int, float)}
+
+
+def check_record(flat: dict, where: str) -> None:
+    """Refuse a metrics line whose fields have the wrong types (hand-edited or written by another
+    tool): plots and tables would otherwise fail deep inside numpy or compare strings with numbers."""
+    for key, value in flat.items():
+        kinds = RECORD_FIELDS.get(key, (int, float))
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            words = "a string" if kinds == (str,) else "an integer" if kinds == (int,) else "a number"
+            raise SpecdraftError(f"{where}: field {key!r} is {value!r}, expected {words}; the metrics file is "
+                                 "damaged (edited by hand?): fix or delete that line")
+
+
 def load_run(path: str | Path, name: str | None = None) -> Run:
     """A run folder holding metrics.jsonl, or the metrics.jsonl file itself."""
     path = Path(path)
@@ -61,6 +77,7 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
             raise SpecdraftError(f"{file}:{n}: not a JSON object; the metrics file is damaged") from None
         if not isinstance(rec, dict):
             raise SpecdraftError(f"{file}:{n}: expected a JSON object per line")
+        check_record(flatten(rec), f"{file}:{n}")
         records.append(flatten(rec))
     folder = file.parent
     return Run(name or folder.name, folder, records)

@@ -56,6 +56,8 @@ def load_drafter_for(spec: str, target, device: str, dtype: torch.dtype):
             n = int(spec.split(":", 1)[1]) if ":" in spec else 8192
         except ValueError:
             raise SpecdraftError(f"--drafter {spec}: expected untrained or untrained:N (draft vocab size)") from None
+        if n < 1:
+            raise SpecdraftError(f"--drafter {spec}: the draft vocab size N must be >= 1, e.g. untrained:8192")
         drafter = untrained_drafter(target.model, n, verifier=target.name)
     else:
         from specdraft.formats import resolve_checkpoint

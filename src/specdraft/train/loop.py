@@ -263,6 +263,9 @@ class MetricsLog:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue   # a line cut short by a kill; the resumed run logs it again
+            if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
+                raise SpecdraftError(f"{self.path}: line {line[:60]!r} has no integer step; the metrics file is "
+                                     "damaged (edited by hand?): fix or delete that line, then resume")
             if record.get("step", 0) <= step:
                 keep.append(line)
         with atomic_path(self.path) as tmp:
