@@ -62,12 +62,13 @@ def argv(args: list) -> list[str]:
 
 
 def newest_write(folder: Path) -> float:
-    """mtime of the newest FILE under `folder` (0 if none). Folders do not count: prepare creates
-    its --out before importing torch, and the import is not the work we want to interrupt."""
+    """mtime of the newest FILE under `folder` (0 if none). Folders and the lock file do not count:
+    a command creates and locks its --out before importing torch, and the import is not the work
+    we want to interrupt."""
     times = [0.0]
     for p in folder.rglob("*") if folder.exists() else []:
         try:
-            if p.is_file():
+            if p.is_file() and p.name != ".specdraft.lock":
                 times.append(p.stat().st_mtime)
         except FileNotFoundError:   # renamed away while we looked
             pass
@@ -248,8 +249,11 @@ def test_kill_anywhere_resume_exactly(reference):
 
     def train_resume():
         from specdraft.train import checkpoint as ckpt
-        # --resume needs a checkpoint; before the first one a user simply starts again
-        return train_cmd(target, ws, run_out, resume=ckpt.latest_checkpoint(run_out) is not None)
+        # --resume needs a checkpoint; before the first one a user starts over (--overwrite: the
+        # killed run may have written config.yaml and metrics.jsonl, which train refuses to mix with)
+        if ckpt.latest_checkpoint(run_out) is not None:
+            return train_cmd(target, ws, run_out, resume=True)
+        return train_cmd(target, ws, run_out) + ["--overwrite"]
 
     jobs = {
         "prepare": (prepare_cmd(target, ref["conv"], data_out), lambda: prepare_cmd(target, ref["conv"], data_out),
