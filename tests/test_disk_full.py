@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bad_workspace import LAYERS, check_refusal, copy, ws  # noqa: F401  (ws is a fixture)
+from bad_workspace import LAYERS, check_refusal, ws  # noqa: F401  (ws is a fixture)
 
 PHRASE = "no space left on device (ENOSPC)"
 
