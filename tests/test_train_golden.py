@@ -1,6 +1,6 @@
 """A seeded run's metrics.jsonl, pinned: refactors of train/ (issue 15) must leave every record
-as it was. tests/data/golden_metrics.jsonl was written by this test's run at commit 6090cfb (before
-the refactor) with `SPECDRAFT_WRITE_GOLDEN=1`."""
+as it was. tests/data/golden_metrics.jsonl was written by this test's run in the commit that added
+it, before the refactor, with `SPECDRAFT_WRITE_GOLDEN=1`."""
 
 import json
 import math
