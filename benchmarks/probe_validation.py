@@ -28,7 +28,7 @@ import torch
 
 from specdraft import vocab as vocab_mod
 from specdraft.analysis import probe
-from specdraft.analysis.compare import load_run
+from specdraft.metrics import load_run
 from specdraft.data.capture import capture_samples, recording
 from specdraft.data.prepared import save_prepared
 from specdraft.data.store import StoreWriter, new_manifest

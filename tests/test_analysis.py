@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from specdraft import metrics
 from specdraft.analysis import compare, journal, watch
 from specdraft.errors import SpecdraftError
 
@@ -130,9 +131,9 @@ def test_compare_missing_metrics_and_damaged_lines(tmp_path):
     assert res["rows"] == [["0", "50.0%", "-", "-", "-"]]
     (run / "metrics.jsonl").write_text('not json\n{"split": "val"}\n')
     with pytest.raises(SpecdraftError, match="metrics.jsonl:1"):
-        compare.load_run(run)
+        metrics.load_run(run)
     with pytest.raises(SpecdraftError, match="no metrics.jsonl"):
-        compare.load_run(tmp_path / "missing")
+        metrics.load_run(tmp_path / "missing")
 
 
 def test_compare_same_names_get_parent_prefix(tmp_path):
@@ -155,8 +156,8 @@ def test_cli_compare(tmp_path):
 # ----------------------------------------------------------------------------- watch
 
 def test_watch_triggers_on_crippled_run_val(tmp_path):
-    base = compare.load_run(fake_run(tmp_path / "scratch", 0.747, epochs=5))
-    crippled = compare.load_run(fake_run(tmp_path / "k2", 0.383, epochs=5))
+    base = metrics.load_run(fake_run(tmp_path / "scratch", 0.747, epochs=5))
+    crippled = metrics.load_run(fake_run(tmp_path / "k2", 0.383, epochs=5))
     verdict, points = watch.replay(crippled, base, watch.WatchConfig(margin=0.05, min_points=2))
     assert verdict is not None
     # fires at the 2nd validation point (epoch 1), with the numbers at matching tokens
@@ -168,18 +169,18 @@ def test_watch_triggers_on_crippled_run_val(tmp_path):
 
 
 def test_watch_quiet_on_healthy_run(tmp_path):
-    base = compare.load_run(fake_run(tmp_path / "scratch", 0.747, epochs=5))
-    healthy = compare.load_run(fake_run(tmp_path / "healthy", 0.76, epochs=5, noise=0.05, seed=1))
+    base = metrics.load_run(fake_run(tmp_path / "scratch", 0.747, epochs=5))
+    healthy = metrics.load_run(fake_run(tmp_path / "healthy", 0.76, epochs=5, noise=0.05, seed=1))
     for split in ("val", "train"):
         verdict, points = watch.replay(healthy, base, watch.WatchConfig(split=split, loss_margin=0.1))
         assert verdict is None and points
 
 
 def test_watch_train_ema_ignores_one_bad_batch_and_interpolates(tmp_path):
-    base = compare.load_run(fake_run(tmp_path / "scratch", 0.747, train_per_epoch=10))
+    base = metrics.load_run(fake_run(tmp_path / "scratch", 0.747, train_per_epoch=10))
     cfg = watch.WatchConfig(split="train", margin=0.05, min_points=5, ema=0.9)
     # halfway between two baseline train points: interpolated, not the nearest point
-    xs, ys = compare.curve(base, "train", "full_acc_0", smooth=0.9)
+    xs, ys = metrics.curve(base, "train", "full_acc_0", smooth=0.9)
     w = watch.BaselineWatch(base, cfg)
     w.update({"split": "train", "tokens_seen": (xs[3] + xs[4]) / 2, "full_acc_0": 0.5})
     assert w.points[-1].baseline == pytest.approx((ys[3] + ys[4]) / 2)
@@ -196,8 +197,8 @@ def test_watch_train_ema_ignores_one_bad_batch_and_interpolates(tmp_path):
 
 
 def test_watch_warmup_window_and_fires_once(tmp_path):
-    base = compare.load_run(fake_run(tmp_path / "scratch", 0.747, train_per_epoch=10, epochs=4))
-    crippled = compare.load_run(fake_run(tmp_path / "k2", 0.3, train_per_epoch=10, epochs=4))
+    base = metrics.load_run(fake_run(tmp_path / "scratch", 0.747, train_per_epoch=10, epochs=4))
+    crippled = metrics.load_run(fake_run(tmp_path / "k2", 0.3, train_per_epoch=10, epochs=4))
     cfg = watch.WatchConfig(split="train", warmup_tokens=150_000, window_tokens=50_000, min_points=2)
     w = watch.BaselineWatch(base, cfg)
     fired = [(r["tokens_seen"], v) for r in crippled.records if (v := w.update(r))]
@@ -210,7 +211,7 @@ def test_watch_warmup_window_and_fires_once(tmp_path):
 
 
 def test_watch_loss_criterion_and_bad_baseline(tmp_path):
-    base = compare.load_run(fake_run(tmp_path / "scratch", 0.747))
+    base = metrics.load_run(fake_run(tmp_path / "scratch", 0.747))
     w = watch.BaselineWatch(base, watch.WatchConfig(margin=1.0, loss_margin=0.1, min_points=1))
     rec = dict(base.val_by_epoch()[1])
     rec["loss_0"] *= 1.5
@@ -224,8 +225,8 @@ def test_watch_loss_criterion_and_bad_baseline(tmp_path):
 
 
 def test_watch_check_journals_the_verdict_once(tmp_path):
-    base = compare.load_run(fake_run(tmp_path / "scratch", 0.747, epochs=4))
-    crippled = compare.load_run(fake_run(tmp_path / "k2", 0.383, epochs=4))
+    base = metrics.load_run(fake_run(tmp_path / "scratch", 0.747, epochs=4))
+    crippled = metrics.load_run(fake_run(tmp_path / "k2", 0.383, epochs=4))
     run = tmp_path / "live"
     run.mkdir()
     w = watch.BaselineWatch.from_run(tmp_path / "scratch")

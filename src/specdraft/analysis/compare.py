@@ -2,85 +2,20 @@
 74.7%" table) and training curves aligned by tokens_seen, so runs of other batch sizes or
 data sizes line up at equal work.
 
-metrics.jsonl: one JSON object per line with split ("train"/"val"), epoch, step, tokens_seen,
-lr and the metrics loss_k, full_acc_k, cond_acc_k, accept_len (flat, or nested under "metrics").
+Runs are read with specdraft.metrics (the one reader of metrics.jsonl).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
+from specdraft.analysis.watch import WatchConfig, replay
 from specdraft.errors import SpecdraftError
+from specdraft.metrics import Run, curve, load_run
 
 DEFAULT_TABLE_METRICS = ("full_acc_0", "cond_acc_1", "accept_len", "loss_0")
 STEP_METRIC = re.compile(r"^(loss|full_acc|cond_acc)_(\d+)$")
-
-
-@dataclass
-class Run:
-    name: str
-    path: Path                      # the run folder (or the metrics file's folder)
-    records: list[dict] = field(default_factory=list)
-
-    def split(self, name: str) -> list[dict]:
-        return [r for r in self.records if r.get("split") == name]
-
-    def val_by_epoch(self) -> dict[int, dict]:
-        """Last validation record of each epoch."""
-        return {int(r["epoch"]): r for r in self.split("val") if "epoch" in r}
-
-
-def flatten(record: dict) -> dict:
-    """Metrics may sit at the top level or under "metrics"; callers see one flat dict."""
-    flat = {k: v for k, v in record.items() if k != "metrics"}
-    flat.update(record.get("metrics") or {})
-    return flat
-
-
-# Fields of a metrics record and the types they must have; every other field is a metric (a number).
-RECORD_FIELDS = {"split": (str,), "epoch": (int,), "step": (int,), "tokens_seen": (int, float),
-                 "lr": (int, float)}
-
-
-def check_record(flat: dict, where: str) -> None:
-    """Refuse a metrics line whose fields have the wrong types (hand-edited or written by another
-    tool): plots and tables would otherwise fail deep inside numpy or compare strings with numbers."""
-    for key, value in flat.items():
-        kinds = RECORD_FIELDS.get(key, (int, float))
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            words = "a string" if kinds == (str,) else "an integer" if kinds == (int,) else "a number"
-            raise SpecdraftError(f"{where}: field {key!r} is {value!r}, expected {words}; the metrics file is "
-                                 "damaged (edited by hand?): fix or delete that line")
-
-
-def load_run(path: str | Path, name: str | None = None) -> Run:
-    """A run folder holding metrics.jsonl, or the metrics.jsonl file itself."""
-    path = Path(path)
-    file = path / "metrics.jsonl" if path.is_dir() else path
-    if not file.exists():
-        raise SpecdraftError(f"{path}: no metrics.jsonl; pass a run folder written by `specdraft train`")
-    records = []
-    lines = file.read_text().splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            if n == len(lines):
-                continue  # a live run may be mid-write on its last line
-            raise SpecdraftError(f"{file}:{n}: not a JSON object; the metrics file is damaged") from None
-        if not isinstance(rec, dict):
-            raise SpecdraftError(f"{file}:{n}: expected a JSON object per line")
-        check_record(flatten(rec), f"{file}:{n}")
-        records.append(flatten(rec))
-    folder = file.parent
-    return Run(name or folder.name, folder, records)
 
 
 def unique_names(runs: list[Run]) -> list[Run]:
@@ -124,26 +59,6 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
-
-
-def ema(values: np.ndarray, alpha: float) -> np.ndarray:
-    """Exponential moving average (bias-corrected, so the first points are not pulled to 0)."""
-    out, acc, weight = np.empty_like(values, dtype=float), 0.0, 0.0
-    for i, v in enumerate(values):
-        acc = alpha * acc + (1 - alpha) * v
-        weight = alpha * weight + (1 - alpha)
-        out[i] = acc / weight
-    return out
-
-
-def curve(run: Run, split: str, metric: str, smooth: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens_seen, value) of `metric` over `split`, sorted by tokens, optionally EMA-smoothed."""
-    pts = sorted((float(r["tokens_seen"]), float(r[metric])) for r in run.split(split)
-                 if r.get(metric) is not None and r.get("tokens_seen") is not None)
-    if not pts:
-        return np.zeros(0), np.zeros(0)
-    x, y = (np.array(v) for v in zip(*pts))
-    return x, (ema(y, smooth) if smooth else y)
 
 
 def plot_curves(runs: list[Run], out: str | Path, max_steps: int = 6, smooth: float = 0.9) -> Path | None:
@@ -199,8 +114,6 @@ def compare(paths: list[str | Path], out: str | Path | None = None,
     header, rows = epoch_table(runs, metrics)
     result = {"runs": [r.name for r in runs], "header": header, "rows": rows, "files": {}, "watch": {}}
     if baseline is not None:
-        from specdraft.analysis.watch import WatchConfig, replay
-
         base = load_run(baseline)
         for r in runs:
             if r.path.resolve() != base.path.resolve():

@@ -107,7 +107,7 @@ def load_accept(text: str) -> tuple[list[float], str]:
     if path.is_dir():
         path = path / "metrics.jsonl"
     if path.suffix == ".jsonl" or path.name == "metrics.jsonl":
-        from specdraft.analysis.compare import load_run
+        from specdraft.metrics import load_run
 
         val = load_run(path).split("val")
         rates = cond_rates_from(val[-1]) if val else None

@@ -13,6 +13,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from specdraft import metrics
 from specdraft.analysis import compare, journal
 from specdraft.errors import SpecdraftError
 
@@ -88,7 +89,7 @@ def build(runs: list[str | Path], out: str | Path) -> Path:
     for f in folders:
         if not f.is_dir():
             raise SpecdraftError(f"{f}: not a run folder")
-    loaded = compare.unique_names([compare.load_run(f) for f in folders if (f / "metrics.jsonl").exists()])
+    loaded = compare.unique_names([metrics.load_run(f) for f in folders if (f / "metrics.jsonl").exists()])
     body = [f"<h1>specdraft report: {esc(', '.join(f.name for f in folders))}</h1>"]
     if loaded:
         header, rows = compare.epoch_table(loaded)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdraft.analysis.compare import Run, curve, flatten, load_run
 from specdraft.errors import SpecdraftError
+from specdraft.metrics import Run, curve, flatten, load_run
 
 
 @dataclass

@@ -9,7 +9,6 @@ Reads top to bottom in `train()`. What distributed or online training swaps in i
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import shutil
 import time
@@ -20,6 +19,7 @@ from typing import Callable, Iterator, Protocol
 import torch
 
 from specdraft.errors import SpecdraftError
+from specdraft.metrics import MetricsLog, load_run
 from specdraft.model.config import DrafterConfig
 from specdraft.model.drafter import Eagle3Drafter, load_drafter
 from specdraft.train import checkpoint as ckpt
@@ -234,66 +234,6 @@ def use_bf16(cfg: RunConfig, device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-# ----------------------------------------------------------------------------- logging
-
-class MetricsLog:
-    """RUN/metrics.jsonl (one JSON object per line), optional TensorBoard, rich console table."""
-
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, console):
-        self.path = run_dir / "metrics.jsonl"
-        self.enabled, self.console, self.tb = enabled, console, None
-        if enabled and tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
-            except ImportError:
-                console.print("[yellow]note:[/] tensorboard is not installed; logging to metrics.jsonl only")
-
-    def truncate_after(self, step: int) -> None:
-        """Drop lines logged after `step` (a resumed run logs them again)."""
-        if not (self.enabled and self.path.exists()):
-            return
-        from specdraft.io import atomic_path
-
-        keep = []
-        for line in self.path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue   # a line cut short by a kill; the resumed run logs it again
-            if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
-                raise SpecdraftError(f"{self.path}: line {line[:60]!r} has no integer step; the metrics file is "
-                                     "damaged (edited by hand?): fix or delete that line, then resume")
-            if record.get("step", 0) <= step:
-                keep.append(line)
-        with atomic_path(self.path) as tmp:
-            tmp.write_text("".join(line + "\n" for line in keep))
-
-    def write(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.tb is not None:
-            for k, v in record["metrics"].items():
-                self.tb.add_scalar(f"{record['split']}/{k}", v, record["step"])
-            self.tb.add_scalar("lr", record["lr"], record["step"])
-
-    def epoch_table(self, epoch: int, rows: list[tuple[str, dict]], steps: int, tokens_per_s: float) -> None:
-        if not self.enabled:
-            return
-        from rich.table import Table
-
-        table = Table(title=f"epoch {epoch + 1}  ({tokens_per_s:,.0f} train tok/s)", title_justify="left")
-        cols = ["split", "loss"] + [f"acc_{k}" for k in range(steps)] + [f"cond_{k}" for k in range(steps)] + ["accept"]
-        for c in cols:
-            table.add_column(c, justify="right")
-        for split, m in rows:
-            table.add_row(split, f"{m['loss']:.4f}", *[f"{m[f'full_acc_{k}']:.3f}" for k in range(steps)],
-                          *[f"{m[f'cond_acc_{k}']:.3f}" for k in range(steps)], f"{m['accept_len']:.3f}")
-        self.console.print(table)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -644,8 +584,6 @@ def replay_run(watch, run_dir: Path, log) -> None:
     """On resume, feed the run's metrics.jsonl (already cut at the checkpoint's step) through the
     watch, so smoothing and the behind-streak continue where they were; a verdict found there is
     reported on the console, not journaled again (the first run journaled it)."""
-    from specdraft.analysis.compare import load_run
-
     if not (run_dir / "metrics.jsonl").exists():
         return
     for rec in load_run(run_dir).records:

@@ -1,0 +1,162 @@
+"""RUN/metrics.jsonl: its writer (training) and its reader (compare, watch, report, plan) in one place,
+so the file's format is defined once and train/ and analysis/ both depend on this module, not on
+each other.
+
+One JSON object per line: split ("train"/"val"), epoch, step, tokens_seen, lr and the metrics
+loss_k, full_acc_k, cond_acc_k, accept_len (nested under "metrics" as train writes them, or flat).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specdraft.errors import SpecdraftError
+from specdraft.io import atomic_path
+
+METRICS_FILE = "metrics.jsonl"
+
+
+# ----------------------------------------------------------------------------- writing
+
+class MetricsLog:
+    """RUN/metrics.jsonl (one JSON object per line), optional TensorBoard, rich console table."""
+
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, console):
+        self.path = run_dir / METRICS_FILE
+        self.enabled, self.console, self.tb = enabled, console, None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            except ImportError:
+                console.print("[yellow]note:[/] tensorboard is not installed; logging to metrics.jsonl only")
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines logged after `step` (a resumed run logs them again)."""
+        if not (self.enabled and self.path.exists()):
+            return
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue   # a line cut short by a kill; the resumed run logs it again
+            if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
+                raise SpecdraftError(f"{self.path}: line {line[:60]!r} has no integer step; the metrics file is "
+                                     "damaged (edited by hand?): fix or delete that line, then resume")
+            if record.get("step", 0) <= step:
+                keep.append(line)
+        with atomic_path(self.path) as tmp:
+            tmp.write_text("".join(line + "\n" for line in keep))
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for k, v in record["metrics"].items():
+                self.tb.add_scalar(f"{record['split']}/{k}", v, record["step"])
+            self.tb.add_scalar("lr", record["lr"], record["step"])
+
+    def epoch_table(self, epoch: int, rows: list[tuple[str, dict]], steps: int, tokens_per_s: float) -> None:
+        if not self.enabled:
+            return
+        from rich.table import Table
+
+        table = Table(title=f"epoch {epoch + 1}  ({tokens_per_s:,.0f} train tok/s)", title_justify="left")
+        cols = ["split", "loss"] + [f"acc_{k}" for k in range(steps)] + [f"cond_{k}" for k in range(steps)] + ["accept"]
+        for c in cols:
+            table.add_column(c, justify="right")
+        for split, m in rows:
+            table.add_row(split, f"{m['loss']:.4f}", *[f"{m[f'full_acc_{k}']:.3f}" for k in range(steps)],
+                          *[f"{m[f'cond_acc_{k}']:.3f}" for k in range(steps)], f"{m['accept_len']:.3f}")
+        self.console.print(table)
+
+
+# ----------------------------------------------------------------------------- reading
+
+@dataclass
+class Run:
+    name: str
+    path: Path                      # the run folder (or the metrics file's folder)
+    records: list[dict] = field(default_factory=list)
+
+    def split(self, name: str) -> list[dict]:
+        return [r for r in self.records if r.get("split") == name]
+
+    def val_by_epoch(self) -> dict[int, dict]:
+        """Last validation record of each epoch."""
+        return {int(r["epoch"]): r for r in self.split("val") if "epoch" in r}
+
+
+def flatten(record: dict) -> dict:
+    """Metrics may sit at the top level or under "metrics"; callers see one flat dict."""
+    flat = {k: v for k, v in record.items() if k != "metrics"}
+    flat.update(record.get("metrics") or {})
+    return flat
+
+
+# Fields of a metrics record and the types they must have; every other field is a metric (a number).
+RECORD_FIELDS = {"split": (str,), "epoch": (int,), "step": (int,), "tokens_seen": (int, float),
+                 "lr": (int, float)}
+
+
+def check_record(flat: dict, where: str) -> None:
+    """Refuse a metrics line whose fields have the wrong types (hand-edited or written by another
+    tool): plots and tables would otherwise fail deep inside numpy or compare strings with numbers."""
+    for key, value in flat.items():
+        kinds = RECORD_FIELDS.get(key, (int, float))
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            words = "a string" if kinds == (str,) else "an integer" if kinds == (int,) else "a number"
+            raise SpecdraftError(f"{where}: field {key!r} is {value!r}, expected {words}; the metrics file is "
+                                 "damaged (edited by hand?): fix or delete that line")
+
+
+def load_run(path: str | Path, name: str | None = None) -> Run:
+    """A run folder holding metrics.jsonl, or the metrics.jsonl file itself."""
+    path = Path(path)
+    file = path / METRICS_FILE if path.is_dir() else path
+    if not file.exists():
+        raise SpecdraftError(f"{path}: no metrics.jsonl; pass a run folder written by `specdraft train`")
+    records = []
+    lines = file.read_text().splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines):
+                continue  # a live run may be mid-write on its last line
+            raise SpecdraftError(f"{file}:{n}: not a JSON object; the metrics file is damaged") from None
+        if not isinstance(rec, dict):
+            raise SpecdraftError(f"{file}:{n}: expected a JSON object per line")
+        check_record(flatten(rec), f"{file}:{n}")
+        records.append(flatten(rec))
+    folder = file.parent
+    return Run(name or folder.name, folder, records)
+
+
+def ema(values: np.ndarray, alpha: float) -> np.ndarray:
+    """Exponential moving average (bias-corrected, so the first points are not pulled to 0)."""
+    out, acc, weight = np.empty_like(values, dtype=float), 0.0, 0.0
+    for i, v in enumerate(values):
+        acc = alpha * acc + (1 - alpha) * v
+        weight = alpha * weight + (1 - alpha)
+        out[i] = acc / weight
+    return out
+
+
+def curve(run: Run, split: str, metric: str, smooth: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens_seen, value) of `metric` over `split`, sorted by tokens, optionally EMA-smoothed."""
+    pts = sorted((float(r["tokens_seen"]), float(r[metric])) for r in run.split(split)
+                 if r.get(metric) is not None and r.get("tokens_seen") is not None)
+    if not pts:
+        return np.zeros(0), np.zeros(0)
+    x, y = (np.array(v) for v in zip(*pts))
+    return x, (ema(y, smooth) if smooth else y)
