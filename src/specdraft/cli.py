@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from specdraft.errors import SpecdraftError
+from specdraft.train.command import train as train_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train, adapt, evaluate and ship EAGLE-3 drafters.")
@@ -343,91 +344,8 @@ def report_cmd(runs: List[Path] = typer.Argument(..., help="Run folders."),
     console.print(f"[green]report[/] -> {path}")
 
 
-@app.command()
-def train(
-    ctx: typer.Context,
-    config: Optional[Path] = typer.Option(None, "--config", help="run.yaml with any of the settings below; flags override it."),
-    out: str = typer.Option("ws/runs/run", "--out", help="Run folder (config.yaml, metrics.jsonl, checkpoints/)."),
-    store: str = typer.Option("ws/hidden", "--store", help="Hidden-state store from `specdraft capture`."),
-    vocab: str = typer.Option("ws/vocab.safetensors", "--vocab", help="Draft vocab from `specdraft vocab build`."),
-    model: str = MODEL,
-    trust_remote_code: bool = TRUST,
-    from_pretrained: Optional[str] = typer.Option(None, "--from-pretrained", help="Start from this drafter folder."),
-    remap: bool = typer.Option(True, "--remap/--no-remap", help="Remap a --from-pretrained lm_head to --vocab when the mappings differ (else refuse)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the latest checkpoint in --out exactly."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="--out already holds a run: delete its files (metrics, checkpoints, best/, journal) and start over."),
-    norm_before_residual: bool = typer.Option(False, "--norm-before-residual/--no-norm-before-residual"),
-    ttt_steps: int = typer.Option(3, help="Unrolled draft steps per position (1..7)."),
-    step_decay: float = typer.Option(1.0, help="Loss weight of TTT step k is step_decay**k."),
-    loss: str = typer.Option("kl", help="kl (teacher over the draft vocab) or ce (teacher argmax)."),
-    aux_noise: float = typer.Option(0.0, help="Uniform noise U(-a, a) on the aux states while training."),
-    train_on_prompts: bool = typer.Option(False, "--train-on-prompts", help="Train on every position (the teacher is the target there too), not only the loss mask; validation keeps the mask."),
-    attention: str = typer.Option("sdpa", "--attention", help="sdpa (explicit TTT mask, runs anywhere) or flex (compiled flex_attention, CUDA only)."),
-    max_tokens: int = typer.Option(2048, help="Tokens per packed row."),
-    rows_per_batch: int = typer.Option(1, help="Packed rows per optimizer step (per rank)."),
-    val_fraction: float = typer.Option(0.05, help="Samples held out for validation."),
-    seed: int = typer.Option(0),
-    epochs: int = typer.Option(2),
-    lr: float = typer.Option(1e-4),
-    min_lr_ratio: float = typer.Option(0.1, help="Final lr = lr * min_lr_ratio."),
-    schedule: str = typer.Option("cosine", help="cosine, linear or constant after warm-up."),
-    warmup_steps: int = typer.Option(20),
-    weight_decay: float = typer.Option(0.01),
-    beta1: float = typer.Option(0.9),
-    beta2: float = typer.Option(0.95),
-    grad_clip: float = typer.Option(1.0, help="Max grad norm (0 = off)."),
-    precision: str = typer.Option("auto", help="auto (bf16 where the hardware has it), bf16 or fp32."),
-    log_every: int = typer.Option(10, help="Steps per metrics.jsonl train line."),
-    val_every: int = typer.Option(0, help="Also validate every N steps (0 = each epoch only)."),
-    save_every: int = typer.Option(0, help="Also checkpoint every N steps (0 = each epoch only)."),
-    keep_step_checkpoints: int = typer.Option(2, help="Step checkpoints kept."),
-    stop_after: int = typer.Option(0, help="Stop this invocation after N steps (0 = run to the end)."),
-    tensorboard: bool = typer.Option(False, "--tensorboard", help="Also log to RUN/tensorboard (if installed)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress"),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="Run folder to beat (e.g. from scratch): warn in RUN/journal.md when this run stays behind it at equal tokens_seen."),
-    stop_if_behind: bool = typer.Option(False, "--stop-if-behind", help="With --baseline: stop with a checkpoint once the run is behind."),
-    watch_split: str = typer.Option("val", "--watch-split", help="Baseline watch on val points or the smoothed train curve (train)."),
-    watch_metric: str = typer.Option("full_acc_0", "--watch-metric", help="Metric the watch compares (higher is better)."),
-    watch_margin: float = typer.Option(0.05, "--watch-margin", help="Behind when run < baseline - margin."),
-    watch_warmup_tokens: int = typer.Option(0, "--watch-warmup-tokens", help="No watch verdict before this many tokens."),
-    watch_min_points: int = typer.Option(2, "--watch-min-points", help="Consecutive behind points before the watch fires."),
-    nproc: int = typer.Option(1, "--nproc", help="Processes: N > 1 re-launches under torchrun (gloo on CPU, NCCL on GPU; see --parallel)."),
-    parallel: str = typer.Option("ddp", "--parallel", help="With --nproc N > 1: ddp, or fsdp (FSDP2 shards weights and optimizer state)."),
-    online: bool = typer.Option(False, "--online", help="Compute hidden states with --model inside the loop (no store)."),
-    data: Optional[str] = typer.Option(None, "--data", help="Prepared data (WS/data) for --online."),
-    engine: str = typer.Option("auto", "--engine", help="With --online: hf (hooks in this process), vllm, or auto (vLLM when installed and a CUDA device is present)."),
-    tensor_parallel_size: int = TP,
-    engine_args: Optional[str] = ENGINE_ARGS,
-):
-    """Train an EAGLE-3 drafter with training-time test from the hidden-state store."""
-    from specdraft.train.config import resolve_config
-    from specdraft.train.loop import Runtime
-    from specdraft.train.loop import train as run_training
-
-    from specdraft.train import distributed
-
-    if parallel not in distributed.STRATEGIES:
-        raise SpecdraftError(f"--parallel {parallel}: use one of {', '.join(distributed.STRATEGIES)}")
-    if nproc > 1:
-        distributed.exec_torchrun(nproc, distributed.forward_cli_args(sys.argv[2:]))
-    launcher = {"config", "nproc", "online", "data", "parallel", "engine", "tensor_parallel_size", "engine_args"}
-    overrides = {name: value for name, value in ctx.params.items()
-                 if name not in launcher and getattr(ctx.get_parameter_source(name), "name", "") != "DEFAULT"}
-    if "resume" in overrides or "out" in overrides:   # resume reads RUN/config.yaml unless --config is given
-        overrides.setdefault("out", out)
-    cfg = resolve_config(config, **overrides)
-    extra = {}
-    if online:
-        from specdraft.data.vllm_engine import engine_options
-        from specdraft.train.online import online_setup
-
-        extra = online_setup(data, engine_options(engine, tensor_parallel_size, engine_args))(cfg, Runtime())
-    summary = run_training(cfg, **extra)
-    val = summary.get("val") or {}
-    tail = f", val loss {val['loss']:.4f}, accept {val['accept_len']:.3f}" if val else ""
-    done = "[yellow]stopped behind baseline[/] after" if summary.get("stopped") else "[green]trained[/]"
-    console.print(f"{done} {summary.get('steps', summary.get('stopped_at_step'))} steps, "
-                  f"{summary['tokens_seen']:,} tokens{tail} -> {cfg.out}")
+# Its options are generated from RunConfig (train/config.py); `python -m specdraft.train` (torchrun) runs the same.
+app.command("train")(train_command)
 
 
 @app.command()

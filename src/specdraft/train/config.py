@@ -1,5 +1,7 @@
-"""RunConfig: every training setting and its default, in one place. A run is this config (saved
-as RUN/config.yaml) plus the recipe in train/loop.py."""
+"""RunConfig: every training setting, its default, help text and allowed values, in one place.
+`specdraft train`, `python -m specdraft.train` (torchrun) and `--config run.yaml` are all
+generated from it (train/command.py). A run is this config (saved as RUN/config.yaml) plus the
+recipe in train/loop.py."""
 
 from __future__ import annotations
 
@@ -9,101 +11,101 @@ import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from specdraft.errors import SpecdraftError
+
+
+def setting(default, help: str, *, low=None, high=None, short: str | None = None):
+    """A RunConfig field with its help text, its bounds (`low <= value <= high`, checked by
+    RunConfig.check) and an optional short flag: what the command line shows and checks."""
+    return dataclasses.field(default=default, metadata={"help": help, "low": low, "high": high, "short": short})
 
 
 @dataclass
 class RunConfig:
     # inputs and output
-    out: str = "ws/runs/run"                 # run folder: config.yaml, metrics.jsonl, checkpoints/
-    store: str = "ws/hidden"                 # hidden-state store written by `specdraft capture`
-    vocab: str = "ws/vocab.safetensors"      # draft vocab written by `specdraft vocab build`
-    model: str = "default"                   # the target (teacher head, embeddings, checks)
-    trust_remote_code: bool = False
-    from_pretrained: str | None = None       # start from this drafter folder instead of from scratch
-    remap: bool = True                       # remap a from_pretrained lm_head to the run's vocab (else refuse)
-    resume: bool = False                     # continue the latest checkpoint in `out` exactly
-    overwrite: bool = False                  # wipe the run already in `out` and start over (never saved as true)
+    out: str = setting("ws/runs/run", "Run folder (config.yaml, metrics.jsonl, checkpoints/).")
+    store: str = setting("ws/hidden", "Hidden-state store from `specdraft capture`.")
+    vocab: str = setting("ws/vocab.safetensors", "Draft vocab from `specdraft vocab build`.")
+    model: str = setting("default", "The target (teacher head, embeddings, checks): hub id, local folder, "
+                         ".gguf file, or 'default' (SmolLM2-135M-Instruct).", short="-m")
+    trust_remote_code: bool = setting(False, "Allow the model's own Python code (only for models you trust).")
+    from_pretrained: str | None = setting(None, "Start from this drafter folder instead of from scratch.")
+    remap: bool = setting(True, "Remap a --from-pretrained lm_head to --vocab when the mappings differ (else refuse).")
+    resume: bool = setting(False, "Continue the latest checkpoint in --out exactly (with the run's config.yaml).")
+    overwrite: bool = setting(False, "--out already holds a run: delete its files (metrics, checkpoints, best/, "
+                              "journal) and start over (never saved as true).")
     # drafter
-    norm_before_residual: bool = False
+    norm_before_residual: bool = setting(False, "Drafter layout: norm the hidden state before the residual.")
     # objective
-    ttt_steps: int = 3                       # unrolled draft steps per position (1..7)
-    step_decay: float = 1.0                  # weight of step k is step_decay**k
-    loss: str = "kl"                         # kl (teacher over the draft vocab) or ce (teacher argmax)
-    aux_noise: float = 0.0                   # uniform noise U(-a, a) added to the aux states in training
-    train_on_prompts: bool = False           # train every position (prompts too), validate on the loss mask
-    attention: str = "sdpa"                  # sdpa (explicit TTT mask, any device) or flex (flex_attention, CUDA)
+    ttt_steps: int = setting(3, "Unrolled draft steps per position.", low=1, high=7)
+    step_decay: float = setting(1.0, "Loss weight of TTT step k is step_decay**k.", low=0)
+    loss: Literal["kl", "ce"] = setting("kl", "kl (teacher over the draft vocab) or ce (teacher argmax).")
+    aux_noise: float = setting(0.0, "Uniform noise U(-a, a) on the aux states while training.", low=0)
+    train_on_prompts: bool = setting(False, "Train on every position (the teacher is the target there too), "
+                                     "not only the loss mask; validation keeps the mask.")
+    attention: Literal["sdpa", "flex"] = setting("sdpa", "sdpa (explicit TTT mask, runs anywhere) or flex "
+                                                 "(compiled flex_attention, CUDA only).")
     # data
-    max_tokens: int = 2048                   # tokens per packed row
-    rows_per_batch: int = 1                  # packed rows per optimizer step (per rank)
-    val_fraction: float = 0.05               # samples held out for validation (by sample, seeded)
-    seed: int = 0
+    max_tokens: int = setting(2048, "Tokens per packed row.", low=1)
+    rows_per_batch: int = setting(1, "Packed rows per optimizer step (per rank).", low=1)
+    val_fraction: float = setting(0.05, "Samples held out for validation (by sample, seeded), in [0, 1).")
+    seed: int = setting(0, "Seed of the split, the shuffle and the initial weights.")
     # optimisation
-    epochs: int = 2
-    lr: float = 1e-4
-    min_lr_ratio: float = 0.1                # final lr = lr * min_lr_ratio
-    schedule: str = "cosine"                 # cosine, linear or constant, after warm-up
-    warmup_steps: int = 20
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0                   # max grad norm (0 = off)
-    precision: str = "auto"                  # auto (bf16 where the hardware has it), bf16 or fp32 autocast
+    epochs: int = setting(2, "Passes over the training samples.", low=1)
+    lr: float = setting(1e-4, "Peak learning rate (> 0).")
+    min_lr_ratio: float = setting(0.1, "Final lr = lr * min_lr_ratio, in [0, 1].")
+    schedule: Literal["cosine", "linear", "constant"] = setting("cosine", "Learning-rate decay after warm-up.")
+    warmup_steps: int = setting(20, "Linear warm-up steps.", low=0)
+    weight_decay: float = setting(0.01, "AdamW weight decay.", low=0)
+    beta1: float = setting(0.9, "AdamW beta1, in [0, 1).")
+    beta2: float = setting(0.95, "AdamW beta2, in [0, 1).")
+    grad_clip: float = setting(1.0, "Max grad norm (0 = off).", low=0)
+    precision: Literal["auto", "bf16", "fp32"] = setting("auto", "Autocast: auto (bf16 where the hardware has it), "
+                                                         "bf16 or fp32.")
     # logging and checkpoints
-    log_every: int = 10                      # steps per metrics.jsonl train line
-    val_every: int = 0                       # also validate every N steps (0 = each epoch only)
-    save_every: int = 0                      # also checkpoint every N steps (0 = each epoch only)
-    keep_step_checkpoints: int = 2           # step-N checkpoints kept (epoch ones are all kept)
-    stop_after: int = 0                      # stop this invocation after N steps (0 = run to the end)
-    tensorboard: bool = False                # also log to RUN/tensorboard (if tensorboard is installed)
-    progress: bool = True
+    log_every: int = setting(10, "Steps per metrics.jsonl train line.", low=1)
+    val_every: int = setting(0, "Also validate every N steps (0 = each epoch only).", low=0)
+    save_every: int = setting(0, "Also checkpoint every N steps (0 = each epoch only).", low=0)
+    keep_step_checkpoints: int = setting(2, "Step-N checkpoints kept (epoch ones are all kept).", low=0)
+    stop_after: int = setting(0, "Stop this invocation after N steps (0 = run to the end).", low=0)
+    tensorboard: bool = setting(False, "Also log to RUN/tensorboard (if tensorboard is installed).")
+    progress: bool = setting(True, "Show a progress bar.")
     # baseline watch (analysis/watch.py): compare with a baseline run at equal tokens_seen
-    baseline: str | None = None              # run folder (or metrics.jsonl) of the run to beat, e.g. from scratch
-    stop_if_behind: bool = False             # stop (with a checkpoint) once the watch finds the run behind
-    watch_split: str = "val"                 # val: validation points; train: EMA of the train records
-    watch_metric: str = "full_acc_0"         # higher is better
-    watch_margin: float = 0.05               # behind when run < baseline - margin
-    watch_warmup_tokens: int = 0             # no verdict before this many tokens
-    watch_min_points: int = 2                # ... and only after this many consecutive points behind
+    baseline: str | None = setting(None, "Run folder (or metrics.jsonl) to beat, e.g. from scratch: warn in "
+                                      "RUN/journal.md when this run stays behind it at equal tokens_seen.")
+    stop_if_behind: bool = setting(False, "With --baseline: stop with a checkpoint once the run is behind.")
+    watch_split: Literal["val", "train"] = setting("val", "Baseline watch on val points or the smoothed train "
+                                                   "curve (train).")
+    watch_metric: str = setting("full_acc_0", "Metric the watch compares (higher is better).")
+    watch_margin: float = setting(0.05, "Behind when run < baseline - margin.", low=0)
+    watch_warmup_tokens: int = setting(0, "No watch verdict before this many tokens.", low=0)
+    watch_min_points: int = setting(2, "Consecutive behind points before the watch fires.", low=1)
 
     def check(self) -> "RunConfig":
+        hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
+            value, low, high = getattr(self, f.name), f.metadata["low"], f.metadata["high"]
             if isinstance(value, float) and not math.isfinite(value):
                 raise SpecdraftError(f"{flag(f.name)} {value}: must be a finite number")
-        for name, low in RANGES.items():
-            value = getattr(self, name)
-            if value < low:
-                raise SpecdraftError(f"{flag(name)} {value}: must be >= {low}")
+            if low is not None and high is not None and not low <= value <= high:
+                raise SpecdraftError(f"{flag(f.name)} {value}: must be {low}..{high}")
+            if low is not None and value < low:
+                raise SpecdraftError(f"{flag(f.name)} {value}: must be >= {low}")
+            allowed = choices(hints[f.name])
+            if allowed and value not in allowed:
+                raise SpecdraftError(f"{flag(f.name)} {value}: use {' or '.join([', '.join(allowed[:-1]), allowed[-1]])}")
         if not 0 <= self.val_fraction < 1:
             raise SpecdraftError(f"--val-fraction {self.val_fraction}: must be in [0, 1)")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise SpecdraftError(f"--beta1 {self.beta1} --beta2 {self.beta2}: each must be in [0, 1)")
         if not 0 <= self.min_lr_ratio <= 1:
             raise SpecdraftError(f"--min-lr-ratio {self.min_lr_ratio}: must be in [0, 1]")
-        if not 1 <= self.ttt_steps <= 7:
-            raise SpecdraftError(f"--ttt-steps {self.ttt_steps}: must be 1..7")
-        if self.loss not in ("kl", "ce"):
-            raise SpecdraftError(f"--loss {self.loss}: use kl or ce")
-        if self.attention not in ("sdpa", "flex"):
-            raise SpecdraftError(f"--attention {self.attention}: use sdpa or flex")
-        if self.schedule not in ("cosine", "linear", "constant"):
-            raise SpecdraftError(f"--schedule {self.schedule}: use cosine, linear or constant")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise SpecdraftError(f"--precision {self.precision}: use auto, bf16 or fp32")
-        if self.epochs < 1:
-            raise SpecdraftError(f"--epochs {self.epochs}: must be at least 1")
         if self.lr <= 0:
             raise SpecdraftError(f"--lr {self.lr}: must be positive")
-        if self.watch_split not in ("val", "train"):
-            raise SpecdraftError(f"--watch-split {self.watch_split}: use val or train")
-        if self.watch_min_points < 1:
-            raise SpecdraftError(f"--watch-min-points {self.watch_min_points}: must be at least 1")
         if self.stop_if_behind and not self.baseline:
             raise SpecdraftError("--stop-if-behind: needs --baseline RUN (the run to compare with)")
-        if self.log_every < 1:
-            raise SpecdraftError(f"--log-every {self.log_every}: must be at least 1")
         if self.resume and self.overwrite:
             raise SpecdraftError("--resume and --overwrite: pick one (continue the run in --out, or wipe it and start over)")
         return self
@@ -133,10 +135,9 @@ class RunConfig:
         return dataclasses.replace(self, **overrides)
 
 
-# Lower bounds of the numeric settings (ranges with two ends are checked in RunConfig.check).
-RANGES = {"max_tokens": 1, "rows_per_batch": 1, "warmup_steps": 0, "weight_decay": 0, "grad_clip": 0,
-          "step_decay": 0, "aux_noise": 0, "val_every": 0, "save_every": 0, "keep_step_checkpoints": 0,
-          "stop_after": 0, "watch_margin": 0, "watch_warmup_tokens": 0}
+def choices(hint) -> tuple:
+    """The allowed values of a Literal["a", "b"] setting; () for any other type."""
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
 
 
 def flag(name: str) -> str:
@@ -147,6 +148,8 @@ def check_type(name: str, value, expected, where: str):
     """A YAML value must have the setting's type: `epochs: three` or `progress: 'no'` (a string,
     which Python would treat as true) are refused by name instead of failing later or silently.
     Returns the value; `lr: 1e-4`, which PyYAML reads as a string, becomes the float it means."""
+    if choices(expected):                                    # Literal["kl", "ce"]: check() names the choices
+        expected = str
     allowed = typing.get_args(expected) or (expected,)      # `str | None` -> (str, NoneType)
     if value is None and type(None) in allowed:
         return value
@@ -182,7 +185,9 @@ def load_yaml(path: str | Path) -> dict:
         raise SpecdraftError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise SpecdraftError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
-    return {k.replace("-", "_"): v for k, v in data.items()}
+    data = {k.replace("-", "_"): v for k, v in data.items()}
+    data.pop("recipe", None)   # a recipe file's settings of the other stages (pipeline.py), not train's
+    return data
 
 
 def resolve_config(config_file: str | Path | None = None, **overrides) -> RunConfig:

@@ -1,0 +1,134 @@
+"""The train command, shared by `specdraft train` and `python -m specdraft.train` (what torchrun
+runs): its settings options are generated from RunConfig's fields (flag, type, default, help), so
+a setting is written once, in train/config.py. The launcher's own options (how to run, never saved
+in config.yaml) are written here.
+
+Kept light to import (the CLI imports it to build its help): torch and the loop load on use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import sys
+import typing
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from specdraft.errors import SpecdraftError
+from specdraft.train.config import RunConfig, choices, flag, resolve_config
+
+SETTINGS_PANEL = "Settings (RunConfig: also in --config YAML, saved in RUN/config.yaml)"
+LAUNCH_PANEL = "Launch (how to run; not saved)"
+
+
+def train(
+    ctx: typer.Context,
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML with any of the settings below (e.g. a recipe "
+                                          "file: src/specdraft/recipes/quick.yaml); flags override it."),
+    nproc: int = typer.Option(1, "--nproc", rich_help_panel=LAUNCH_PANEL,
+                              help="Processes: N > 1 re-launches under torchrun (gloo on CPU, NCCL on GPU; see --parallel)."),
+    parallel: str = typer.Option("ddp", "--parallel", rich_help_panel=LAUNCH_PANEL,
+                                 help="With --nproc N > 1: ddp, or fsdp (FSDP2 shards weights and optimizer state)."),
+    online: bool = typer.Option(False, "--online", rich_help_panel=LAUNCH_PANEL,
+                                help="Compute hidden states with --model inside the loop (no store)."),
+    data: Optional[str] = typer.Option(None, "--data", rich_help_panel=LAUNCH_PANEL,
+                                       help="Prepared data (WS/data) for --online."),
+    engine: str = typer.Option("auto", "--engine", rich_help_panel=LAUNCH_PANEL,
+                               help="With --online: hf (hooks in this process), vllm, or auto (vLLM when installed "
+                                    "and a CUDA device is present)."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", rich_help_panel=LAUNCH_PANEL,
+                                             help="With --online --engine vllm: GPUs per engine."),
+    engine_args: Optional[str] = typer.Option(None, "--engine-args", rich_help_panel=LAUNCH_PANEL,
+                                              help="With --online --engine vllm: JSON object passed to vllm.LLM(...)."),
+    **settings,
+):
+    """Train an EAGLE-3 drafter with training-time test from the hidden-state store."""
+    from specdraft.train import distributed
+
+    if parallel not in distributed.STRATEGIES:
+        raise SpecdraftError(f"--parallel {parallel}: use one of {', '.join(distributed.STRATEGIES)}")
+    if nproc > 1 and not distributed.launched_by_torchrun():
+        argv = sys.argv[2:] if ctx.parent else sys.argv[1:]     # after `specdraft train` / `-m specdraft.train`
+        distributed.exec_torchrun(nproc, distributed.forward_cli_args(argv))
+    overrides = {name: value for name, value in settings.items()
+                 if getattr(ctx.get_parameter_source(name), "name", "") != "DEFAULT"}
+    if "resume" in overrides or "out" in overrides:   # resume reads RUN/config.yaml unless --config is given
+        overrides.setdefault("out", settings["out"])
+    cfg = resolve_config(config, **overrides)
+    setup = None
+    if online:
+        from specdraft.data.vllm_engine import engine_options
+        from specdraft.train.online import online_setup
+
+        setup = online_setup(data, engine_options(engine, tensor_parallel_size, engine_args))
+    summary = run(cfg, parallel, setup)
+    if summary is not None:
+        val = summary.get("val") or {}
+        tail = f", val loss {val['loss']:.4f}, accept {val['accept_len']:.3f}" if val else ""
+        done = "[yellow]stopped behind baseline[/] after" if summary.get("stopped") else "[green]trained[/]"
+        Console(stderr=True).print(f"{done} {summary.get('steps', summary.get('stopped_at_step'))} steps, "
+                                   f"{summary['tokens_seen']:,} tokens{tail} -> {cfg.out}")
+
+
+def run(cfg: RunConfig, parallel: str = "ddp", setup=None) -> dict | None:
+    """Train `cfg` in this process, or as one rank when torchrun started several (then only the
+    command's own summary line is skipped: rank 0 writes the run). `setup(cfg, runtime)` returns
+    extra train() arguments (online mode)."""
+    from specdraft.train import distributed
+    from specdraft.train.loop import Runtime
+    from specdraft.train.loop import train as train_loop
+
+    if distributed.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        distributed.run(cfg, strategy=parallel, setup=setup)
+        return None
+    return train_loop(cfg, **(setup(cfg, Runtime()) if setup else {}))
+
+
+def setting_option(f: dataclasses.Field, hint) -> inspect.Parameter:
+    """A RunConfig field as a typer option: --ttt-steps for ttt_steps, --x/--no-x for a switch,
+    the choices of a Literal as its metavar."""
+    names = [flag(f.name) + (f"/--no-{flag(f.name)[2:]}" if hint is bool else "")]
+    names += [f.metadata["short"]] if f.metadata["short"] else []
+    allowed = choices(hint)
+    kind = str if allowed else hint
+    option = typer.Option(f.default, *names, help=f.metadata["help"], rich_help_panel=SETTINGS_PANEL,
+                          metavar="[" + "|".join(allowed) + "]" if allowed else None)
+    return inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option, annotation=kind)
+
+
+def _with_settings(func):
+    """Give `func(..., **settings)` one keyword parameter per RunConfig field, which is what typer reads."""
+    hints = typing.get_type_hints(RunConfig)
+    own = [p for p in inspect.signature(func).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    fields = [setting_option(f, hints[f.name]) for f in dataclasses.fields(RunConfig)]
+    func.__signature__ = inspect.Signature([*own[:2], *fields, *own[2:]])   # ctx, --config, settings, launcher
+    return func
+
+
+_with_settings(train)
+LAUNCHER = {name for name in inspect.signature(train).parameters if name != "ctx"} - {
+    f.name for f in dataclasses.fields(RunConfig)}
+
+
+def module_app() -> typer.Typer:
+    """`python -m specdraft.train`: the train command alone."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(train)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m specdraft.train ARGS`, errors as one line and exit 2."""
+    try:
+        module_app()(argv, prog_name="python -m specdraft.train")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    except SpecdraftError as e:
+        Console(stderr=True).print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        return 2
+    return 0
