@@ -38,11 +38,11 @@ def main() -> None:
     from specdraft.data import capture as cap
     from specdraft.data import store as st
     from specdraft.data.prepared import save_prepared
-    from specdraft.targets import load_target
+    from specdraft.targets import base_model, load_target
 
     console = Console()
     target = load_target(args.model)
-    base, _ = cap.decoder_layers(target.model)
+    base = base_model(target.model)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, target.vocab_size, (args.batch, args.seq), generator=g)   # [B, T]
     tokens = args.batch * args.seq

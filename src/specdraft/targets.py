@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -393,6 +394,65 @@ def check_aux_layers(layer_ids: list[int], num_layers: int, where: str = "--laye
                                  f"target (valid 0..{num_layers - 1}; default {default_aux_layers(num_layers)})")
     return list(layer_ids)
 
+
+
+# ---------------------------------------------------------------------------- taps
+# What EAGLE-3 reads of a target, defined once (docs/DESIGN.md, "Aux layers"): capture, online
+# training, probe and the generation loop all reach the target's layers and final norm here.
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The CausalLM without its lm_head (model.model): it holds `layers` and the final `norm`."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    layers = getattr(base_model(model), "layers", None)
+    if layers is None:
+        raise SpecdraftError(f"{type(model).__name__}: no decoder `layers` list found (model.model.layers); "
+                             "specdraft supports Llama-style decoder-only targets")
+    return layers
+
+
+def final_norm(model: torch.nn.Module) -> tuple[torch.Tensor, float]:
+    """(weight [H], eps) of the final RMSNorm, which turns `last` into what lm_head reads
+    (teacher logits = lm_head(final_norm(last)))."""
+    norm = getattr(base_model(model), "norm", None)
+    if norm is None:
+        raise SpecdraftError(f"{type(model).__name__}: no final norm found (model.model.norm); "
+                             "specdraft supports Llama-style decoder-only targets")
+    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) \
+        or getattr(model.config, "rms_norm_eps", 1e-6)
+    return norm.weight, float(eps)
+
+
+@contextmanager
+def tap_hidden_states(model: torch.nn.Module, aux_layer_ids: list[int], on_aux, on_last=None):
+    """Within the block, every forward of `model` hands over its hidden states [B, T, H]:
+    on_aux(slot, h): aux layer `aux_layer_ids[slot]` = id l, the residual stream ENTERING decoder
+      layer l (HF hidden_states[l]; what vLLM feeds the drafter at serving time);
+    on_last(h): `last`, the last decoder layer's output BEFORE the final norm (HF's last
+      hidden_states entry is after it, so it cannot stand in).
+    Hooks, not output_hidden_states, so no list of all L layers' states is kept."""
+    layers = decoder_layers(model)
+
+    def aux_hook(slot: int):
+        def hook(module, args, kwargs):
+            on_aux(slot, args[0] if args else kwargs["hidden_states"])            # [B, T, H]
+        return hook
+
+    def last_hook(module, args, output):
+        on_last(output[0] if isinstance(output, (tuple, list)) else output)      # [B, T, H]
+
+    handles = [layers[lid].register_forward_pre_hook(aux_hook(slot), with_kwargs=True)
+               for slot, lid in enumerate(aux_layer_ids)]
+    if on_last is not None:
+        handles.append(layers[-1].register_forward_hook(last_hook))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 def info(model: str, trust_remote_code: bool = False) -> dict:
     """What `specdraft info` prints; reads config + tokenizer only, no weights."""

@@ -100,10 +100,9 @@ def load_samples(data: str | Path, samples: int, max_tokens: int) -> tuple[list[
 
 def target_hidden(target, samples: list[list[int]], layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """aux [N, 3, H] and last [N, H] (fp32) with capture's exact semantics (its hooks)."""
-    from specdraft.data.capture import capture_samples, recording
+    from specdraft.data.capture import capture_samples
 
-    with recording(target.model, layer_ids) as rec:
-        aux, last, _ = capture_samples(target.model, samples, layer_ids, torch.float32, 4096, rec)
+    aux, last, _ = capture_samples(target.model, samples, layer_ids, torch.float32, 4096)
     return aux, last
 
 

@@ -1,9 +1,9 @@
 """`specdraft capture`: run the target over prepared data and store, per token, the residual
 stream entering the three aux layers and the last decoder layer's output before the final norm.
 
-Hooks instead of output_hidden_states: a pre-hook on decoder layer l sees exactly HF's
-hidden_states[l] (the residual stream after l layers, what vLLM feeds the drafter), and a forward
-hook on the last decoder layer sees its output before model.model.norm. We call the base model
+Which tensor is aux and which is last is targets.tap_hidden_states (hooks: aux id l = the input of
+decoder layer l, HF's hidden_states[l]; last = the last decoder layer's output before the final
+norm), shared with online training, probe and the generation loop. We call the base model
 (model.model), never the CausalLM, so no [B, T, vocab] logits are computed.
 """
 
@@ -18,6 +18,7 @@ import torch
 
 from specdraft.data import store as st
 from specdraft.errors import SpecdraftError
+from specdraft.targets import base_model, tap_hidden_states
 
 
 # ---------------------------------------------------------------------------- data
@@ -72,54 +73,30 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
 # ---------------------------------------------------------------------------- hooks
 
 
-def decoder_layers(model: torch.nn.Module):
-    """(base model without lm_head, its list of decoder layers)."""
-    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise SpecdraftError(f"{type(model).__name__}: no decoder `layers` list found; "
-                             "capture supports Llama-style decoder models")
-    return base, layers
-
-
 class Recorder:
-    """Forward hooks that copy, for each row of the running batch, its real (unpadded) tokens
-    straight into preallocated shard buffers, converting to the store dtype on the way."""
+    """Copies, for each row of the running batch, its real (unpadded) tokens straight into
+    preallocated shard buffers, converting to the store dtype on the way. The hooks that call it
+    (which tensor is aux, which is last) are targets.tap_hidden_states."""
 
-    def __init__(self, layers, layer_ids: list[int]):
+    def __init__(self):
         self.rows: list[tuple[int, int, int]] = []   # (batch row, first token in shard, length)
         self.aux: torch.Tensor | None = None          # [shard tokens, 3, H]
         self.last: torch.Tensor | None = None         # [shard tokens, H]
-        self.handles = []
-        for slot, lid in enumerate(layer_ids):
-            self.handles.append(layers[lid].register_forward_pre_hook(self._aux_hook(slot), with_kwargs=True))
-        self.handles.append(layers[-1].register_forward_hook(self._last_hook))
 
-    def _aux_hook(self, slot: int):
-        def hook(module, args, kwargs):
-            hidden = args[0] if args else kwargs["hidden_states"]   # [B, T, H], input of layer l
-            for b, start, n in self.rows:
-                self.aux[start:start + n, slot].copy_(hidden[b, :n])
-        return hook
+    def copy_aux(self, slot: int, hidden: torch.Tensor) -> None:
+        for b, start, n in self.rows:                 # hidden [B, T, H], input of aux layer `slot`
+            self.aux[start:start + n, slot].copy_(hidden[b, :n])
 
-    def _last_hook(self, module, args, output):
-        hidden = output[0] if isinstance(output, (tuple, list)) else output   # [B, T, H], pre-norm
-        for b, start, n in self.rows:
+    def copy_last(self, hidden: torch.Tensor) -> None:
+        for b, start, n in self.rows:                 # hidden [B, T, H], pre-norm
             self.last[start:start + n].copy_(hidden[b, :n])
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
 
 
 @contextmanager
 def recording(model, layer_ids: list[int]):
-    _, layers = decoder_layers(model)
-    rec = Recorder(layers, layer_ids)
-    try:
+    rec = Recorder()
+    with tap_hidden_states(model, layer_ids, rec.copy_aux, rec.copy_last):
         yield rec
-    finally:
-        rec.remove()
 
 
 @contextmanager
@@ -148,12 +125,16 @@ def hidden_state_engine(engine: str, target, layer_ids: list[int], store_dtype: 
 
 
 def capture_samples(model, samples: list[list[int]], layer_ids: list[int], store_dtype: torch.dtype,
-                    batch_tokens: int, rec: Recorder, on_batch=None, first_index: int = 0):
+                    batch_tokens: int, rec: Recorder | None = None, on_batch=None, first_index: int = 0):
     """Forward `samples` (token id lists, kept in their order) in length-bucketed batches.
 
     Returns aux [N, 3, H], last [N, H] in store_dtype and offsets [S+1], N = total tokens.
+    `rec` is an open `recording` (capture keeps one for all shards); None records for this call.
     """
-    base, _ = decoder_layers(model)
+    if rec is None:
+        with recording(model, layer_ids) as rec:
+            return capture_samples(model, samples, layer_ids, store_dtype, batch_tokens, rec, on_batch, first_index)
+    base = base_model(model)
     H = model.config.hidden_size
     lengths = [len(s) for s in samples]
     offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)

@@ -8,7 +8,8 @@ with sampling the rejection rule (sampling.py) keeps the target's distribution.
 
 Cache invariant between rounds: the target's cache holds tokens[:-1]; tokens[-1] is the root of
 the next round. The aux hidden states (inputs of decoder layers `aux_layer_ids`, i.e. HF
-`output_hidden_states[l]`) of every position written into the cache go to the proposer.
+`output_hidden_states[l]`, tapped by targets.tap_hidden_states as capture does) of every position
+written into the cache go to the proposer.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from specdraft.errors import SpecdraftError
 from specdraft.infer.sampling import Sampling, accept_draft, probabilities, sample
 from specdraft.infer.tree import Draft, greedy_path, tree_attention_mask
+from specdraft.targets import decoder_layers, tap_hidden_states
 
 
 @dataclass
@@ -109,15 +111,6 @@ def per_position_accept(accepted: list[int], proposed: list[int]) -> list[float]
     return rates
 
 
-def decoder_layers(model) -> torch.nn.ModuleList:
-    inner = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise SpecdraftError(f"{type(model).__name__}: cannot find its decoder layers (model.model.layers); "
-                             "speculative generation supports Llama-style decoder-only targets")
-    return layers
-
-
 def eos_ids_of(model, tokenizer=None) -> set[int]:
     ids = getattr(model.generation_config, "eos_token_id", None)
     if ids is None and tokenizer is not None:
@@ -180,7 +173,7 @@ class TargetRunner:
 
         self.model = model
         self.aux_layer_ids = aux_layer_ids
-        self.layers = decoder_layers(model)
+        decoder_layers(model)            # refuse a target without Llama-style layers up front
         self.profile = profile
         self.device = next(model.parameters()).device
         self.cache = DynamicCache(config=model.config)
@@ -194,23 +187,16 @@ class TargetRunner:
     def forward(self, ids: list[int], positions: list[int], mask: torch.Tensor | None = None,
                 last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> logits [T, V] (or [1, V] with last_only), aux [T, 3, H] (None without aux layers)."""
-        captured: dict[int, torch.Tensor] = {}
-        handles = []
-        for lid in self.aux_layer_ids or []:
-            def grab(module, args, kwargs, lid=lid):
-                captured[lid] = (args[0] if args else kwargs["hidden_states"])[0]   # [T, H]
-            handles.append(self.layers[lid].register_forward_pre_hook(grab, with_kwargs=True))
+        captured: dict[int, torch.Tensor] = {}                                    # slot -> [T, H]
         input_ids = torch.tensor([ids], device=self.device)                       # [1, T]
         position_ids = torch.tensor([positions], device=self.device)              # [1, T]
-        try:
+        with tap_hidden_states(self.model, self.aux_layer_ids or [], lambda slot, h: captured.update({slot: h[0]})):
             with self.profile.timed("verify_s"), few_row_matmul(self.model, self.linears):
                 out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                                  use_cache=True, logits_to_keep=1 if last_only else 0,
                                  **{self.cache_key: self.cache})
-        finally:
-            for h in handles:
-                h.remove()
-        aux = torch.stack([captured[lid] for lid in self.aux_layer_ids], dim=1) if self.aux_layer_ids else None
+        aux = torch.stack([captured[slot] for slot in range(len(self.aux_layer_ids))], dim=1) \
+            if self.aux_layer_ids else None
         return out.logits[0], aux
 
     def keep(self, start: int, path: list[int]) -> None:

@@ -26,6 +26,7 @@ from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, Ll
                                                       apply_rotary_pos_emb)
 
 from specdraft.model.config import DrafterConfig
+from specdraft.targets import final_norm
 
 
 @dataclass
@@ -154,7 +155,7 @@ class Eagle3Drafter(nn.Module):
         self.t2d.copy_(t2d)
         draft_to_target = torch.arange(len(d2t)) + d2t
         self.lm_head.weight.copy_(target_model.get_output_embeddings().weight[draft_to_target].float())
-        self.norm.weight.copy_(target_model.model.norm.weight.float())
+        self.norm.weight.copy_(final_norm(target_model)[0].float())
 
 
 def causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:

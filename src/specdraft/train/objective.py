@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.model.drafter import Eagle3Drafter, KVCache, ttt_block_mask, ttt_mask
+from specdraft.targets import final_norm
 
 MAX_TTT_STEPS = 7
 ATTENTION = ("sdpa", "flex")   # sdpa: boolean TTT mask (any device); flex: BlockMask + flex_attention (CUDA)
@@ -43,13 +44,10 @@ class TeacherHead(nn.Module):
     @classmethod
     def from_target(cls, target_model: nn.Module, d2t: torch.Tensor) -> "TeacherHead":
         """Final norm + lm_head rows of the draft tokens (target_id = draft_id + d2t[draft_id])."""
-        inner = getattr(target_model, "model", target_model)
-        norm = inner.norm
-        eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) \
-            or getattr(target_model.config, "rms_norm_eps", 1e-6)
+        norm_weight, eps = final_norm(target_model)
         draft_to_target = torch.arange(d2t.numel()) + d2t.to(torch.long)
         lm_head = target_model.get_output_embeddings().weight
-        return cls(norm.weight, lm_head[draft_to_target], eps)
+        return cls(norm_weight, lm_head[draft_to_target], eps)
 
     def logits(self, last: torch.Tensor) -> torch.Tensor:
         """last [..., H] (pre-norm) -> draft-vocab logits [..., N]."""

@@ -6,10 +6,10 @@ forward per batch. It produces exactly the batch dicts of the store path, so the
 metrics are the same:
 
 - `OnlineSamples` looks like a HiddenStore (len, sample_lengths, hidden_size, layer_ids, target,
-  dtype, [i] -> input_ids/loss_mask/aux/last) but runs the target instead of reading shards. It
-  uses capture's own hooks (specdraft.data.capture.recording / capture_samples): aux = input of
-  decoder layer l (HF output_hidden_states[l]), last = the last decoder layer's output before the
-  final norm.
+  dtype, [i] -> input_ids/loss_mask/aux/last) but runs the target instead of reading shards,
+  through capture's own `capture_samples` (its hooks are targets.tap_hidden_states: aux = input
+  of decoder layer l, HF output_hidden_states[l]; last = the last decoder layer's output before
+  the final norm).
 - `OnlineBatches` is train/batches.StoreBatches (same packing, rank sharding, resume positions)
   whose collate first runs the target once over all samples of the batch (length-bucketed, right-
   padded), then packs them exactly as the store path does.
@@ -58,7 +58,7 @@ class OnlineSamples:
 
     def prefetch(self, ids: list[int]) -> None:
         """One target pass (length-bucketed batches) over samples `ids`; results kept until clear()."""
-        from specdraft.data.capture import capture_samples, recording
+        from specdraft.data.capture import capture_samples
 
         ids = [i for i in dict.fromkeys(ids) if i not in self._ready]
         if not ids:
@@ -67,9 +67,8 @@ class OnlineSamples:
         if self.run_target is not None:
             aux, last, offsets = self.run_target(samples)                            # [N,3,H], [N,H], [S+1]
         else:
-            with recording(self.model, self.layer_ids) as rec:
-                aux, last, offsets = capture_samples(self.model, samples, self.layer_ids, self.dtype,
-                                                     self.batch_tokens, rec)         # [N,3,H], [N,H], [S+1]
+            aux, last, offsets = capture_samples(self.model, samples, self.layer_ids, self.dtype,
+                                                 self.batch_tokens)                  # [N,3,H], [N,H], [S+1]
         for k, i in enumerate(ids):
             a, b = int(offsets[k]), int(offsets[k + 1])
             self._ready[i] = {"input_ids": torch.tensor(self.input_ids[i], dtype=torch.long),
@@ -143,7 +142,7 @@ def online_samples(target, data: str | Path, layer_ids: list[int] | None = None,
 def online_data(cfg, runtime, target, data: str | Path, layer_ids: list[int] | None = None, engine=None):
     """The loop's TrainData for online mode: the same split, packing and rank sharding as
     train.loop.store_data, over prepared samples run through `target` (or `engine`, vLLM)."""
-    from specdraft.train.loop import TrainData
+    from specdraft.train.runtime import TrainData
 
     samples = online_samples(target, data, layer_ids, max_tokens=cfg.max_tokens, engine=engine)
     train_ids, val_ids = split_samples(len(samples), cfg.val_fraction, cfg.seed)
