@@ -126,7 +126,7 @@ def test_train_overwrite_starts_the_run_over(ws, run, monkeypatch, capsys):
 
 
 def test_recipe_continues_a_started_run_with_the_right_flag(tmp_path):
-    from specdraft.recipes import _continue_run
+    from specdraft.pipeline import _continue_run
 
     run = tmp_path / "run"
     assert _continue_run(run) == []

@@ -1,21 +1,37 @@
-"""The recipe end to end on the tiny target: every stage's output, the summary, and resume."""
+"""The recipe end to end on the tiny target: every stage's output, the summary, and resume; the
+shipped recipe files."""
 
 import json
 
 import pytest
 
 from specdraft.errors import SpecdraftError
-from specdraft.recipes import Profile, profile_by_name, run_recipe
+from specdraft.pipeline import RECIPES, load_recipe, recipe_file, run_recipe
+from specdraft.train.config import resolve_config
 
-TINY = Profile(samples=6, max_new_tokens=12, regen_batch=3, draft_vocab=64, ttt_steps=2, epochs=1, lr=1e-3,
-               max_tokens=256, warmup_steps=1, bench_prompts=2, bench_tokens=10, k=2)
+TINY = """# a recipe file small enough for a test
+ttt_steps: 2
+epochs: 1
+lr: 1.0e-3
+max_tokens: 256
+warmup_steps: 1
+train_on_prompts: true
+recipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64, bench_prompts: 2, bench_tokens: 10, k: 2}
+"""
 
 
-def test_recipe_runs_every_stage_and_resumes(tiny_target, tmp_path):
+@pytest.fixture
+def tiny_recipe(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    return path
+
+
+def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path):
     ws = tmp_path / "ws"
-    summary = run_recipe(str(tiny_target), ws, profile=TINY)
+    summary = run_recipe(str(tiny_target), ws, recipe=tiny_recipe)
 
-    run = ws / "runs" / "custom"
+    run = ws / "runs" / "tiny"
     assert json.loads((ws / "data" / "prepare.json").read_text())["regenerate"] is True
     assert json.loads((ws / "hidden" / "manifest.json").read_text())["complete"] is True
     for path in (ws / "vocab.safetensors", run / "best" / "model.safetensors", run / "eval.json",
@@ -31,10 +47,13 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tmp_path):
     stages = [line.split()[2] for line in log.splitlines() if line.startswith("$ specdraft")]
     assert stages == ["prepare", "capture", "vocab", "train", "eval", "bench", "export", "report"]
     assert log.count("exit 0") == 8
-    assert "--train-on-prompts" in log and "train_on_prompts: true" in (run / "config.yaml").read_text()
+    # the train stage reads the recipe file's training settings with --config
+    assert f"train --config {tiny_recipe}" in log
+    saved = (run / "config.yaml").read_text()
+    assert "train_on_prompts: true" in saved and "ttt_steps: 2" in saved and "max_tokens: 256" in saved
 
     # a second run skips the finished data, store, vocab and training stages
-    run_recipe(str(tiny_target), ws, profile=TINY)
+    run_recipe(str(tiny_target), ws, recipe=tiny_recipe)
     log = (ws / "recipe.log").read_text()
     stages = [line.split()[2] for line in log.splitlines() if line.startswith("$ specdraft")]
     assert stages[8:] == ["eval", "bench", "export", "report"]
@@ -42,7 +61,30 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tmp_path):
 
 def test_unknown_profile_is_refused():
     with pytest.raises(SpecdraftError, match="--profile huge"):
-        profile_by_name("huge")
+        recipe_file("huge")
+
+
+def test_shipped_recipes_are_train_configs_with_their_stage_settings():
+    assert sorted(p.name for p in RECIPES.glob("*.yaml")) == ["full.yaml", "quick.yaml"]
+    quick, full = load_recipe(recipe_file("quick")), load_recipe(recipe_file("full"))
+    assert (quick.samples, quick.draft_vocab, quick.bench_prompts) == (256, 4096, 6)
+    assert (full.samples, full.draft_vocab, full.bench_prompts) == (2000, 8192, 16)
+    cfg = resolve_config(recipe_file("quick"))        # what `train --config quick.yaml` trains with
+    assert (cfg.ttt_steps, cfg.epochs, cfg.lr, cfg.max_tokens, cfg.train_on_prompts) == (2, 5, 3e-3, 512, True)
+    assert resolve_config(recipe_file("full")).ttt_steps == 3
+
+
+def test_bad_recipe_section_is_refused(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("epochs: 1\nrecipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64, kk: 2}\n")
+    with pytest.raises(SpecdraftError, match="unknown \\['kk'\\]"):
+        load_recipe(path)
+    path.write_text("epochs: 1\nrecipe: {samples: 'six', max_new_tokens: 12, regen_batch: 3, draft_vocab: 64}\n")
+    with pytest.raises(SpecdraftError, match="samples is 'six'"):
+        load_recipe(path)
+    path.write_text("epochs: three\nrecipe: {samples: 6}\n")
+    with pytest.raises(SpecdraftError, match="epochs is 'three'"):
+        load_recipe(path)
 
 
 @pytest.mark.integration
@@ -53,7 +95,9 @@ def test_recipe_through_the_vllm_engine(tmp_path):
 
     target = save_tiny_target(tmp_path / "target", hidden_size=64, num_heads=2, num_kv_heads=1)
     ws = tmp_path / "ws"
-    summary = run_recipe(str(target), ws, profile=TINY, engine="vllm")
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(TINY)
+    summary = run_recipe(str(target), ws, recipe=recipe, engine="vllm")
     assert json.loads((ws / "data" / "prepare.json").read_text())["regeneration"]["engine"]["name"] == "vllm"
     assert json.loads((ws / "hidden" / "manifest.json").read_text())["engine"]["name"] == "vllm"
     assert summary["identical_to_greedy"] == {"greedy": True, "ngram": True, "eagle3": True}

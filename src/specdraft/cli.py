@@ -180,25 +180,32 @@ def demo(workspace: Path = typer.Option(Path("ws/demo"), "--workspace", help="Wh
          engine: str = ENGINE):
     """The end-to-end job on the embedded default target (SmolLM2-135M-Instruct)."""
     from specdraft.data.vllm_engine import engine_options
-    from specdraft.recipes import run_demo
+    from specdraft.pipeline import run_demo
 
-    run_demo(workspace, profile=profile, engine=engine_options(engine).name)
+    run_demo(workspace, recipe=profile, engine=engine_options(engine).name)
 
 
 @app.command()
 def recipe(model: str = typer.Argument(..., help="smollm2 (the embedded default), a hub id, a folder or a .gguf."),
-           profile: str = typer.Option("quick", help="quick or full (see docs/recipes.md)."),
-           workspace: Optional[Path] = typer.Option(None, "--workspace", help="Default: ws/<model>-<profile>."),
+           profile: Optional[str] = typer.Option(None, help="quick (the default) or full: the recipe files "
+                                                 "shipped in src/specdraft/recipes/ (see docs/recipes.md)."),
+           config: Optional[Path] = typer.Option(None, "--config", help="Your own recipe file instead of --profile "
+                                                 "(copy src/specdraft/recipes/quick.yaml)."),
+           workspace: Optional[Path] = typer.Option(None, "--workspace", help="Default: ws/<model>-<recipe name>."),
            data: str = typer.Option("builtin", "--data", help="Conversations to regenerate (file, hub dataset, builtin)."),
            engine: str = ENGINE,
            ):
     """Every stage, prepare to report, for any target: the recipe behind `make demo`."""
     from specdraft.data.vllm_engine import engine_options
-    from specdraft.recipes import run_recipe
+    from specdraft.pipeline import run_recipe
 
+    if profile and config:
+        raise SpecdraftError("--profile and --config: pick one (a shipped recipe's name, or your recipe file)")
+    chosen = config or profile or "quick"
     target = "default" if model in ("smollm2", "default") else model
-    ws = workspace or Path("ws") / f"{model.replace('/', '--')}-{profile}"
-    run_recipe(target, ws, profile=profile, data=data, engine=engine_options(engine).name)
+    name = config.stem if config else chosen
+    ws = workspace or Path("ws") / f"{model.replace('/', '--')}-{name}"
+    run_recipe(target, ws, recipe=chosen, data=data, engine=engine_options(engine).name)
 
 
 @app.command("export")
