@@ -345,7 +345,7 @@ def test_fingerprint_same_across_loads_and_dtypes(ws):
 def test_resume_with_the_runs_own_store_records_it(lws):
     """A checkpoint records the data it trained on; resuming with that store still passes the checks."""
     from specdraft.train.checkpoint import latest_checkpoint
-    from specdraft.train.loop import INPUTS_FILE
+    from specdraft.train.inputs import INPUTS_FILE
 
     saved = json.loads((latest_checkpoint(lws["root"] / "run") / INPUTS_FILE).read_text())
     assert saved["layer_ids"] == [2, 4, 5] and saved["store"] == str(lws["root"] / "hidden")

@@ -13,7 +13,8 @@ from specdraft.errors import SpecdraftError
 from specdraft.targets import load_target
 from specdraft.train.batches import StoreBatches
 from specdraft.train.config import RunConfig
-from specdraft.train.loop import Runtime, train
+from specdraft.train.loop import train
+from specdraft.train.runtime import Runtime
 from specdraft.train.online import OnlineBatches, online_data, online_samples
 
 LAYERS = [2, 4, 5]

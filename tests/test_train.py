@@ -15,7 +15,8 @@ from specdraft.targets import load_target
 from specdraft.train import checkpoint as ckpt
 from specdraft.train.batches import StoreBatches, pack_rows, split_samples
 from specdraft.train.config import RunConfig
-from specdraft.train.loop import pretrained_drafter, train
+from specdraft.train.drafters import pretrained_drafter
+from specdraft.train.loop import train
 
 LAYERS = [2, 4, 5]
 DRAFT = 48
@@ -143,7 +144,7 @@ def test_training_loads_only_the_target_head_and_trains_as_with_the_whole_target
     """train() without a target reads embeddings, final norm and lm_head from the checkpoint
     (targets.TargetHead): the run is identical to one given the whole loaded target."""
     from specdraft.targets import TargetHead
-    from specdraft.train.loop import training_target
+    from specdraft.train.inputs import training_target
 
     cfg = config(ws, tmp_path / "head", epochs=1)
     assert isinstance(training_target(cfg).model, TargetHead)

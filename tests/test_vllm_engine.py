@@ -273,7 +273,8 @@ def test_online_training_through_vllm_gives_the_store_metrics(stores, tmp_path):
     from specdraft import vocab as vocab_mod
     from specdraft.targets import load_target, load_target_head
     from specdraft.train.config import RunConfig
-    from specdraft.train.loop import Runtime, train
+    from specdraft.train.loop import train
+    from specdraft.train.runtime import Runtime
     from specdraft.train.online import online_data
 
     data, root, hf_manifest, _ = stores

@@ -80,7 +80,7 @@ def run(cfg: RunConfig, parallel: str = "ddp", setup=None) -> dict | None:
     command's own summary line is skipped: rank 0 writes the run). `setup(cfg, runtime)` returns
     extra train() arguments (online mode)."""
     from specdraft.train import distributed
-    from specdraft.train.loop import Runtime
+    from specdraft.train.runtime import Runtime
     from specdraft.train.loop import train as train_loop
 
     if distributed.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:

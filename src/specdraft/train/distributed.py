@@ -234,7 +234,7 @@ def wrap(model: torch.nn.Module, strategy: str, device: torch.device, bf16: bool
 def runtime(strategy: str = "ddp", backend: str | None = None, bf16=False):
     """Initialise the process group and return the loop's Runtime for this rank. `bf16` may be a
     function of the device (FSDP2 then gathers parameters in bf16)."""
-    from specdraft.train.loop import Runtime
+    from specdraft.train.runtime import Runtime
 
     if strategy not in STRATEGIES:
         raise SpecdraftError(f"--parallel {strategy}: use one of {', '.join(STRATEGIES)}")
@@ -249,7 +249,8 @@ def runtime(strategy: str = "ddp", backend: str | None = None, bf16=False):
 def run(cfg, strategy: str | None = None, setup=None) -> dict:
     """Train `cfg` as this torchrun rank; `setup(cfg, runtime)` may return extra train() arguments
     (online mode: data and target). Rank 0 writes the run folder; every rank returns the same summary."""
-    from specdraft.train.loop import train, use_bf16
+    from specdraft.train.loop import train
+    from specdraft.train.runtime import use_bf16
 
     strategy = strategy or getattr(cfg, "parallel", None) or os.environ.get("SPECDRAFT_PARALLEL", "ddp")
     rt = runtime(strategy, bf16=lambda device: use_bf16(cfg, device))

@@ -1,0 +1,91 @@
+"""The drafter a run starts from: a fresh one initialised from the target, a pretrained one (with
+its lm_head rows moved to the run's vocab when the mappings differ), or the run's own latest
+checkpoint on --resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specdraft import vocab as vocab_mod
+from specdraft.errors import SpecdraftError
+from specdraft.model.config import DrafterConfig
+from specdraft.model.drafter import Eagle3Drafter, load_drafter
+from specdraft.train import checkpoint as ckpt
+from specdraft.train.config import RunConfig
+from specdraft.train.inputs import check_resume_inputs
+from specdraft.train.runtime import TrainData
+
+
+def fresh_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int]) -> Eagle3Drafter:
+    """A new drafter, seeded, with its embeddings and lm_head rows taken from the target."""
+    torch.manual_seed(cfg.seed)
+    dcfg = DrafterConfig.from_target(target.config, draft_vocab_size=vocab.draft_vocab_size,
+                                     aux_layer_ids=layer_ids, verifier=target.name,
+                                     norm_before_residual=cfg.norm_before_residual)
+    drafter = Eagle3Drafter(dcfg)
+    drafter.init_from_target(target.model, vocab.d2t, vocab.t2d)
+    return drafter
+
+
+def pretrained_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int], log) -> tuple[Eagle3Drafter, dict]:
+    """Load --from-pretrained; move its lm_head rows to the run's vocab when the mappings differ."""
+    src = load_drafter(cfg.from_pretrained)
+    where = f"--from-pretrained {cfg.from_pretrained}"
+    if src.config.hidden_size != target.hidden_size:
+        raise SpecdraftError(f"hidden size: {where} has H={src.config.hidden_size} but target {target.name} "
+                             f"has H={target.hidden_size}; train from scratch for this target")
+    if src.config.vocab_size != target.vocab_size:
+        raise SpecdraftError(f"vocab size: {where} embeds {src.config.vocab_size} target tokens but target "
+                             f"{target.name} has {target.vocab_size}; the drafter belongs to another tokenizer")
+    report = {"from_pretrained": str(cfg.from_pretrained), "remapped": False}
+    src_vocab = vocab_mod.Vocab(src.d2t.clone(), src.t2d.clone(), {"source": str(cfg.from_pretrained)})
+    same = (src_vocab.draft_vocab_size == vocab.draft_vocab_size and torch.equal(src_vocab.d2t, vocab.d2t))
+    dcfg = DrafterConfig.from_dict({**src.config.to_dict(), "draft_vocab_size": vocab.draft_vocab_size,
+                                    "aux_layer_ids": list(layer_ids), "verifier": target.name})
+    drafter = Eagle3Drafter(dcfg)
+    tensors = ckpt.drafter_tensors(src)
+    if not same:
+        d = vocab_mod.diff(src_vocab, vocab)
+        numbers = (f"token overlap {d['overlap']['count']}/{vocab.draft_vocab_size}, positional matches "
+                   f"{d['positional_matches']['count']}/{vocab.draft_vocab_size}")
+        if not cfg.remap:
+            raise SpecdraftError(f"draft vocab: {where} and --vocab {cfg.vocab} map draft ids differently "
+                                 f"({numbers}); pass --remap to move the lm_head rows, or train with the "
+                                 "drafter's own mapping")
+        target_rows = target.model.get_output_embeddings().weight.detach().float()
+        weight, counts = vocab_mod.remap_lm_head(src.lm_head.weight.detach(), src_vocab, vocab, target_rows)
+        tensors["lm_head.weight"] = weight
+        report.update(remapped=True, overlap=d["overlap"]["count"],
+                      positional_matches=d["positional_matches"]["count"], **counts)
+        log(f"remapped lm_head to {cfg.vocab}: {numbers}; rows carried {counts['carried']}, "
+            f"from the target's lm_head {counts['from_target']}, zero {counts['zeros']}")
+    tensors["d2t"], tensors["t2d"] = vocab.d2t.clone(), vocab.t2d.clone()
+    if dcfg.tie_embeddings_to_target:   # the frozen embeddings are the (new) target's
+        tensors["embed_tokens.weight"] = target.model.get_input_embeddings().weight.detach().float()
+    drafter.load_state_dict(tensors, strict=False)
+    if list(src.config.aux_layer_ids) != list(layer_ids):
+        log(f"note: {where} was trained on aux layers {src.config.aux_layer_ids}; the store has {layer_ids}")
+    return drafter.float().train(), report
+
+
+def resumed_drafter(cfg: RunConfig, resume_from: Path, vocab, data: TrainData, log) -> Eagle3Drafter:
+    """The run's latest checkpoint, refused when it was trained with another vocab or other data."""
+    drafter = load_drafter(resume_from).train()
+    if not torch.equal(drafter.d2t, vocab.d2t):
+        raise SpecdraftError(f"draft vocab: checkpoint {resume_from} was trained with another mapping than "
+                             f"--vocab {cfg.vocab}; resume with the run's own vocab")
+    check_resume_inputs(resume_from, drafter, data)
+    log(f"resuming from {resume_from}")
+    return drafter
+
+
+def start_drafter(cfg: RunConfig, resume_from: Path | None, target, vocab, data: TrainData,
+                  log) -> tuple[Eagle3Drafter, dict | None]:
+    """(drafter, remap report or None): resumed, pretrained or fresh, in that order of precedence."""
+    if resume_from is not None:
+        return resumed_drafter(cfg, resume_from, vocab, data, log), None
+    if cfg.from_pretrained:
+        return pretrained_drafter(cfg, target, vocab, data.layer_ids, log)
+    return fresh_drafter(cfg, target, vocab, data.layer_ids), None

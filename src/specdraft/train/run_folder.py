@@ -1,0 +1,93 @@
+"""The run folder RUN: who owns it while training, what a new run may find there, what
+--overwrite deletes, and the entries training adds to RUN/journal.md."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+
+from specdraft.analysis import journal
+from specdraft.errors import SpecdraftError
+from specdraft.io import own_folder
+from specdraft.train.config import RunConfig
+from specdraft.train.runtime import Runtime, any_rank
+
+# what `train` writes in RUN: --overwrite deletes these; the first four mean "RUN already holds a run"
+RUN_FILES = ("metrics.jsonl", "config.yaml", "checkpoints", "best", "remap.json", "journal.md", "tensorboard")
+
+
+@contextlib.contextmanager
+def own_run_folder(cfg: RunConfig, runtime: Runtime):
+    """Rank 0 locks RUN for the whole run (a second train into it fails at once) and refuses a
+    folder that already holds a run unless --resume or --overwrite. Collective: every rank learns
+    the outcome, so no rank waits in a collective for a rank 0 that gave up."""
+    with contextlib.ExitStack() as held:
+        error = None
+        if runtime.is_main:
+            try:
+                held.enter_context(own_folder(cfg.out, "train"))
+                check_run_folder(cfg)
+            except SpecdraftError as e:
+                error = e
+        if any_rank(runtime, error is not None):
+            raise error or SpecdraftError(f"{cfg.out}: refused by rank 0 (its message says why)")
+        yield
+
+
+def check_run_folder(cfg: RunConfig) -> None:
+    """Training into a finished or running run without --resume used to empty its metrics,
+    replace best/ and keep its later checkpoints: two runs mixed in one folder."""
+    run_dir = Path(cfg.out)
+    held = [name + ("/" if (run_dir / name).is_dir() else "") for name in RUN_FILES[:4] if (run_dir / name).exists()]
+    if held and not (cfg.resume or cfg.overwrite):
+        raise SpecdraftError(f"{run_dir}: already holds a run ({', '.join(held)}); pass --resume to continue it, "
+                             "--overwrite to start over, or choose another --out")
+
+
+def wipe_run(run_dir: Path, log) -> None:
+    """--overwrite: delete what an earlier train wrote in RUN, so the folder holds one run only."""
+    removed = []
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    if removed:
+        log(f"--overwrite: deleted the previous run's {', '.join(removed)}")
+
+
+def note(run_dir: Path, kind: str, text: str) -> None:
+    """An automatic RUN/journal.md entry from training (rank 0 only; callers check)."""
+    journal.record(run_dir, kind, text, source="train")
+
+
+def val_summary(metrics: dict) -> str:
+    """The validation numbers a journal entry quotes."""
+    keys = ("loss", "full_acc_0", "accept_len")
+    return ", ".join(f"val {k} {metrics[k]:.4f}" for k in keys if k in metrics)
+
+
+def start_summary(cfg: RunConfig, resume_from: Path | None, remap_report: dict | None, total_steps: int,
+                  step: int, tokens_seen: int) -> str:
+    """The run-start journal entry: where it starts from and the settings that decide the outcome."""
+    if resume_from is not None:
+        head = f"resumed from {resume_from} at step {step} ({tokens_seen:,} tokens)"
+    elif cfg.from_pretrained:
+        head = f"started from pretrained {cfg.from_pretrained}"
+        if remap_report and remap_report.get("remapped"):
+            head += (f" (lm_head remapped: overlap {remap_report['overlap']}, positional matches "
+                     f"{remap_report['positional_matches']})")
+    else:
+        head = "started from scratch"
+    text = (f"{head}: store {cfg.store}, vocab {cfg.vocab}, model {cfg.model}; {cfg.epochs} epochs = "
+            f"{total_steps} steps, lr {cfg.lr:g} ({cfg.schedule}, warm-up {cfg.warmup_steps}), TTT {cfg.ttt_steps}, "
+            f"loss {cfg.loss}, aux_noise {cfg.aux_noise:g}, seed {cfg.seed}")
+    if cfg.baseline:
+        text += (f"; watching baseline {cfg.baseline} ({cfg.watch_split} {cfg.watch_metric}, margin "
+                 f"{cfg.watch_margin:g}{', stop if behind' if cfg.stop_if_behind else ''})")
+    return text
