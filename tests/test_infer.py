@@ -218,6 +218,64 @@ def test_drafter_alignment_matches_one_full_pass(target, drafter):
         assert first == int(expected[t]), t
 
 
+
+class ChainRecorder(EagleProposer):
+    """Records each round of the real chain drafting: (tokens so far, the aux rows the drafter has
+    seen for positions 0..t, the K drafts)."""
+
+    def __init__(self, drafter, k):
+        super().__init__(drafter, k=k)
+        self.seen, self.rounds = [], []
+
+    def observe(self, aux):
+        self.seen.append(aux)
+        super().observe(aux)
+
+    def propose(self, tokens, budget, sampling, generator):
+        draft = super().propose(tokens, budget, sampling, generator)
+        self.rounds.append((list(tokens), torch.cat(self.seen), draft.tokens))
+        return draft
+
+
+@pytest.mark.parametrize("norm_output", [False, True])
+def test_ttt_steps_equal_the_chain_drafts_under_teacher_forcing(target, drafter, norm_output):
+    """Train/serve skew guard. In a round at last real position t, the chain feeds its own drafts
+    d_0..d_{k-1} at positions t+1..t+k and drafts d_k. Teacher-force ttt_forward with exactly those
+    tokens as the ground truth (tokens[:t+2] + drafts) and the aux rows the chain saw: the argmax
+    of ttt_forward's step-k logits at position t, as a target id, must be d_k for every k (k>0
+    being the unrolled steps: positions, masks, token shift and the fed-back hidden state)."""
+    from specdraft.train.objective import TeacherHead, ttt_forward
+
+    net = copy.deepcopy(drafter).double()        # float64: no near-tie flips between the two paths
+    net.config.norm_output = norm_output
+    K = 4
+    proposer = ChainRecorder(net, K)
+    prompt = [5, 9, 33, 7, 100, 41, 77]
+    out = generate(target, prompt, proposer, max_new_tokens=30, eos_token_ids={2})
+    assert out.token_ids == hf_greedy(target, prompt, 30)
+
+    step_logits = []                             # what ttt_forward's drafter pass computes, per step
+    compute_logits = net.compute_logits
+    net.compute_logits = lambda h, rows=None: step_logits.append(compute_logits(h, rows)) or step_logits[-1]
+    teacher = TeacherHead(torch.ones(net.config.hidden_size), net.lm_head.weight.detach(), eps=1e-6)
+    checked = 0
+    for tokens, aux, drafts in proposer.rounds:
+        t = len(tokens) - 2                      # last real position; tokens[t+1] is the root
+        ids = torch.tensor([tokens + drafts])    # [1, T], T = t+2+K
+        T = ids.shape[1]
+        aux_rows = torch.zeros(T, *aux.shape[1:], dtype=aux.dtype)
+        aux_rows[:t + 1] = aux                   # positions after t never reach position t
+        batch = {"input_ids": ids, "aux": aux_rows[None], "last": torch.zeros(1, T, net.config.hidden_size),
+                 "loss_mask": torch.ones(1, T), "doc_ids": torch.zeros(1, T, dtype=torch.long),
+                 "position_ids": torch.arange(T)[None]}
+        step_logits.clear()
+        with torch.no_grad():
+            ttt_forward(net, teacher, batch, steps=len(drafts))
+        for k, draft in enumerate(drafts):       # step k's rows are positions 0..T-k-3, in order
+            assert int(net.draft_to_target(step_logits[k][t].argmax())) == draft, (t, k)
+            checked += k > 0
+    assert len(proposer.rounds) >= 8 and checked >= 2 * len(proposer.rounds)
+
 def test_eos_and_budget(target):
     prompt = [17, 4, 99, 23, 8]
     ref = hf_greedy(target, prompt, 30)

@@ -4,8 +4,9 @@ takes [embed(token); hidden] (2H wide), a final norm, and an lm_head over the dr
     aux [B,T,3H] --fc--> h [B,T,H]
     x = cat(input_layernorm(embed(tok)), hidden_norm(h))          [B,T,2H]
     h = residual + attn(x)        residual = h (or hidden_norm(h) with norm_before_residual)
-    h = h + mlp(post_attention_layernorm(h))                      -> hidden_out (pre-norm) [B,T,H]
-    logits = lm_head(norm(hidden_out))                            [B,T,draft_vocab]
+    h = h + mlp(post_attention_layernorm(h))                      decode() -> out (pre-norm) [B,T,H]
+    logits = lm_head(norm(out))                                   compute_logits() [B,T,draft_vocab]
+    next step's hidden = out (or norm(out) with norm_output)      feedback()
 
 Attention keeps its keys/values in a `KVCache` that simply grows: training-time test (TTT) appends
 one block of T keys per unrolled step and passes an explicit boolean mask (see `ttt_mask`), and
@@ -130,18 +131,29 @@ class Eagle3Drafter(nn.Module):
         """aux [B,T,3,H] or [B,T,3H] -> fc -> [B,T,H]."""
         return self.fc(aux.flatten(-2) if aux.dim() == 4 else aux)
 
-    def forward(self, input_ids, hidden, position_ids, mask, cache: KVCache):
-        """One drafter pass: tokens [B,T] + hidden [B,T,H] -> (logits [B,T,Vd], hidden_out [B,T,H]).
-
-        `hidden` is fc(aux) at step 0 and the previous step's hidden_out afterwards; `hidden_out` is
-        pre-norm (what vLLM feeds back) unless config.norm_output.
-        """
-        embeds = self.embed_tokens(input_ids)
+    def decode(self, input_ids, hidden, position_ids, mask, cache: KVCache) -> torch.Tensor:
+        """The decoder layer: tokens [B,T] + hidden [B,T,H] -> its output [B,T,H], before the final norm.
+        `hidden` is fc(aux) at draft step 0 and `feedback()` of the step before afterwards."""
+        embeds = self.embed_tokens(input_ids)                                    # [B,T,H]
         cos, sin = self.rotary_emb(hidden, position_ids)
-        out = self.layers[0](embeds.to(hidden.dtype), hidden, cos, sin, mask, cache)
-        normed = self.norm(out)
-        logits = self.lm_head(normed)
-        return logits, (normed if self.config.norm_output else out)
+        return self.layers[0](embeds.to(hidden.dtype), hidden, cos, sin, mask, cache)
+
+    def compute_logits(self, out: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """decode()'s output [B,T,H] -> logits over the draft vocab [B,T,Vd] (final norm, lm_head).
+        With `rows` (flat positions [R]) -> [R,Vd] there only: training runs the wide lm_head only
+        where a prediction has a teacher (the norm still sees all of `out`: same bits as before)."""
+        normed = self.norm(out)                                                  # [B,T,H]
+        return self.lm_head(normed if rows is None else normed.flatten(0, 1)[rows])
+
+    def feedback(self, out: torch.Tensor) -> torch.Tensor:
+        """What the next draft step takes as `hidden`: decode()'s output as it is (what vLLM feeds
+        back), or after the final norm with config.norm_output."""
+        return self.norm(out) if self.config.norm_output else out
+
+    def forward(self, input_ids, hidden, position_ids, mask, cache: KVCache):
+        """One draft step -> (logits [B,T,Vd], the next step's hidden [B,T,H])."""
+        out = self.decode(input_ids, hidden, position_ids, mask, cache)
+        return self.compute_logits(out), self.feedback(out)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -160,16 +160,13 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
     for k in range(steps):
         tokens = shift_left(input_ids, k + 1, 0)                                  # token t+k+1 at position t
         mask = make_mask(doc_ids, k)                                              # [B,1,T,(k+1)T] (or BlockMask)
-        embeds = drafter.embed_tokens(tokens)
-        cos, sin = drafter.rotary_emb(hidden, position_ids + k)
-        out = drafter.layers[0](embeds.to(hidden.dtype), hidden, cos, sin, mask, cache)   # [B,T,H] pre-norm
-        normed = drafter.norm(out)
+        out = drafter.decode(tokens, hidden, position_ids + k, mask, cache)       # [B,T,H] pre-norm
 
         defined = in_document(doc_ids, k).flatten()                               # [B*T] has a teacher
         trained = valid_positions(doc_ids, loss_mask, k).flatten()                # [B*T] loss-masked too
         rows = defined.nonzero().squeeze(1)                                       # [R]
         is_trained = trained[rows]                                                # [R]
-        logits = drafter.lm_head(normed.flatten(0, 1)[rows])                      # [R, N]
+        logits = drafter.compute_logits(out, rows)                                # [R, N]
         logp = torch.log_softmax(logits.float(), dim=-1)
         t_rows = compact_index[rows + k + 1]                                      # teacher at t+k+1
         t_logp = teacher_logp[t_rows]                                             # [R, N]
@@ -190,7 +187,7 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
             sums[f"count_{k}"] = torch.tensor(float(count), dtype=torch.float64)
             sums[f"full_correct_{k}"] = (prev & correct)[is_trained].sum().double()
             sums[f"prev_correct_{k}"] = prev[is_trained].sum().double()
-        hidden = normed if drafter.config.norm_output else out
+        hidden = drafter.feedback(out)
     return total, sums
 
 
