@@ -123,6 +123,18 @@ def test_ce_loss_and_teacher_from_target():
     torch.testing.assert_close(head.log_probs(last), torch.log_softmax(full[:, rows], -1), atol=1e-5, rtol=1e-5)
 
 
+
+def test_teacher_norm_is_bit_identical_to_the_written_out_rmsnorm():
+    """TeacherHead uses F.rms_norm; on this CPU it gives the bits of the formula it replaced
+    (x * rsqrt(mean(x^2) + eps) * w), so a seeded run's metrics did not move (test_train_golden)."""
+    g = torch.Generator().manual_seed(0)
+    w, rows = torch.randn(64, generator=g), torch.randn(10, 64, generator=g)
+    head = TeacherHead(w, rows, eps=1e-5)
+    for last in (torch.randn(3, 7, 64, generator=g) * 4, torch.randn(50, 64, generator=g).bfloat16()):
+        x = last.float()
+        written_out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+        assert torch.equal(head.logits(last), torch.nn.functional.linear(written_out, rows))
+
 def test_tiny_drafter_overfits_four_samples():
     """Real (random) target hidden states, 4 samples: the drafter learns the teacher's argmax (CE:
     the random target's distributions are flat, so KL alone converges to near-ties)."""

@@ -17,7 +17,7 @@ flex_attention: compiled on CUDA, eager (a slow reference that materialises the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,6 @@ class KVCache:
 
     key: torch.Tensor | None = None
     value: torch.Tensor | None = None
-    extra: dict = field(default_factory=dict)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.key = k if self.key is None else torch.cat([self.key, k], dim=2)

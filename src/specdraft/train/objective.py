@@ -51,8 +51,7 @@ class TeacherHead(nn.Module):
 
     def logits(self, last: torch.Tensor) -> torch.Tensor:
         """last [..., H] (pre-norm) -> draft-vocab logits [..., N]."""
-        x = last.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight
+        x = F.rms_norm(last.float(), self.norm_weight.shape, self.norm_weight, self.eps)   # [..., H]
         return F.linear(x, self.lm_head)
 
     def log_probs(self, last: torch.Tensor) -> torch.Tensor:
