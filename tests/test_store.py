@@ -155,26 +155,3 @@ def test_incomplete_and_foreign_manifests(tmp_path):
         st.HiddenStore(tmp_path / "h")
     with pytest.raises(SpecdraftError, match="not found"):
         st.HiddenStore(tmp_path / "nowhere")
-
-
-def test_dataloader_with_workers_and_padding(tmp_path):
-    samples = random_samples(7)
-    write_store(tmp_path / "h", samples)
-    store = st.HiddenStore(tmp_path / "h")
-    store[0]  # open a handle in the parent: workers must not inherit it through pickling
-    loader = torch.utils.data.DataLoader(store, batch_size=3, collate_fn=st.pad_collate, num_workers=1)
-    seen = 0
-    for batch in loader:
-        B, T = batch["input_ids"].shape
-        assert batch["aux"].shape == (B, T, 3, H) and batch["last"].shape == (B, T, H)
-        for b in range(B):
-            s = samples[seen + b]
-            n = len(s["input_ids"])
-            assert int(batch["attention_mask"][b].sum()) == n
-            assert torch.equal(batch["aux"][b, :n], s["aux"])
-            assert not batch["aux"][b, n:].any()
-        seen += B
-    assert seen == 7
-    # default collation works too for batch_size=1
-    one = next(iter(torch.utils.data.DataLoader(store, batch_size=1)))
-    assert one["aux"].shape == (1, len(samples[0]["input_ids"]), 3, H)

@@ -116,6 +116,24 @@ def test_packed_batches_docs_positions_and_ranks(ws):
     assert full.rows(0) != full.rows(1)
 
 
+def test_batches_read_by_workers_are_the_same_batches_in_the_same_order(ws):
+    """The DataLoader's workers read the store (each opening its own shards, one already open in
+    this process) and give exactly the batches of the in-process read, also from a resume position;
+    reading them leaves the global RNG (the aux-noise draws) where it was."""
+    store = HiddenStore(ws["root"] / "hidden")
+    store[0]
+    ids = list(range(len(store)))
+    here = StoreBatches(store, ids, max_tokens=64, rows_per_batch=2, seed=1)
+    workers = StoreBatches(store, ids, max_tokens=64, rows_per_batch=2, seed=1, workers=2)
+    rng = torch.get_rng_state()
+    for start in (0, 2):
+        got, want = list(workers.batches(1, start)), list(here.batches(1, start))
+        assert len(got) == len(want) == here.num_batches(1) - start
+        for a, b in zip(got, want):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
 # ----------------------------------------------------------------------------- loop
 
 def test_train_writes_metrics_checkpoints_and_best(ws, tmp_path):

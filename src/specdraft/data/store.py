@@ -432,19 +432,3 @@ class HiddenStore(torch.utils.data.Dataset):
         state = self.__dict__.copy()
         state["_handles"], state["_offsets"] = OrderedDict(), {}
         return state
-
-
-def pad_collate(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """DataLoader collate_fn: right-pad samples to the longest; adds attention_mask [B, T]."""
-    T = max(s["input_ids"].shape[0] for s in batch)
-    out = {}
-    for key in ("input_ids", "loss_mask", "aux", "last"):
-        first = batch[0][key]
-        padded = first.new_zeros((len(batch), T, *first.shape[1:]))
-        for b, s in enumerate(batch):
-            padded[b, : s[key].shape[0]] = s[key]
-        out[key] = padded
-    out["attention_mask"] = torch.zeros(len(batch), T, dtype=torch.long)
-    for b, s in enumerate(batch):
-        out["attention_mask"][b, : s["input_ids"].shape[0]] = 1
-    return out

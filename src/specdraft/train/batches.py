@@ -8,6 +8,10 @@ boundary, and `position_ids` restart at 0 in each sample. Everything is a pure f
 A global batch is `rows_per_batch * world_size` rows; rank r takes rows [r*rows_per_batch,
 (r+1)*rows_per_batch) of it, so ranks never share a row. The last global batch of an epoch is
 completed with empty (all padding) rows so that every rank takes the same number of steps.
+
+Batches come out of a torch DataLoader whose batch sampler is that plan of rows: an item is one
+packed row, so with `workers` > 0 the memory-mapped reads and the packing run in worker
+processes while the GPU steps; the batches and their order are the same either way.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class StoreBatches:
     shuffle: bool = True
     rank: int = 0
     world_size: int = 1
+    workers: int = 0                  # DataLoader processes reading ahead (0: read in the loop's process)
 
     def __post_init__(self):
         if self.max_tokens < 4:
@@ -93,33 +98,37 @@ class StoreBatches:
         return mine + [[]] * (self.rows_per_batch - len(mine))
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[dict[str, torch.Tensor]]:
-        """This rank's batches of `epoch`, from batch index `start` (the saved data position)."""
-        for b in range(start, self.num_batches(epoch)):
-            yield self.collate(self.rank_rows(epoch, b))
+        """This rank's batches of `epoch`, from batch index `start` (the saved data position): a
+        DataLoader whose batch sampler is the packed rows, so with `workers` > 0 worker processes
+        read the store ahead of the training step."""
+        plan = [self.rank_rows(epoch, b) for b in range(start, self.num_batches(epoch))]
+        # its own generator: a DataLoader otherwise draws its workers' base seed from the global
+        # RNG, which would move the aux-noise draws of training (and break exact resume)
+        loader = torch.utils.data.DataLoader(self, batch_sampler=plan, collate_fn=stack_rows,
+                                             num_workers=self.workers, generator=torch.Generator())
+        yield from loader
 
-    def collate(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
-        """Rows of sample ids -> the packed batch dict of the training contract."""
-        B, T, H = len(rows), self.max_tokens, self.store.hidden_size
-        dtype = self.store.dtype
-        batch = {"input_ids": torch.zeros(B, T, dtype=torch.long),
-                 "aux": torch.zeros(B, T, 3, H, dtype=dtype),
-                 "last": torch.zeros(B, T, H, dtype=dtype),
-                 "loss_mask": torch.zeros(B, T, dtype=torch.uint8),
-                 "doc_ids": torch.full((B, T), -1, dtype=torch.long),
-                 "position_ids": torch.zeros(B, T, dtype=torch.long)}
-        for r, samples in enumerate(rows):
-            at = 0
-            for doc, s in enumerate(samples):
-                sample = self.store[s]
-                n = min(sample["input_ids"].shape[0], T - at)
-                for key in ("input_ids", "aux", "last", "loss_mask"):
-                    batch[key][r, at:at + n] = sample[key][:n]
-                batch["doc_ids"][r, at:at + n] = doc
-                batch["position_ids"][r, at:at + n] = torch.arange(n)
-                at += n
-        return batch
+    def __getitem__(self, row: list[int]) -> dict[str, torch.Tensor]:
+        """One packed row: its samples one after another, cut at max_tokens, padding after."""
+        T, H, dtype = self.max_tokens, self.store.hidden_size, self.store.dtype
+        packed = {"input_ids": torch.zeros(T, dtype=torch.long),
+                  "aux": torch.zeros(T, 3, H, dtype=dtype),
+                  "last": torch.zeros(T, H, dtype=dtype),
+                  "loss_mask": torch.zeros(T, dtype=torch.uint8),
+                  "doc_ids": torch.full((T,), -1, dtype=torch.long),
+                  "position_ids": torch.zeros(T, dtype=torch.long)}
+        at = 0
+        for doc, s in enumerate(row):
+            sample = self.store[s]
+            n = min(sample["input_ids"].shape[0], T - at)
+            for key in ("input_ids", "aux", "last", "loss_mask"):
+                packed[key][at:at + n] = sample[key][:n]
+            packed["doc_ids"][at:at + n] = doc
+            packed["position_ids"][at:at + n] = torch.arange(n)
+            at += n
+        return packed
 
-    def tokens(self, epoch: int, batch_index: int) -> int:
-        """Real (non-padding) tokens of this rank's part of a batch, without reading the store."""
-        return sum(min(self.lengths[s], self.max_tokens) for row in self.rank_rows(epoch, batch_index)
-                   for s in row)
+
+def stack_rows(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Packed rows ([T, ...] each) -> one batch ([B, T, ...]); the DataLoader's collate_fn."""
+    return {key: torch.stack([row[key] for row in rows]) for key in rows[0]}

@@ -79,14 +79,6 @@ def valid_positions(doc_ids: torch.Tensor, loss_mask: torch.Tensor, step: int) -
     return in_document(doc_ids, step) & shift_left(loss_mask.bool(), step + 2, False)
 
 
-def empty_sums(steps: int, device=None) -> dict[str, torch.Tensor]:
-    z = lambda: torch.zeros((), dtype=torch.float64, device=device)  # noqa: E731
-    sums = {}
-    for k in range(steps):
-        sums.update({f"loss_sum_{k}": z(), f"count_{k}": z(), f"full_correct_{k}": z(), f"prev_correct_{k}": z()})
-    return sums
-
-
 def add_sums(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if a is None:
         return {k: v.detach().clone() for k, v in b.items()}

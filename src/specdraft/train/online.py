@@ -11,7 +11,7 @@ metrics are the same:
   of decoder layer l, HF output_hidden_states[l]; last = the last decoder layer's output before
   the final norm).
 - `OnlineBatches` is train/batches.StoreBatches (same packing, rank sharding, resume positions)
-  whose collate first runs the target once over all samples of the batch (length-bucketed, right-
+  whose batch fetch first runs the target once over all samples of the batch (length-bucketed, right-
   padded), then packs them exactly as the store path does.
 
 Samples are cut to max_tokens before the forward: attention is causal, so the hidden states of
@@ -105,10 +105,11 @@ class OnlineBatches(StoreBatches):
     """StoreBatches over OnlineSamples: the same rows, ranks and resume positions, with one target
     forward per batch instead of reads from the store."""
 
-    def collate(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
+    def __getitems__(self, rows: list[list[int]]) -> list[dict[str, torch.Tensor]]:
+        """The DataLoader's fetch of one batch: all its samples in one target pass, then packed."""
         self.store.prefetch([s for row in rows for s in row])
         try:
-            return super().collate(rows)
+            return [self[row] for row in rows]
         finally:
             self.store.clear()
 
