@@ -395,7 +395,7 @@ def generate(
         raise SpecdraftError("--tree: only with --method eagle3 and greedy decoding (--temperature 0)")
     if method == "eagle3" and drafter is None:
         raise SpecdraftError("--method eagle3: needs --drafter (a checkpoint, a run folder, or untrained)")
-    dev = B.pick_device(device)
+    dev = B.resolve_device(device)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     draft_model = B.load_drafter_for(drafter, target, dev, DTYPES[dtype]) if method == "eagle3" else None
     names = {"greedy": "greedy", "ngram": "ngram", "eagle3": "eagle3-tree" if shape else "eagle3"}
@@ -465,7 +465,7 @@ def bench(
     if any(n.startswith("eagle3") for n in names) and drafter is None:
         raise SpecdraftError("--methods eagle3: needs --drafter (a checkpoint, a run folder, or untrained)")
     conversations = B.read_prompts(prompts, limit)
-    dev = B.pick_device(device)
+    dev = B.resolve_device(device)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     draft_model = (B.load_drafter_for(drafter, target, dev, DTYPES[dtype])
                    if any(n.startswith("eagle3") for n in names) else None)

@@ -36,7 +36,8 @@ def chain_accept_lengths(cond_acc: list[float]) -> list[float]:
 
 def evaluate(drafter: str | Path, store: str | Path, model: str = "default", split: str = "val",
              steps: int = 5, max_tokens: int = 2048, trust_remote_code: bool = False) -> dict:
-    from specdraft.analysis.probe import drafter_metrics, load_drafter_for
+    from specdraft.analysis.probe import drafter_metrics
+    from specdraft.infer.bench import load_drafter_for
     from specdraft.data.store import HiddenStore
     from specdraft.formats import resolve_checkpoint
     from specdraft.targets import load_target

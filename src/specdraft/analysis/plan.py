@@ -125,7 +125,8 @@ def load_accept(text: str) -> tuple[list[float], str]:
 def accept_from_store(drafter, model: str, store: str | Path, samples: int = 64, steps: int = 7,
                       trust_remote_code: bool = False) -> list[float]:
     """cond_acc_k of the drafter on a captured hidden store (train.objective's metrics)."""
-    from specdraft.analysis.probe import drafter_metrics, load_drafter_for, sample_batch
+    from specdraft.analysis.probe import drafter_metrics, sample_batch
+    from specdraft.infer.bench import load_drafter_for
     from specdraft.data.store import HiddenStore
     from specdraft.targets import load_target
 
@@ -224,7 +225,7 @@ def run(drafter=None, model: str = "default", accept: str | None = None, data=No
             verify_ms = measure_verify_ms(target.model, k_max + 1, context)
             measured["verify"] = f"{target.name}, context {context}, this machine"
         if draft_ms is None:
-            from specdraft.analysis.probe import load_drafter_for
+            from specdraft.infer.bench import load_drafter_for
 
             draft_ms = measure_draft_ms(load_drafter_for(drafter, target), context)
             measured["draft"] = f"{drafter}, context {context}, this machine"

@@ -165,22 +165,16 @@ def drafter_metrics(net, target_model, batches, steps: int) -> dict[str, float]:
     return finalize_metrics(sums)
 
 
-def load_drafter_for(drafter: str | Path, target):
-    """The drafter checked against `target` (shapes, aux layers), on the CPU in fp32."""
-    from specdraft.infer.bench import load_drafter_for as load_checked
-
-    return load_checked(str(drafter), target, "cpu", torch.float32)
-
-
 def probe_drafter(drafter: str | Path, model: str, data: str | Path, samples: int = 32, max_tokens: int = 512,
                   steps: int = 5, trust_remote_code: bool = False) -> dict:
     """The drafter as it is on `model`: TTT metrics on hidden states computed on the fly (the seed's
     K2 drafter on K2.5 gave an acceptance length of ~1.5 here, vs 3.2-3.5 on its own target)."""
+    from specdraft.infer.bench import load_drafter_for
     from specdraft.targets import load_target
 
     ids, masks = load_samples(data, samples, max_tokens)
     target = load_target(model, trust_remote_code=trust_remote_code)
-    net = load_drafter_for(drafter, target)
+    net = load_drafter_for(drafter, target)                 # on the CPU in fp32
     layer_ids = list(net.config.aux_layer_ids)
 
     def batches():

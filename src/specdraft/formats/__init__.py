@@ -30,7 +30,8 @@ DETECTED = ("speculators", "sglang", "eagle")  # what we read ("eagle": .bin fro
 IGNORED_KEYS = ("verifier_norm.weight", "verifier_lm_head.weight")  # older speculators saves
 
 
-def dtype_name(tensors: dict[str, torch.Tensor]) -> str:
+def checkpoint_dtype(tensors: dict[str, torch.Tensor]) -> str:
+    """The drafter's weight dtype as config.json names it ('bfloat16'), from fc or lm_head."""
     t = tensors.get("fc.weight", tensors.get("lm_head.weight"))
     return str(t.dtype).removeprefix("torch.") if t is not None else "float32"
 
@@ -115,7 +116,7 @@ def save_checkpoint(folder: str | Path, tensors: dict[str, torch.Tensor], cfg: D
         raise SpecdraftError(f"--format {layout}: unknown; choose one of {', '.join(LAYOUTS)}")
     tensors = _plain_tensors(tensors)
     validate(tensors, cfg, str(folder))
-    dtype = dtype_name(tensors)
+    dtype = checkpoint_dtype(tensors)
     if layout == "speculators":
         config = speculators.build_config(cfg, dtype, speculative_tokens, verifier_architectures(cfg.verifier))
         on_disk = tensors

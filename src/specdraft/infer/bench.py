@@ -23,7 +23,8 @@ DEFAULT_TREE = "4,4,16"
 UNTRAINED = "untrained"
 
 
-def pick_device(device: str) -> str:
+def resolve_device(device: str) -> str:
+    """--device: 'auto' -> cuda when present, else cpu; refuse cuda where there is none."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -49,8 +50,10 @@ def untrained_drafter(target_model, draft_vocab_size: int = 8192, seed: int = 0,
     return drafter.eval()
 
 
-def load_drafter_for(spec: str, target, device: str, dtype: torch.dtype):
-    """--drafter: a checkpoint folder, a run folder (best/ or newest epoch), or `untrained[:N]`."""
+def load_drafter_for(spec: str | Path, target, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """--drafter: a checkpoint folder, a run folder (best/ or newest epoch), or `untrained[:N]`,
+    checked against `target` (shapes, aux layers; a warning for another verifier name)."""
+    spec = str(spec)
     if spec == UNTRAINED or spec.startswith(UNTRAINED + ":"):
         try:
             n = int(spec.split(":", 1)[1]) if ":" in spec else 8192
