@@ -113,7 +113,7 @@ import json, sys
 import torch
 from specdraft.model.config import DrafterConfig
 from specdraft.model.drafter import Eagle3Drafter
-from specdraft.train import distributed
+from specdraft.train import checkpoint, distributed
 from specdraft.train.objective import TeacherHead, TTTObjective
 
 
@@ -150,7 +150,7 @@ if __name__ == "__main__":
     rt = distributed.runtime(sys.argv[1])
     model = rt.wrap_model(build())
     res = losses(model, slice(2 * rt.rank, 2 * rt.rank + 2), rt.reduce_sums)
-    full = distributed.full_state_dict(model.drafter)
+    full = checkpoint.full_state_dict(model.drafter)
     if rt.rank == 0:
         print("LOSSES", json.dumps([res, full["lm_head.weight"].tolist()]))
     distributed.shutdown()
@@ -176,7 +176,7 @@ def test_two_rank_fsdp2_matches_one_process(tmp_path):
     assert one[-1][0] < one[0][0]
     for a, b in zip(one, two, strict=True):
         assert b == pytest.approx(a, rel=1e-4)
-    # the gathered full weights (distributed.full_state_dict) are the one-process weights
+    # the gathered full weights (checkpoint.full_state_dict) are the one-process weights
     torch.testing.assert_close(torch.tensor(lm_head), model.drafter.lm_head.weight.detach(), rtol=1e-4, atol=1e-5)
 
 

@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from specdraft.errors import SpecdraftError
 from specdraft.model.drafter import Eagle3Drafter
@@ -40,23 +41,81 @@ def training_state(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer | No
     A plain (or DDP-trained) drafter gives its own tensors and `optimizer.state_dict()`. A drafter
     sharded with FSDP2 gives the gathered full ones in the same form; that is a collective: every
     rank calls it, and the result is complete on rank 0 only (the one that writes)."""
-    from specdraft.train import distributed
-
-    if distributed.is_sharded(drafter):
-        return distributed.full_training_state(drafter, optimizer)
+    if is_sharded(drafter):
+        return full_training_state(drafter, optimizer)
     return drafter_tensors(drafter), (optimizer.state_dict() if optimizer is not None else None)
 
 
 def load_optimizer_state(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """Set a checkpoint's optimizer state (one-process form) back; under FSDP2 every rank passes
     the full state and keeps its own shard."""
-    from specdraft.train import distributed
-
-    if distributed.is_sharded(drafter):
-        distributed.load_full_optimizer_state(drafter, optimizer, saved)
+    if is_sharded(drafter):
+        load_full_optimizer_state(drafter, optimizer, saved)
     else:
         optimizer.load_state_dict(saved)
 
+
+# ----------------------------------------------------------------------------- FSDP2: full state from shards
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Collective (call on every rank): the full, unsharded state dict of an FSDP2 (or plain)
+    module, on the CPU, complete on rank 0 (other ranks get an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_full_options())
+
+
+def _full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    """True when `module` holds FSDP2-sharded parameters (DTensors)."""
+    if not dist.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def _trained_names(drafter: torch.nn.Module) -> list[str]:
+    """Names of the parameters the loop's optimizer holds, in its order (index i = parameter i)."""
+    return [name for name, p in drafter.named_parameters() if p.requires_grad]
+
+
+def full_training_state(drafter: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None):
+    """Collective: (drafter tensors, optimizer state) of an FSDP2-sharded drafter, gathered on the
+    CPU in the form one process saves (checkpoint.drafter_tensors / optimizer.state_dict(): state
+    keyed by parameter index). Complete on rank 0; other ranks get empty dicts."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    tensors = {k: v.contiguous() for k, v in full_state_dict(drafter).items() if not k.startswith("rotary_emb")}
+    if optimizer is None:
+        return tensors, None
+    by_name = get_optimizer_state_dict(drafter, optimizer, options=_full_options())
+    if not by_name:
+        return tensors, {}
+    index = {name: i for i, name in enumerate(_trained_names(drafter))}
+    state = {index[name]: value for name, value in by_name["state"].items()}
+    groups = [{**group, "params": [index[name] for name in group["params"]]} for group in by_name["param_groups"]]
+    return tensors, {"state": dict(sorted(state.items())), "param_groups": groups}
+
+
+def load_full_optimizer_state(drafter: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Collective: set a full optimizer state (one-process form, as `full_training_state` or a
+    DDP run saved it) into the optimizer of an FSDP2-sharded drafter; each rank keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = _trained_names(drafter)
+    by_name = {"state": {names[i]: value for i, value in saved["state"].items()},
+               "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
+                                for group in saved["param_groups"]]}
+    set_optimizer_state_dict(drafter, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+
+
+# ----------------------------------------------------------------------------- files
 
 def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "python": random.getstate()}

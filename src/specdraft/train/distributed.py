@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 -m specdraft.train --store WS/hidden ...       (or specdraft train --nproc 2)
 
 `torchrun` starts the processes and sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR; this module
-only turns that environment into a `train.loop.Runtime`:
+only turns that environment into a `train.runtime.Runtime`:
 
 - the process group: NCCL when CUDA is there (one GPU per local rank), gloo on CPU;
 - samples sharded by rank: each rank packs the same global batch and takes its own rows
@@ -14,9 +14,9 @@ only turns that environment into a `train.loop.Runtime`:
 - the TTT objective wrapped in DDP (default), or sharded with FSDP2 `fully_shard` for drafters of
   very wide targets (H = 7168: lm_head and optimizer state per rank shrink by the world size).
   Under FSDP2 every rank gathers the full weights and optimizer state to rank 0 for each
-  checkpoint (`full_training_state`), which then writes the same files as a DDP or one-process
+  checkpoint (checkpoint.full_training_state), which then writes the same files as a DDP or one-process
   run; on --resume every rank loads that checkpoint before sharding and hands the full optimizer
-  state back (`load_full_optimizer_state`), so a run may change strategy between resumes.
+  state back (checkpoint.load_full_optimizer_state), so a run may change strategy between resumes.
 
 Gradient averaging: DDP averages each rank's gradient, and each rank's loss is its own mean over
 its trained positions, so the update equals the one-process update over the same global batch
@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 
 from specdraft.errors import SpecdraftError
+from specdraft.train.loop import train
+from specdraft.train.runtime import Runtime, use_bf16
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -157,70 +159,6 @@ def wrap_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool = False):
     return model
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Collective (call on every rank): the full, unsharded state dict of an FSDP2 (or plain)
-    module, on the CPU, complete on rank 0 (other ranks get an empty dict)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    return get_model_state_dict(model, options=_full_options())
-
-
-def _full_options():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def is_sharded(module: torch.nn.Module) -> bool:
-    """True when `module` holds FSDP2-sharded parameters (DTensors)."""
-    if not dist.is_available():
-        return False
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in module.parameters())
-
-
-def replicated(value: torch.Tensor) -> torch.Tensor:
-    """A DTensor (FSDP2's gradient norm is one) as the same plain tensor on every rank (collective);
-    a plain tensor unchanged."""
-    return value.full_tensor() if hasattr(value, "full_tensor") else value
-
-
-def _trained_names(drafter: torch.nn.Module) -> list[str]:
-    """Names of the parameters the loop's optimizer holds, in its order (index i = parameter i)."""
-    return [name for name, p in drafter.named_parameters() if p.requires_grad]
-
-
-def full_training_state(drafter: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None):
-    """Collective: (drafter tensors, optimizer state) of an FSDP2-sharded drafter, gathered on the
-    CPU in the form one process saves (checkpoint.drafter_tensors / optimizer.state_dict(): state
-    keyed by parameter index). Complete on rank 0; other ranks get empty dicts."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    tensors = {k: v.contiguous() for k, v in full_state_dict(drafter).items() if not k.startswith("rotary_emb")}
-    if optimizer is None:
-        return tensors, None
-    by_name = get_optimizer_state_dict(drafter, optimizer, options=_full_options())
-    if not by_name:
-        return tensors, {}
-    index = {name: i for i, name in enumerate(_trained_names(drafter))}
-    state = {index[name]: value for name, value in by_name["state"].items()}
-    groups = [{**group, "params": [index[name] for name in group["params"]]} for group in by_name["param_groups"]]
-    return tensors, {"state": dict(sorted(state.items())), "param_groups": groups}
-
-
-def load_full_optimizer_state(drafter: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """Collective: set a full optimizer state (one-process form, as `full_training_state` or a
-    DDP run saved it) into the optimizer of an FSDP2-sharded drafter; each rank keeps its shard."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    names = _trained_names(drafter)
-    by_name = {"state": {names[i]: value for i, value in saved["state"].items()},
-               "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
-                                for group in saved["param_groups"]]}
-    set_optimizer_state_dict(drafter, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
-
-
 def wrap(model: torch.nn.Module, strategy: str, device: torch.device, bf16: bool = False):
     if strategy == "ddp":
         return wrap_ddp(model, device)
@@ -234,8 +172,6 @@ def wrap(model: torch.nn.Module, strategy: str, device: torch.device, bf16: bool
 def runtime(strategy: str = "ddp", backend: str | None = None, bf16=False):
     """Initialise the process group and return the loop's Runtime for this rank. `bf16` may be a
     function of the device (FSDP2 then gathers parameters in bf16)."""
-    from specdraft.train.runtime import Runtime
-
     if strategy not in STRATEGIES:
         raise SpecdraftError(f"--parallel {strategy}: use one of {', '.join(STRATEGIES)}")
     _, device = init(backend)
@@ -249,9 +185,6 @@ def runtime(strategy: str = "ddp", backend: str | None = None, bf16=False):
 def run(cfg, strategy: str | None = None, setup=None) -> dict:
     """Train `cfg` as this torchrun rank; `setup(cfg, runtime)` may return extra train() arguments
     (online mode: data and target). Rank 0 writes the run folder; every rank returns the same summary."""
-    from specdraft.train.loop import train
-    from specdraft.train.runtime import use_bf16
-
     strategy = strategy or getattr(cfg, "parallel", None) or os.environ.get("SPECDRAFT_PARALLEL", "ddp")
     rt = runtime(strategy, bf16=lambda device: use_bf16(cfg, device))
     if rt.is_main:

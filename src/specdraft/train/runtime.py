@@ -39,6 +39,12 @@ def any_rank(runtime: Runtime, flag: bool) -> bool:
     return float(runtime.reduce_sums({"flag": torch.tensor(float(flag), dtype=torch.float64)})["flag"]) > 0
 
 
+def replicated(value: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP2's gradient norm is one) as the same plain tensor on every rank (collective);
+    a plain tensor unchanged."""
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
 def use_bf16(cfg: RunConfig, device: torch.device) -> bool:
     """bf16 autocast where the hardware does it natively; without AVX512-BF16/AMX a CPU runs bf16
     matmuls an order of magnitude slower than fp32."""

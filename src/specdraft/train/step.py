@@ -21,10 +21,9 @@ from specdraft.metrics import MetricsLog
 from specdraft.model.drafter import Eagle3Drafter
 from specdraft.train import checkpoint as ckpt
 from specdraft.train.config import RunConfig
-from specdraft.train.distributed import replicated
 from specdraft.train.objective import add_sums, finalize_metrics
 from specdraft.train.run_folder import note
-from specdraft.train.runtime import Batches, Runtime, TrainData
+from specdraft.train.runtime import Batches, Runtime, TrainData, replicated
 
 
 @dataclass
