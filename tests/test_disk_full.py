@@ -149,7 +149,7 @@ def test_disk_full_is_one_line_and_keeps_old_outputs(name, ws, full_disk, monkey
 
     line = check_refusal(ws, monkeypatch, capsys, build, PHRASE, after_start=name == "train")
     print(f"\n{name}\t{line}")
-    leftovers = [p for p in Path(armed).parent.rglob("*.tmp")] if Path(armed).exists() else []
+    leftovers = list(Path(armed).rglob("*.tmp")) if Path(armed).exists() else []
     assert not leftovers, f"temp files left behind: {leftovers}"
 
 
