@@ -6,9 +6,6 @@ from pathlib import Path
 TRAIN = Path(__file__).parent.parent / "src" / "specdraft" / "train"
 MAX_FUNCTION_BODY = 60      # lines
 MAX_LOOP = 250              # lines of train/loop.py
-# Not yet short, with the most lines they may have until then: ttt_forward shrinks when it calls
-# the drafter's decode()/compute_logits() instead of re-inlining forward (issue 15, part 4).
-PENDING = {"objective.py:ttt_forward": 71}
 
 
 def function_lengths(path: Path) -> dict[str, int]:
@@ -30,7 +27,7 @@ def function_lengths(path: Path) -> dict[str, int]:
 def test_train_functions_are_short():
     long = {f"{path.name}:{name}": n for path in sorted(TRAIN.glob("*.py"))
             for name, n in function_lengths(path).items()
-            if n > PENDING.get(f"{path.name}:{name}", MAX_FUNCTION_BODY)}
+            if n > MAX_FUNCTION_BODY}
     assert not long, f"functions over {MAX_FUNCTION_BODY} lines in train/: {long}"
     loop_lines = len((TRAIN / "loop.py").read_text().splitlines())
     assert loop_lines < MAX_LOOP, f"train/loop.py has {loop_lines} lines (keep it under {MAX_LOOP})"

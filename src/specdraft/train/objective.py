@@ -120,26 +120,14 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
     rejected at serving time just the same); the rates count loss-masked positions only.
     attention="flex" builds flex-attention BlockMasks (same semantics) instead of boolean masks.
     """
-    if not 1 <= steps <= MAX_TTT_STEPS:
-        raise ValueError(f"ttt steps must be in 1..{MAX_TTT_STEPS}, got {steps}")
-    if loss not in ("kl", "ce"):
-        raise ValueError(f"loss must be 'kl' or 'ce', got {loss!r}")
-    if attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    check_ttt_settings(steps, loss, attention)
     make_mask = ttt_block_mask if attention == "flex" else ttt_mask
     input_ids, doc_ids, loss_mask = batch["input_ids"], batch["doc_ids"], batch["loss_mask"]
     position_ids = batch["position_ids"]
     B, T = input_ids.shape
-    param_dtype = drafter.fc.weight.dtype
+    teacher_logp, teacher_top, compact_index = teacher_targets(teacher, batch)
 
-    # Teacher log-probs once, at positions t' whose next token is in the document: [M, N]
-    need_teacher = in_document(doc_ids, -1)                                       # [B,T]
-    with torch.no_grad():
-        teacher_logp = teacher.log_probs(batch["last"][need_teacher])            # [M, N] fp32
-        teacher_top = teacher_logp.argmax(-1)                                     # [M]
-    compact_index = need_teacher.flatten().long().cumsum(0) - 1                   # flat pos -> row of teacher_logp
-
-    aux = batch["aux"].to(param_dtype)                                            # [B,T,3,H]
+    aux = batch["aux"].to(drafter.fc.weight.dtype)                                # [B,T,3,H]
     if aux_noise > 0 and drafter.training:
         aux = aux + (torch.rand_like(aux) * 2 - 1) * aux_noise
     hidden = drafter.combine_aux(aux)                                             # [B,T,H]
@@ -157,29 +145,53 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
         trained = valid_positions(doc_ids, loss_mask, k).flatten()                # [B*T] loss-masked too
         rows = defined.nonzero().squeeze(1)                                       # [R]
         is_trained = trained[rows]                                                # [R]
-        logits = drafter.compute_logits(out, rows)                                # [R, N]
-        logp = torch.log_softmax(logits.float(), dim=-1)
+        logp = torch.log_softmax(drafter.compute_logits(out, rows).float(), dim=-1)  # [R, N]
         t_rows = compact_index[rows + k + 1]                                      # teacher at t+k+1
-        t_logp = teacher_logp[t_rows]                                             # [R, N]
-        t_top = teacher_top[t_rows]
-        if loss == "kl":
-            per_pos = (t_logp.exp() * (t_logp - logp)).sum(-1)                    # [R]
-        else:
-            per_pos = -logp.gather(1, t_top[:, None]).squeeze(1)
-        per_pos = per_pos[is_trained]
-        count = per_pos.numel()
-        total = total + (step_decay ** k) * per_pos.sum() / max(count, 1)
-
-        with torch.no_grad():
-            correct = logp.argmax(-1) == t_top                                    # [R]
-            prev = through[rows]
-            through[rows] = prev & correct
-            sums[f"loss_sum_{k}"] = per_pos.detach().sum().double()
-            sums[f"count_{k}"] = torch.tensor(float(count), dtype=torch.float64)
-            sums[f"full_correct_{k}"] = (prev & correct)[is_trained].sum().double()
-            sums[f"prev_correct_{k}"] = prev[is_trained].sum().double()
+        t_top = teacher_top[t_rows]                                               # [R]
+        per_pos = position_loss(logp, teacher_logp[t_rows], t_top, loss)[is_trained]
+        total = total + (step_decay ** k) * per_pos.sum() / max(per_pos.numel(), 1)
+        add_step_sums(sums, k, per_pos, logp.argmax(-1) == t_top, through, rows, is_trained)
         hidden = drafter.feedback(out)
     return total, sums
+
+
+def check_ttt_settings(steps: int, loss: str, attention: str) -> None:
+    if not 1 <= steps <= MAX_TTT_STEPS:
+        raise ValueError(f"ttt steps must be in 1..{MAX_TTT_STEPS}, got {steps}")
+    if loss not in ("kl", "ce"):
+        raise ValueError(f"loss must be 'kl' or 'ce', got {loss!r}")
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+
+
+def teacher_targets(teacher: TeacherHead, batch: dict[str, torch.Tensor]):
+    """The teacher's log-probs once, only at positions t' whose next token is in the document
+    (every step k reads its targets from these rows) -> (logp [M, N], argmax [M], flat pos -> row)."""
+    need_teacher = in_document(batch["doc_ids"], -1)                              # [B,T]
+    with torch.no_grad():
+        teacher_logp = teacher.log_probs(batch["last"][need_teacher])            # [M, N] fp32
+        teacher_top = teacher_logp.argmax(-1)                                     # [M]
+    compact_index = need_teacher.flatten().long().cumsum(0) - 1                   # flat pos -> row of teacher_logp
+    return teacher_logp, teacher_top, compact_index
+
+
+def position_loss(logp: torch.Tensor, t_logp: torch.Tensor, t_top: torch.Tensor, loss: str) -> torch.Tensor:
+    """Per-position loss [R]: KL(teacher || draft) over the draft vocab, or CE on the teacher argmax."""
+    if loss == "kl":
+        return (t_logp.exp() * (t_logp - logp)).sum(-1)
+    return -logp.gather(1, t_top[:, None]).squeeze(1)
+
+
+@torch.no_grad()
+def add_step_sums(sums: dict, k: int, per_pos: torch.Tensor, correct: torch.Tensor, through: torch.Tensor,
+                  rows: torch.Tensor, is_trained: torch.Tensor) -> None:
+    """Step k's metric sums; `through` (correct at every step so far) is updated in place."""
+    prev = through[rows]
+    through[rows] = prev & correct
+    sums[f"loss_sum_{k}"] = per_pos.detach().sum().double()
+    sums[f"count_{k}"] = torch.tensor(float(per_pos.numel()), dtype=torch.float64)
+    sums[f"full_correct_{k}"] = (prev & correct)[is_trained].sum().double()
+    sums[f"prev_correct_{k}"] = prev[is_trained].sum().double()
 
 
 class TTTObjective(nn.Module):
