@@ -78,7 +78,8 @@ def build_drafter(model: str, out: Path, draft_vocab: int, prompts: list[list[in
     import torch.nn.functional as F
 
     from specdraft.model.config import DrafterConfig
-    from specdraft.model.drafter import Eagle3Drafter, KVCache, causal_mask, save_drafter
+    from specdraft.formats import save_drafter
+    from specdraft.model.drafter import Eagle3Drafter, KVCache, causal_mask
     from specdraft.targets import load_target
     from specdraft.vocab import count_tokens, mapping_from_counts
 
@@ -141,7 +142,7 @@ def measure_ours(model: str, drafter_dir: Path, prompts: list[list[int]], k: int
 
     from specdraft.infer.eagle import EagleProposer
     from specdraft.infer.speculative import generate
-    from specdraft.model.drafter import load_drafter
+    from specdraft.formats import load_drafter
     from specdraft.targets import load_target
 
     target = load_target(model, dtype=dtype)

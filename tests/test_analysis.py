@@ -10,7 +10,8 @@ from datetime import datetime, timezone
 import pytest
 
 from specdraft import metrics
-from specdraft.analysis import compare, journal, watch
+from specdraft import journal, watch
+from specdraft.analysis import compare
 from specdraft.errors import SpecdraftError
 
 TOKENS_PER_EPOCH = 100_000

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from specdraft.analysis import journal, plan, probe
+from specdraft import journal
+from specdraft.analysis import plan, probe
 from specdraft.errors import SpecdraftError
 
 
@@ -88,7 +89,8 @@ def drafter_dir(tmp_path_factory, tiny_target):
     from transformers import AutoModelForCausalLM
 
     from specdraft.model.config import DrafterConfig
-    from specdraft.model.drafter import Eagle3Drafter, save_drafter
+    from specdraft.formats import save_drafter
+    from specdraft.model.drafter import Eagle3Drafter
     from specdraft.vocab import mapping_from_counts
 
     import numpy as np
@@ -136,7 +138,7 @@ def test_probe_drafter_on_the_fly_matches_captured_store(tmp_path, tiny_target, 
     from transformers import AutoModelForCausalLM
 
     from specdraft.data.store import HiddenStore
-    from specdraft.model.drafter import load_drafter
+    from specdraft.formats import load_drafter
 
     hs = HiddenStore(store)
     batches = [probe.sample_batch(s["input_ids"], s["aux"], s["last"], s["loss_mask"]) for s in hs]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specdraft import vocab
-from specdraft.analysis import journal, probe
+from specdraft import journal
+from specdraft.analysis import probe
 from specdraft.errors import SpecdraftError
 
 

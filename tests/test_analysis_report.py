@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from html.parser import HTMLParser
 
-from specdraft.analysis import journal, report
+from specdraft import journal
+from specdraft.analysis import report
 from test_analysis import fake_run
 
 

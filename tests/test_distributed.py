@@ -237,7 +237,7 @@ def fsdp_runs(ws, tmp_path_factory):
 
 
 def test_two_rank_fsdp_training_matches_one_process(fsdp_runs):
-    from specdraft.model.drafter import load_drafter
+    from specdraft.formats import load_drafter
     from specdraft.train import checkpoint as ckpt
 
     one, two = fsdp_runs

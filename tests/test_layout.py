@@ -31,3 +31,17 @@ def test_train_functions_are_short():
     assert not long, f"functions over {MAX_FUNCTION_BODY} lines in train/: {long}"
     loop_lines = len((TRAIN / "loop.py").read_text().splitlines())
     assert loop_lines < MAX_LOOP, f"train/loop.py has {loop_lines} lines (keep it under {MAX_LOOP})"
+
+
+def test_lower_layers_never_import_higher_ones():
+    """The import-linter contract in pyproject.toml (the layers docs/DESIGN.md draws) holds, counting
+    imports inside functions too."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).parent.parent
+    lint = Path(sys.executable).parent / "lint-imports"
+    result = subprocess.run([str(lint), "--config", str(root / "pyproject.toml"), "--no-cache"], cwd=root,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "1 kept, 0 broken" in result.stdout

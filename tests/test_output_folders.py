@@ -111,7 +111,7 @@ def test_resume_and_overwrite_together_are_refused(ws, run, monkeypatch, capsys)
 def test_train_overwrite_starts_the_run_over(ws, run, monkeypatch, capsys):
     import yaml
 
-    from specdraft.analysis.journal import read
+    from specdraft.journal import read
 
     out = copy(ws, run.name, "overwritten-run")
     code, err, _ = run_cli(monkeypatch, capsys, train_args(ws, out, "--epochs", "1", "--val-fraction", "0",

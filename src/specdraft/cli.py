@@ -273,7 +273,7 @@ def journal_add(run: Path = typer.Argument(..., help="Run folder, e.g. WS/runs/N
                 text: str = typer.Argument(..., help="What was hypothesised, found or decided."),
                 kind: str = typer.Option(..., "--kind", help="hypothesis, result, decision, warning or probe.")):
     """Append a timestamped entry to RUN/journal.md."""
-    from specdraft.analysis import journal
+    from specdraft import journal
 
     entry = journal.add(run, kind, text)
     console.print(f"[green]journal[/] {entry.time} {entry.kind} -> {journal.journal_path(run)}")

@@ -271,7 +271,7 @@ def read_checkpoint_tensors(path: str, keys: list[str], name: str, rows: int | N
 
     index = checkpoint_file(path, "model.safetensors.index.json")
     if index is not None:
-        from specdraft.formats.eagle import index_weight_map
+        from specdraft.weights import index_weight_map
 
         weight_map = index_weight_map(index)
         files = {k: weight_map.get(k) for k in keys}

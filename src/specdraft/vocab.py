@@ -229,12 +229,12 @@ def _read_tensors(path: Path, names: tuple[str, ...]) -> dict[str, torch.Tensor]
     if (path / "model.safetensors").exists():
         files = {n: path / "model.safetensors" for n in names}
     elif (path / "model.safetensors.index.json").exists():
-        from specdraft.formats.eagle import index_weight_map
+        from specdraft.weights import index_weight_map
 
         wmap = index_weight_map(path / "model.safetensors.index.json")
         files = {n: path / wmap[n] for n in names if n in wmap}
     elif (path / "pytorch_model.bin").exists():
-        from specdraft.formats.eagle import read_weights  # weights_only=True, errors as one line
+        from specdraft.weights import read_weights  # weights_only=True, errors as one line
 
         sd = read_weights(path)
         return {n: sd[n] for n in names if n in sd}

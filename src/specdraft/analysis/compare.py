@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from specdraft.analysis.watch import WatchConfig, replay
+from specdraft.watch import WatchConfig, replay
 from specdraft.errors import SpecdraftError
 from specdraft.metrics import Run, curve, load_run
 

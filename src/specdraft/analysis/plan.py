@@ -235,7 +235,7 @@ def run(drafter=None, model: str = "default", accept: str | None = None, data=No
                          "note": "positions past the measured ones repeat the last rate"},
               "verify_ms": extend(verify_ms, k_max + 1), "draft_ms": draft_ms, "measured": measured,
               "options": [asdict(o) for o in options], "best": asdict(best)}
-    from specdraft.analysis import journal
+    from specdraft import journal
     from specdraft.io import write_json
 
     if out is not None:

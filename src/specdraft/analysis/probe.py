@@ -220,7 +220,7 @@ def run(vocabs: list, models: list, data, drafter, samples: int = 32, max_tokens
 
 
 def save(results: list[dict], run: str | Path | None, out: str | Path | None) -> None:
-    from specdraft.analysis import journal
+    from specdraft import journal
     from specdraft.io import write_json
 
     if out is not None:

@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 
 from specdraft import metrics
-from specdraft.analysis import compare, journal
+from specdraft import journal
+from specdraft.analysis import compare
 from specdraft.errors import SpecdraftError
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}

@@ -19,11 +19,12 @@ import torch
 
 from specdraft.errors import SpecdraftError
 from specdraft.formats import sglang, speculators
-from specdraft.formats.eagle import WEIGHT_FILES, read_weights, weights_file
 from specdraft.formats.validate import validate
 from specdraft.io import LOCK_NAME, fsync_dir, os_error_line, read_json, with_umask
 from specdraft.model.config import DrafterConfig
+from specdraft.model.drafter import Eagle3Drafter
 from specdraft.vocab import integer_d2t, t2d_from_d2t
+from specdraft.weights import WEIGHT_FILES, read_weights, weights_file
 
 LAYOUTS = ("speculators", "sglang")           # what we write
 DETECTED = ("speculators", "sglang", "eagle")  # what we read ("eagle": .bin from the official repo)
@@ -265,3 +266,29 @@ def import_checkpoint(src: str | Path, out: str | Path) -> dict:
     save_checkpoint(out, tensors, cfg, layout="speculators")
     return {"source": str(src), "source_layout": layout, "out": str(out), "tensors": len(tensors),
             "has_embed_tokens": "embed_tokens.weight" in tensors, "aux_layer_ids": list(cfg.aux_layer_ids)}
+
+
+# ----------------------------------------------------------------------------- drafter objects
+
+def save_drafter(model: Eagle3Drafter, folder, layout: str = "speculators") -> None:
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()
+               if not k.startswith("rotary_emb")}
+    save_checkpoint(folder, tensors, model.config, layout=layout)
+
+
+def load_drafter(folder, dtype: torch.dtype = torch.float32, target_model=None) -> Eagle3Drafter:
+    """Load any supported layout. Drafters shipped without `embed_tokens` (SGLang/EAGLE exports
+    usually are) take the target's embeddings, which is what they were trained against."""
+    tensors, cfg, _layout = load_checkpoint(folder)
+    if "embed_tokens.weight" not in tensors:
+        if target_model is None:
+            raise SpecdraftError(f"{folder}: checkpoint has no embed_tokens.weight; pass the target "
+                                 "(--model) so its embeddings can be used")
+        tensors["embed_tokens.weight"] = target_model.get_input_embeddings().weight.detach().float()
+    model = Eagle3Drafter(cfg)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in missing if not k.startswith("rotary_emb")]
+    if missing or unexpected:
+        raise SpecdraftError(f"{folder}: checkpoint tensors do not match the drafter "
+                             f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+    return model.to(dtype).eval()

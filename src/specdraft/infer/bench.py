@@ -64,7 +64,7 @@ def load_drafter_for(spec: str | Path, target, device: str = "cpu", dtype: torch
         drafter = untrained_drafter(target.model, n, verifier=target.name)
     else:
         from specdraft.formats import resolve_checkpoint
-        from specdraft.model.drafter import load_drafter
+        from specdraft.formats import load_drafter
 
         drafter = load_drafter(resolve_checkpoint(spec), target_model=target.model)  # embeds if shipped without
     for warning in check_drafter_fits(drafter, target.model, target.name):

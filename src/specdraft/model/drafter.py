@@ -200,32 +200,3 @@ def ttt_block_mask(doc_ids: torch.Tensor, step: int) -> BlockMask:
         return prefix | (j == q_idx)                             # one diagonal per step (and padding sees itself)
 
     return create_block_mask(mask_mod, B, None, T, (step + 1) * T, device=doc_ids.device)
-
-
-def save_drafter(model: Eagle3Drafter, folder, layout: str = "speculators") -> None:
-    from specdraft.formats import save_checkpoint
-
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()
-               if not k.startswith("rotary_emb")}
-    save_checkpoint(folder, tensors, model.config, layout=layout)
-
-
-def load_drafter(folder, dtype: torch.dtype = torch.float32, target_model=None) -> Eagle3Drafter:
-    """Load any supported layout. Drafters shipped without `embed_tokens` (SGLang/EAGLE exports
-    usually are) take the target's embeddings, which is what they were trained against."""
-    from specdraft.errors import SpecdraftError
-    from specdraft.formats import load_checkpoint
-
-    tensors, cfg, _layout = load_checkpoint(folder)
-    if "embed_tokens.weight" not in tensors:
-        if target_model is None:
-            raise SpecdraftError(f"{folder}: checkpoint has no embed_tokens.weight; pass the target "
-                                 "(--model) so its embeddings can be used")
-        tensors["embed_tokens.weight"] = target_model.get_input_embeddings().weight.detach().float()
-    model = Eagle3Drafter(cfg)
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    missing = [k for k in missing if not k.startswith("rotary_emb")]
-    if missing or unexpected:
-        raise SpecdraftError(f"{folder}: checkpoint tensors do not match the drafter "
-                             f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-    return model.to(dtype).eval()

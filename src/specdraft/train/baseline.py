@@ -1,12 +1,12 @@
 """The baseline watch during training (--baseline): loaded before anything is written, replayed
 over the run's own metrics on --resume, fed each record the loop logs. The watch itself (what
-"behind" means) is analysis/watch.py."""
+"behind" means) is watch.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from specdraft.analysis.watch import BaselineWatch
+from specdraft.watch import BaselineWatch
 from specdraft.errors import SpecdraftError
 from specdraft.metrics import load_run
 from specdraft.train.config import RunConfig

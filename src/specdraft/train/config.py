@@ -72,7 +72,7 @@ class RunConfig:
     stop_after: int = setting(0, "Stop this invocation after N steps (0 = run to the end).", low=0)
     tensorboard: bool = setting(False, "Also log to RUN/tensorboard (if tensorboard is installed).")
     progress: bool = setting(True, "Show a progress bar.")
-    # baseline watch (analysis/watch.py): compare with a baseline run at equal tokens_seen
+    # baseline watch (watch.py): compare with a baseline run at equal tokens_seen
     baseline: str | None = setting(None, "Run folder (or metrics.jsonl) to beat, e.g. from scratch: warn in "
                                       "RUN/journal.md when this run stays behind it at equal tokens_seen.")
     stop_if_behind: bool = setting(False, "With --baseline: stop with a checkpoint once the run is behind.")
@@ -111,8 +111,8 @@ class RunConfig:
         return self
 
     def watch_config(self):
-        """The baseline watch's settings (analysis.watch.WatchConfig) from this run's."""
-        from specdraft.analysis.watch import WatchConfig
+        """The baseline watch's settings (watch.WatchConfig) from this run's."""
+        from specdraft.watch import WatchConfig
 
         return WatchConfig(split=self.watch_split, metric=self.watch_metric, margin=self.watch_margin,
                            warmup_tokens=float(self.watch_warmup_tokens), min_points=self.watch_min_points)

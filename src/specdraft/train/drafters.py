@@ -11,7 +11,8 @@ import torch
 from specdraft import vocab as vocab_mod
 from specdraft.errors import SpecdraftError
 from specdraft.model.config import DrafterConfig
-from specdraft.model.drafter import Eagle3Drafter, load_drafter
+from specdraft.formats import load_drafter
+from specdraft.model.drafter import Eagle3Drafter
 from specdraft.train import checkpoint as ckpt
 from specdraft.train.config import RunConfig
 from specdraft.train.inputs import check_resume_inputs

@@ -7,7 +7,7 @@ import contextlib
 import shutil
 from pathlib import Path
 
-from specdraft.analysis import journal
+from specdraft import journal
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder
 from specdraft.train.config import RunConfig

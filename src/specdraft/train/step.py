@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from specdraft.analysis.watch import BaselineWatch
+from specdraft.watch import BaselineWatch
 from specdraft.errors import SpecdraftError
 from specdraft.metrics import MetricsLog
 from specdraft.model.drafter import Eagle3Drafter

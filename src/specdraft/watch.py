@@ -133,7 +133,7 @@ class BaselineWatch:
         verdict = self.update(record)
         if verdict is None:
             return False
-        from specdraft.analysis import journal
+        from specdraft import journal
 
         journal.record(run_dir, "warning", verdict.message, source="watch")
         return True
