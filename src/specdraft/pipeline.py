@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specdraft.errors import SpecdraftError
+from specdraft.io import own_folder
 from specdraft.train.config import resolve_config
 
 RECIPES = Path(__file__).with_name("recipes")       # the shipped recipe files (package data)
@@ -99,8 +100,6 @@ def run_recipe(model: str, workspace: str | Path, recipe: str | Path = "quick", 
     regeneration and capture (auto: vLLM on CUDA when installed, transformers otherwise). The
     workspace is held for the whole recipe (io.own_folder): a second recipe into it fails at once
     instead of mixing stages."""
-    from specdraft.io import own_folder
-
     path = recipe_file(recipe) if isinstance(recipe, str) else recipe
     with own_folder(workspace, "recipe"):
         return _run_stages(model, Path(workspace), load_recipe(path), data, engine)

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 
 from specdraft.errors import SpecdraftError
+from specdraft.io import with_umask
+from specdraft.weights import index_weight_map
 
 DEFAULT_NAME = "default"
 DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -49,8 +51,6 @@ def dequantize_gguf(gguf: Path, out: Path, hub_id: str | None = None) -> Path:
     if (out / "specdraft-source.json").exists():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from specdraft.io import with_umask
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -183,11 +183,9 @@ def check_weights_read(error: Exception, model: str, path: str) -> SpecdraftErro
 def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu",
                 trust_remote_code: bool = False) -> Target:
     """Load model + tokenizer in eval mode; `identity` fingerprints the weights."""
-    from transformers import AutoModelForCausalLM
-
-    from transformers.utils import logging as hf_logging
-
     from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()   # keep stderr for our own progress and one-line errors
     path, name = resolve(model)
@@ -271,8 +269,6 @@ def read_checkpoint_tensors(path: str, keys: list[str], name: str, rows: int | N
 
     index = checkpoint_file(path, "model.safetensors.index.json")
     if index is not None:
-        from specdraft.weights import index_weight_map
-
         weight_map = index_weight_map(index)
         files = {k: weight_map.get(k) for k in keys}
     else:

@@ -19,8 +19,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdraft.data.prepared import load_prepared
+from specdraft.data.store import safe_shard_path
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_path, read_json
+from specdraft.targets import info, load_tokenizer
+from specdraft.weights import index_weight_map, read_weights
 
 FORMAT_VERSION = 1
 CONVENTION = "d2t must hold offsets target_id = draft_id + d2t[draft_id]"
@@ -95,8 +99,6 @@ def _load_token_counts_source(data: Path):
     if data.is_dir() and (data / "manifest.json").exists():
         from safetensors import safe_open
 
-        from specdraft.data.store import safe_shard_path
-
         manifest = read_json(data / "manifest.json", "hidden-store manifest")
         shards = manifest.get("shards") if isinstance(manifest, dict) else None
         if not isinstance(shards, list) or not all(isinstance(e, dict) for e in shards):
@@ -110,7 +112,6 @@ def _load_token_counts_source(data: Path):
         if not ids:
             raise SpecdraftError(f"{data}: hidden store has no shards yet; run `specdraft capture`")
         return np.concatenate(ids), np.concatenate(masks), manifest
-    from specdraft.data.prepared import load_prepared
 
     ds, meta = load_prepared(data)
     ids, mask = _flat_columns_prepared(ds)
@@ -122,8 +123,6 @@ def build_from_data(data: str | Path, size: int, out: str | Path, model: str | N
     ids, mask, meta = _load_token_counts_source(Path(data))
     target = dict(meta.get("target") or {})
     if model is not None:
-        from specdraft.targets import info
-
         tinfo = info(model)
         target = {"id": tinfo["id"], "vocab_size": tinfo["vocab_size"],
                   "fingerprint": target.get("fingerprint", "") if target.get("id") == tinfo["id"] else ""}
@@ -144,8 +143,6 @@ def build_from_data(data: str | Path, size: int, out: str | Path, model: str | N
     vocab_meta = {"target_id": str(target.get("id", "")), "fingerprint": str(target.get("fingerprint", "")),
                   "coverage": round(summary["coverage"], 6), "distinct_tokens": summary["distinct_tokens"]}
     if model is not None:
-        from specdraft.targets import load_tokenizer
-
         vocab_meta["tokenizer"] = tokenizer_fingerprint(load_tokenizer(model))
     save(Vocab(d2t, t2d, vocab_meta), out)
     return summary
@@ -229,13 +226,9 @@ def _read_tensors(path: Path, names: tuple[str, ...]) -> dict[str, torch.Tensor]
     if (path / "model.safetensors").exists():
         files = {n: path / "model.safetensors" for n in names}
     elif (path / "model.safetensors.index.json").exists():
-        from specdraft.weights import index_weight_map
-
         wmap = index_weight_map(path / "model.safetensors.index.json")
         files = {n: path / wmap[n] for n in names if n in wmap}
     elif (path / "pytorch_model.bin").exists():
-        from specdraft.weights import read_weights  # weights_only=True, errors as one line
-
         sd = read_weights(path)
         return {n: sd[n] for n in names if n in sd}
     else:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdraft import journal
 from specdraft.errors import SpecdraftError
 from specdraft.metrics import Run, curve, flatten, load_run
 
@@ -127,13 +128,11 @@ class BaselineWatch:
             return self.verdict
         return None
 
-
     def check(self, record: dict, run_dir: str | Path | None = None) -> bool:
         """update(); when it fires, append the verdict to RUN/journal.md as a warning. True = fired."""
         verdict = self.update(record)
         if verdict is None:
             return False
-        from specdraft import journal
 
         journal.record(run_dir, "warning", verdict.message, source="watch")
         return True

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from specdraft.watch import WatchConfig, replay
 from specdraft.errors import SpecdraftError
+from specdraft.io import atomic_path, ensure_writable_dir
 from specdraft.metrics import Run, curve, load_run
+from specdraft.watch import WatchConfig, replay
 
 DEFAULT_TABLE_METRICS = ("full_acc_0", "cond_acc_1", "accept_len", "loss_0")
 STEP_METRIC = re.compile(r"^(loss|full_acc|cond_acc)_(\d+)$")
@@ -95,7 +96,6 @@ def plot_curves(runs: list[Run], out: str | Path, max_steps: int = 6, smooth: fl
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    from specdraft.io import atomic_path
 
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=90)
@@ -120,8 +120,6 @@ def compare(paths: list[str | Path], out: str | Path | None = None,
                 verdict, _ = replay(r, base, WatchConfig(margin=margin))
                 result["watch"][r.name] = verdict.message if verdict else "not behind baseline"
     if out is not None:
-        from specdraft.io import atomic_path, ensure_writable_dir
-
         out = ensure_writable_dir(out)
         md = out / "compare.md"
         text = f"# Validation per epoch\n\n{markdown_table(header, rows)}"

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdraft.analysis.probe import drafter_metrics
+from specdraft.data.store import HiddenStore
 from specdraft.errors import SpecdraftError
+from specdraft.formats import resolve_checkpoint
+from specdraft.infer.bench import load_drafter_for
+from specdraft.targets import load_target
+from specdraft.train.batches import StoreBatches, split_samples
 
 
 def run_config_of(drafter: Path) -> dict:
@@ -36,13 +42,6 @@ def chain_accept_lengths(cond_acc: list[float]) -> list[float]:
 
 def evaluate(drafter: str | Path, store: str | Path, model: str = "default", split: str = "val",
              steps: int = 5, max_tokens: int = 2048, trust_remote_code: bool = False) -> dict:
-    from specdraft.analysis.probe import drafter_metrics
-    from specdraft.infer.bench import load_drafter_for
-    from specdraft.data.store import HiddenStore
-    from specdraft.formats import resolve_checkpoint
-    from specdraft.targets import load_target
-    from specdraft.train.batches import StoreBatches, split_samples
-
     if split not in ("val", "all"):
         raise SpecdraftError(f"--split {split}: use val (the run's held-out samples) or all")
     checkpoint = resolve_checkpoint(str(drafter))

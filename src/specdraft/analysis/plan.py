@@ -19,7 +19,16 @@ from pathlib import Path
 
 import torch
 
+from specdraft import journal
+from specdraft.analysis.probe import drafter_metrics, sample_batch
+from specdraft.data.store import HiddenStore
 from specdraft.errors import SpecdraftError
+from specdraft.infer.bench import load_drafter_for
+from specdraft.infer.speculative import cache_kwarg, few_row_matmul, target_linears
+from specdraft.io import read_json, write_json
+from specdraft.metrics import load_run
+from specdraft.model.drafter import KVCache, causal_mask
+from specdraft.targets import load_target
 
 
 @dataclass
@@ -107,14 +116,10 @@ def load_accept(text: str) -> tuple[list[float], str]:
     if path.is_dir():
         path = path / "metrics.jsonl"
     if path.suffix == ".jsonl" or path.name == "metrics.jsonl":
-        from specdraft.metrics import load_run
-
         val = load_run(path).split("val")
         rates = cond_rates_from(val[-1]) if val else None
         where = f"{path} (last val record)"
     else:
-        from specdraft.io import read_json
-
         rates, where = cond_rates_from(read_json(path, "acceptance JSON")), str(path)
     if not rates:
         raise SpecdraftError(f"{path}: no per-position acceptance found (cond_acc list, cond_acc_k keys or "
@@ -125,11 +130,6 @@ def load_accept(text: str) -> tuple[list[float], str]:
 def accept_from_store(drafter, model: str, store: str | Path, samples: int = 64, steps: int = 7,
                       trust_remote_code: bool = False) -> list[float]:
     """cond_acc_k of the drafter on a captured hidden store (train.objective's metrics)."""
-    from specdraft.analysis.probe import drafter_metrics, sample_batch
-    from specdraft.infer.bench import load_drafter_for
-    from specdraft.data.store import HiddenStore
-    from specdraft.targets import load_target
-
     target = load_target(model, trust_remote_code=trust_remote_code)
     net = load_drafter_for(drafter, target)
     hs = HiddenStore(store)
@@ -156,8 +156,6 @@ def measure_verify_ms(target_model, n_max: int, context: int, repeats: int = 5) 
     """Latency of one target forward over n = 1..n_max new tokens on top of a KV cache of `context`."""
     from transformers import DynamicCache
 
-    from specdraft.infer.speculative import cache_kwarg, few_row_matmul, target_linears
-
     linears = target_linears(target_model)
     vocab = target_model.config.vocab_size
     g = torch.Generator().manual_seed(0)
@@ -181,8 +179,6 @@ def measure_verify_ms(target_model, n_max: int, context: int, repeats: int = 5) 
 @torch.inference_mode()
 def measure_draft_ms(net, context: int, repeats: int = 10) -> float:
     """Latency of one drafter step (1 token) with a drafter KV cache of `context` positions."""
-    from specdraft.model.drafter import KVCache, causal_mask
-
     H = net.config.hidden_size
     cache = KVCache()
     hidden = torch.randn(1, context, H)                                       # [1, C, H]
@@ -218,15 +214,11 @@ def run(drafter=None, model: str = "default", accept: str | None = None, data=No
         raise SpecdraftError("plan: pass --accept (rates, eval/bench JSON or metrics.jsonl) or --data WS/hidden")
     measured = {}
     if verify_ms is None or (draft_ms is None and drafter is not None):
-        from specdraft.targets import load_target
-
         target = load_target(model, trust_remote_code=trust_remote_code)
         if verify_ms is None:
             verify_ms = measure_verify_ms(target.model, k_max + 1, context)
             measured["verify"] = f"{target.name}, context {context}, this machine"
         if draft_ms is None:
-            from specdraft.infer.bench import load_drafter_for
-
             draft_ms = measure_draft_ms(load_drafter_for(drafter, target), context)
             measured["draft"] = f"{drafter}, context {context}, this machine"
     options = chain_options(rates, verify_ms, draft_ms, k_max)
@@ -235,9 +227,6 @@ def run(drafter=None, model: str = "default", accept: str | None = None, data=No
                          "note": "positions past the measured ones repeat the last rate"},
               "verify_ms": extend(verify_ms, k_max + 1), "draft_ms": draft_ms, "measured": measured,
               "options": [asdict(o) for o in options], "best": asdict(best)}
-    from specdraft import journal
-    from specdraft.io import write_json
-
     if out is not None:
         write_json(out, result)
     if run is not None:

@@ -16,7 +16,15 @@ from pathlib import Path
 
 import torch
 
+from specdraft import journal, vocab
+from specdraft.data.capture import capture_samples
+from specdraft.data.prepared import load_prepared
 from specdraft.errors import SpecdraftError
+from specdraft.infer.bench import load_drafter_for
+from specdraft.io import write_json
+from specdraft.targets import default_aux_layers, load_target
+from specdraft.train.objective import MAX_TTT_STEPS, TeacherHead, add_sums, finalize_metrics, ttt_forward
+from specdraft.vocab import format_diff
 
 # Hidden-state verdict thresholds (per-token cosine and linear CKA, worst aux layer).
 # Why these: fc is linear and the midlayer sees hidden_norm(fc(aux)), so what the drafter learned
@@ -81,16 +89,12 @@ def hidden_verdict(layers: list[LayerStats]) -> str:
 
 def probe_vocabs(a: str | Path, b: str | Path) -> dict:
     """Mapping A vs B: the numbers of `vocab diff` plus its verdict."""
-    from specdraft import vocab
-
     d = vocab.diff(vocab.load(a), vocab.load(b))
     return {"kind": "vocab", **d}
 
 
 def load_samples(data: str | Path, samples: int, max_tokens: int) -> tuple[list[list[int]], list[list[int]]]:
     """The first `samples` prepared samples, cut to `max_tokens`: (input_ids, loss_mask) lists."""
-    from specdraft.data.prepared import load_prepared
-
     if samples < 1 or max_tokens < 2:
         raise SpecdraftError("--samples and --max-tokens must be positive (max-tokens >= 2)")
     ds, _ = load_prepared(data)
@@ -100,8 +104,6 @@ def load_samples(data: str | Path, samples: int, max_tokens: int) -> tuple[list[
 
 def target_hidden(target, samples: list[list[int]], layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """aux [N, 3, H] and last [N, H] (fp32) with capture's exact semantics (its hooks)."""
-    from specdraft.data.capture import capture_samples
-
     aux, last, _ = capture_samples(target.model, samples, layer_ids, torch.float32, 4096)
     return aux, last
 
@@ -109,8 +111,6 @@ def target_hidden(target, samples: list[list[int]], layer_ids: list[int]) -> tup
 def probe_hidden(model_a: str, model_b: str, data: str | Path, samples: int = 32, max_tokens: int = 512,
                  max_positions: int = 8192, trust_remote_code: bool = False) -> dict:
     """Run both targets over the same prepared tokens and compare their hidden states layer by layer."""
-    from specdraft.targets import default_aux_layers, load_target
-
     ids, masks = load_samples(data, samples, max_tokens)
     target_a = load_target(model_a, trust_remote_code=trust_remote_code)
     target_b = load_target(model_b, trust_remote_code=trust_remote_code)
@@ -150,8 +150,6 @@ def sample_batch(input_ids, aux, last, loss_mask) -> dict[str, torch.Tensor]:
 
 def drafter_metrics(net, target_model, batches, steps: int) -> dict[str, float]:
     """train.objective's TTT metrics of `net` (as it is, no training) summed over `batches`."""
-    from specdraft.train.objective import MAX_TTT_STEPS, TeacherHead, add_sums, finalize_metrics, ttt_forward
-
     if not 1 <= steps <= MAX_TTT_STEPS:
         raise SpecdraftError(f"--steps {steps}: must be in 1..{MAX_TTT_STEPS}")
     teacher = TeacherHead.from_target(target_model, net.d2t)
@@ -169,9 +167,6 @@ def probe_drafter(drafter: str | Path, model: str, data: str | Path, samples: in
                   steps: int = 5, trust_remote_code: bool = False) -> dict:
     """The drafter as it is on `model`: TTT metrics on hidden states computed on the fly (the seed's
     K2 drafter on K2.5 gave an acceptance length of ~1.5 here, vs 3.2-3.5 on its own target)."""
-    from specdraft.infer.bench import load_drafter_for
-    from specdraft.targets import load_target
-
     ids, masks = load_samples(data, samples, max_tokens)
     target = load_target(model, trust_remote_code=trust_remote_code)
     net = load_drafter_for(drafter, target)                 # on the CPU in fp32
@@ -220,9 +215,6 @@ def run(vocabs: list, models: list, data, drafter, samples: int = 32, max_tokens
 
 
 def save(results: list[dict], run: str | Path | None, out: str | Path | None) -> None:
-    from specdraft import journal
-    from specdraft.io import write_json
-
     if out is not None:
         write_json(out, results[0] if len(results) == 1 else results)
     if run is None:
@@ -234,8 +226,6 @@ def save(results: list[dict], run: str | Path | None, out: str | Path | None) ->
 
 def format_result(r: dict) -> str:
     if r["kind"] == "vocab":
-        from specdraft.vocab import format_diff
-
         return format_diff(r)
     if r["kind"] == "hidden":
         lines = [f"A: {r['a']}", f"B: {r['b']}"]

@@ -13,10 +13,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from specdraft import metrics
-from specdraft import journal
+from specdraft import journal, metrics
 from specdraft.analysis import compare
 from specdraft.errors import SpecdraftError
+from specdraft.io import atomic_path
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
@@ -104,7 +104,6 @@ def build(runs: list[str | Path], out: str | Path) -> Path:
                     f"<h3>Journal</h3>{journal_html(f)}<h3>Results</h3>{results_html(f)}")
     page = (f"<!DOCTYPE html><html><head><meta charset=utf-8><title>specdraft report</title>"
             f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
-    from specdraft.io import atomic_path
 
     out = Path(out)
     with atomic_path(out) as tmp:

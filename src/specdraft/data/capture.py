@@ -17,9 +17,26 @@ from pathlib import Path
 import torch
 
 from specdraft.data import store as st
+from specdraft.data.prepared import check_prepared_for, load_prepared
+from specdraft.data.vllm_engine import (
+    EngineOptions,
+    capture_engine,
+    choose_engine,
+    engine_options,
+    engine_record,
+    vllm_capture_samples,
+)
 from specdraft.errors import SpecdraftError
-from specdraft.targets import base_model, tap_hidden_states
-
+from specdraft.io import LOCK_NAME, ensure_writable_dir
+from specdraft.targets import (
+    DTYPES,
+    base_model,
+    check_aux_layers,
+    default_aux_layers,
+    describe_target,
+    load_target,
+    tap_hidden_states,
+)
 
 # ---------------------------------------------------------------------------- data
 
@@ -108,8 +125,6 @@ def hidden_state_engine(engine: str, target, layer_ids: list[int], store_dtype: 
     (extract_hidden_states in a vLLM engine; `scratch` holds its per-request files). The two give
     the same tensors (tests/test_vllm_engine.py), so capture and online training take either."""
     if engine == "vllm":
-        from specdraft.data.vllm_engine import capture_engine, vllm_capture_samples
-
         with capture_engine(target, layer_ids, compute_dtype, opts, max_len, scratch) as (llm, _):
             def run_vllm(samples: list[list[int]], first_index: int = 0):
                 aux, last, offsets = vllm_capture_samples(llm, samples, store_dtype, target.hidden_size, on_batch)
@@ -244,8 +259,7 @@ def _size(n: int) -> str:
 
 
 def _progress():
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
-                               TimeRemainingColumn)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
     from rich.text import Text
 
     class TokensPerSecond(ProgressColumn):
@@ -267,11 +281,6 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     `target` may be an already loaded specdraft.targets.Target (benchmarks, online use).
     `engine` is 'hf', 'vllm', 'auto' or a vllm_engine.EngineOptions (tensor parallelism, LLM args).
     """
-    from specdraft.data.prepared import check_prepared_for, load_prepared
-    from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
-    from specdraft.io import LOCK_NAME, ensure_writable_dir
-    from specdraft.targets import DTYPES, check_aux_layers, default_aux_layers, describe_target, load_target
-
     dtype = st.dtype_name(dtype)
     if compute_dtype not in DTYPES:
         raise SpecdraftError(f"--compute-dtype {compute_dtype}: use float32, bfloat16 or float16")

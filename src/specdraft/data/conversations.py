@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from specdraft.data.builtin_prompts import builtin_prompts
 from specdraft.errors import SpecdraftError
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -178,7 +179,6 @@ def load_conversations(source: str, split: str = "train", seed: int = 0, limit: 
         if not regenerate:
             raise SpecdraftError("--data builtin: builtin samples are prompts without answers; "
                                  "pass --regenerate so the target writes them")
-        from specdraft.data.builtin_prompts import builtin_prompts
 
         for i, prompt in enumerate(builtin_prompts(limit, seed=seed, split="train")):
             yield Conversation(messages=[{"role": "user", "content": prompt}], where=f"builtin prompt {i}")

@@ -17,6 +17,7 @@ from rich.console import Console
 from specdraft.data.conversations import Conversation, load_conversations, source_kind
 from specdraft.data.prepared import save_prepared
 from specdraft.data.render import end_of_turn_ids, render, require_chat_template, template_sha256
+from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
 from specdraft.errors import SpecdraftError
 from specdraft.io import ensure_writable_dir
 
@@ -48,8 +49,6 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
 
     `engine` ('auto', 'hf', 'vllm' or a vllm_engine.EngineOptions, whose `endpoint` names a
     running `vllm serve`) is what regenerates; without --regenerate no engine runs."""
-    from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
-
     started = time.perf_counter()
     console = console or Console(stderr=True)
     check_options(max_length, min_assistant_tokens, limit, batch_size, max_new_tokens, temperature)

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from transformers import StoppingCriteria
 
-from specdraft.data.render import encode, render_text
+from specdraft.data import vllm_engine as ve
+from specdraft.data.render import answer_from_ids, encode, render_text
 
 PROGRESS_FILE = "regen.jsonl"
 
@@ -133,8 +134,14 @@ def regenerate(answer, conversations: list[list[dict]], out: Path, settings: Reg
 
     `answer(prompts, seeds, on_step)` is the engine (see answer_engine): one (text, truncated,
     new tokens) per prompt conversation."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     progress_path = out / PROGRESS_FILE
@@ -205,7 +212,6 @@ def answer_engine(engine: str, target, settings: RegenSettings, end_ids: list[in
     if engine == "hf":
         yield lambda prompts, seeds, on_step=None: generate_batch(target, prompts, settings, end_ids, on_step)
         return
-    from specdraft.data import vllm_engine as ve
 
     tok = target.tokenizer
 
@@ -269,14 +275,3 @@ def generate_batch(target, prompts: list[list[dict]], settings: RegenSettings, e
                                    **kwargs)
     new = output[:, width:].tolist()                                          # [B, <= max_new_tokens]
     return [answer_from_ids(tok, ids, True, end_ids) for ids in new]
-
-
-def answer_from_ids(tok, ids: list[int], hit_length: bool, end_ids: list[int]) -> tuple[str, bool, int]:
-    """(text, truncated, new tokens) from one answer's generated ids, whatever engine made them:
-    cut at the first end-of-turn id (engines may or may not return it), decode without specials."""
-    ends = set(end_ids)
-    stop = next((i for i, t in enumerate(ids) if t in ends), None)
-    content = ids if stop is None else ids[:stop]
-    truncated = stop is None and hit_length
-    text = tok.decode(content, skip_special_tokens=True).strip()
-    return text, truncated, len(content) + (0 if truncated else 1)

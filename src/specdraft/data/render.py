@@ -117,3 +117,14 @@ def not_prefix_stable(where: str, turn: int) -> SpecdraftError:
     return SpecdraftError(f"{where or 'conversation'}: the chat template is not prefix-stable (rendering the "
                           f"conversation up to turn {turn} is not a prefix of the whole rendering), so assistant "
                           "tokens cannot be located; use a model whose template renders earlier turns unchanged")
+
+
+def answer_from_ids(tok, ids: list[int], hit_length: bool, end_ids: list[int]) -> tuple[str, bool, int]:
+    """(text, truncated, new tokens) from one answer's generated ids, whatever engine made them:
+    cut at the first end-of-turn id (engines may or may not return it), decode without specials."""
+    ends = set(end_ids)
+    stop = next((i for i, t in enumerate(ids) if t in ends), None)
+    content = ids if stop is None else ids[:stop]
+    truncated = stop is None and hit_length
+    text = tok.decode(content, skip_special_tokens=True).strip()
+    return text, truncated, len(content) + (0 if truncated else 1)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from specdraft.data.render import answer_from_ids
 from specdraft.errors import SpecdraftError
 
 ENGINES = ("auto", "hf", "vllm")
@@ -224,8 +225,6 @@ def vllm_answers(llm, tok, prompt_ids: list[list[int]], settings, end_ids: list[
     """Generate one answer per prompt (token ids) with the offline engine; vLLM schedules the batch."""
     from vllm import SamplingParams
 
-    from specdraft.data.regenerate import answer_from_ids
-
     params = [SamplingParams(**sampling_fields(settings, end_ids, s), detokenize=False) for s in seeds]
     try:
         outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
@@ -279,8 +278,6 @@ def check_endpoint(endpoint: str, target, tok) -> str:
 def endpoint_answers(endpoint: str, served_model: str, tok, prompt_ids: list[list[int]], settings,
                      end_ids: list[int], seeds: list[int]) -> list[tuple[str, bool, int]]:
     """One completions request per prompt, all in flight at once so the server batches them."""
-    from specdraft.data.regenerate import answer_from_ids
-
     def ask(i: int) -> tuple[str, bool, int]:
         body = {"model": served_model, "prompt": prompt_ids[i], "return_token_ids": True,
                 "skip_special_tokens": True, **sampling_fields(settings, end_ids, seeds[i])}

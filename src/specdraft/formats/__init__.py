@@ -20,10 +20,10 @@ import torch
 from specdraft.errors import SpecdraftError
 from specdraft.formats import sglang, speculators
 from specdraft.formats.validate import validate
-from specdraft.io import LOCK_NAME, fsync_dir, os_error_line, read_json, with_umask
+from specdraft.io import LOCK_NAME, fsync_dir, os_error_line, read_json, with_umask, write_json
 from specdraft.model.config import DrafterConfig
 from specdraft.model.drafter import Eagle3Drafter
-from specdraft.vocab import integer_d2t, t2d_from_d2t
+from specdraft.vocab import check_mapping, integer_d2t, t2d_from_d2t
 from specdraft.weights import WEIGHT_FILES, read_weights, weights_file
 
 LAYOUTS = ("speculators", "sglang")           # what we write
@@ -110,8 +110,6 @@ def save_checkpoint(folder: str | Path, tensors: dict[str, torch.Tensor], cfg: D
     (e.g. optimizer state), so it lands inside the same atomic swap."""
     from safetensors.torch import save_file
 
-    from specdraft.io import write_json
-
     folder = Path(folder)
     if layout not in LAYOUTS:
         raise SpecdraftError(f"--format {layout}: unknown; choose one of {', '.join(LAYOUTS)}")
@@ -180,7 +178,6 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, torch.Tensor], Drafte
         if "t2d" in tensors:
             tensors["t2d"] = tensors["t2d"].to(torch.bool)
         elif tensors["d2t"].numel() != cfg.vocab_size:
-            from specdraft.vocab import check_mapping
             check_mapping(tensors["d2t"], None, where, cfg.vocab_size)
             tensors["t2d"] = t2d_from_d2t(tensors["d2t"], cfg.vocab_size)
     validate(tensors, cfg, where)

@@ -12,11 +12,17 @@ from pathlib import Path
 
 import torch
 
+from specdraft.data.builtin_prompts import builtin_prompts
 from specdraft.errors import SpecdraftError
+from specdraft.formats import load_drafter, resolve_checkpoint
 from specdraft.infer.eagle import EagleProposer, TreeShape, check_drafter_fits
 from specdraft.infer.ngram import NgramProposer
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import Generation, Profile, eos_ids_of, generate, per_position_accept
+from specdraft.io import atomic_path
+from specdraft.model.config import DrafterConfig
+from specdraft.model.drafter import Eagle3Drafter
+from specdraft.targets import default_aux_layers
 
 METHODS = ("greedy", "ngram", "eagle3", "eagle3-tree")
 DEFAULT_TREE = "4,4,16"
@@ -34,10 +40,6 @@ def resolve_device(device: str) -> str:
 
 def untrained_drafter(target_model, draft_vocab_size: int = 8192, seed: int = 0, verifier: str = ""):
     """Random drafter over the first N target ids (timing only: it is almost never accepted)."""
-    from specdraft.model.config import DrafterConfig
-    from specdraft.model.drafter import Eagle3Drafter
-    from specdraft.targets import default_aux_layers
-
     tc = target_model.config
     n = min(draft_vocab_size, tc.vocab_size)
     torch.manual_seed(seed)
@@ -63,9 +65,6 @@ def load_drafter_for(spec: str | Path, target, device: str = "cpu", dtype: torch
             raise SpecdraftError(f"--drafter {spec}: the draft vocab size N must be >= 1, e.g. untrained:8192")
         drafter = untrained_drafter(target.model, n, verifier=target.name)
     else:
-        from specdraft.formats import resolve_checkpoint
-        from specdraft.formats import load_drafter
-
         drafter = load_drafter(resolve_checkpoint(spec), target_model=target.model)  # embeds if shipped without
     for warning in check_drafter_fits(drafter, target.model, target.name):
         print(f"warning: {warning}", file=sys.stderr)
@@ -84,8 +83,6 @@ def read_prompts(source: str, limit: int | None = None) -> list[list[dict]]:
     """`builtin-holdout`, or a jsonl file of {"messages": [...]} (or {"prompt": "..."}): every
     message before the first assistant turn (system + user) is the prompt."""
     if source == "builtin-holdout":
-        from specdraft.data.builtin_prompts import builtin_prompts
-
         conversations = [[{"role": "user", "content": p}] for p in builtin_prompts(limit or 32, split="holdout")]
     else:
         path = Path(source)
@@ -235,8 +232,6 @@ def plot(report: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from specdraft.io import atomic_path
 
     names = list(report["methods"])
     speeds = [report["methods"][n]["tokens_per_s"] for n in names]

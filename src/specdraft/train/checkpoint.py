@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from specdraft.errors import SpecdraftError
+from specdraft.formats import save_checkpoint
 from specdraft.model.drafter import Eagle3Drafter
 
 STATE_FILE = "trainer_state.pt"
@@ -131,8 +132,6 @@ def save(folder: str | Path, model: Eagle3Drafter, trainer_state: dict | None = 
          extra_json: dict[str, dict] | None = None, tensors: dict[str, torch.Tensor] | None = None) -> Path:
     """Drafter weights + config.json (+ trainer_state.pt, + small json files), atomically.
     `tensors` (from `training_state`) replace the model's own, e.g. when its weights are sharded."""
-    from specdraft.formats import save_checkpoint
-
     extra = {}
     if trainer_state is not None:
         extra[STATE_FILE] = lambda path: torch.save(trainer_state, path)

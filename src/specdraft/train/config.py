@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Literal
 
 from specdraft.errors import SpecdraftError
+from specdraft.io import atomic_path
+from specdraft.watch import WatchConfig
 
 
 def setting(default, help: str, *, low=None, high=None, short: str | None = None):
@@ -112,8 +114,6 @@ class RunConfig:
 
     def watch_config(self):
         """The baseline watch's settings (watch.WatchConfig) from this run's."""
-        from specdraft.watch import WatchConfig
-
         return WatchConfig(split=self.watch_split, metric=self.watch_metric, margin=self.watch_margin,
                            warmup_tokens=float(self.watch_warmup_tokens), min_points=self.watch_min_points)
 
@@ -203,8 +203,6 @@ def resolve_config(config_file: str | Path | None = None, **overrides) -> RunCon
 
 def save_yaml(cfg: RunConfig, path: str | Path) -> None:
     import yaml
-
-    from specdraft.io import atomic_path
 
     with atomic_path(path) as tmp:
         tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

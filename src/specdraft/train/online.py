@@ -30,8 +30,13 @@ from pathlib import Path
 
 import torch
 
+from specdraft.data.capture import capture_samples, hidden_state_engine
+from specdraft.data.prepared import check_prepared_for, load_prepared
+from specdraft.data.vllm_engine import choose_engine
 from specdraft.errors import SpecdraftError
+from specdraft.targets import check_aux_layers, default_aux_layers, load_target, load_target_head
 from specdraft.train.batches import StoreBatches, split_samples
+from specdraft.train.runtime import TrainData
 
 
 class OnlineSamples:
@@ -58,8 +63,6 @@ class OnlineSamples:
 
     def prefetch(self, ids: list[int]) -> None:
         """One target pass (length-bucketed batches) over samples `ids`; results kept until clear()."""
-        from specdraft.data.capture import capture_samples
-
         ids = [i for i in dict.fromkeys(ids) if i not in self._ready]
         if not ids:
             return
@@ -82,8 +85,6 @@ class OnlineSamples:
         """Run the target in a vLLM capture engine (EngineOptions `engine`) until close() or exit."""
         import atexit
         import tempfile
-
-        from specdraft.data.capture import hidden_state_engine
 
         dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
         atexit.register(self.close)   # stops the engine and removes its scratch folder
@@ -120,9 +121,6 @@ def online_samples(target, data: str | Path, layer_ids: list[int] | None = None,
 
     `engine` (vllm_engine.EngineOptions) runs the target in a vLLM engine started here for the
     life of this process; None runs it with hooks on target.model."""
-    from specdraft.data.prepared import check_prepared_for, load_prepared
-    from specdraft.targets import check_aux_layers, default_aux_layers
-
     ds, meta = load_prepared(data)
     check_prepared_for(meta, target, data, "train online")
     L = target.num_layers
@@ -143,8 +141,6 @@ def online_samples(target, data: str | Path, layer_ids: list[int] | None = None,
 def online_data(cfg, runtime, target, data: str | Path, layer_ids: list[int] | None = None, engine=None):
     """The loop's TrainData for online mode: the same split, packing and rank sharding as
     train.loop.store_data, over prepared samples run through `target` (or `engine`, vLLM)."""
-    from specdraft.train.runtime import TrainData
-
     samples = online_samples(target, data, layer_ids, max_tokens=cfg.max_tokens, engine=engine)
     train_ids, val_ids = split_samples(len(samples), cfg.val_fraction, cfg.seed)
     common = dict(max_tokens=cfg.max_tokens, rows_per_batch=cfg.rows_per_batch, seed=cfg.seed,
@@ -158,9 +154,6 @@ def online_setup(data: str | Path | None, engine=None):
     """For `--online --data WS/data`: a function (cfg, runtime) -> train() keyword arguments, the
     target loaded once on this rank's device (teacher head, embeddings and hidden states) and the
     online TrainData. `engine` (vllm_engine.EngineOptions) may move the hidden states to vLLM."""
-    from specdraft.data.vllm_engine import choose_engine
-    from specdraft.targets import load_target, load_target_head
-
     if not data:
         raise SpecdraftError("--online: pass --data WS/data (the prepared data the target runs over)")
 
