@@ -102,3 +102,19 @@ def test_recipe_through_the_vllm_engine(tmp_path):
     assert json.loads((ws / "hidden" / "manifest.json").read_text())["engine"]["name"] == "vllm"
     assert summary["identical_to_greedy"] == {"greedy": True, "ngram": True, "eagle3": True}
     assert "--engine vllm" in (ws / "recipe.log").read_text()
+
+
+def test_recipe_log_holds_each_stage_output(tmp_path, capsys):
+    """recipe.log records what a stage said (its output and its error), not only the command."""
+    from rich.console import Console
+
+    from specdraft.pipeline import run_stage
+
+    log = tmp_path / "recipe.log"
+    run_stage(Console(file=open(tmp_path / "console", "w")), ["--help"], log)
+    with pytest.raises(SpecdraftError, match="exited 2"):
+        run_stage(Console(file=open(tmp_path / "console", "w")), ["capture", "--no-such-flag"], log)
+    text = log.read_text()
+    assert "$ specdraft --help" in text and "Usage:" in text and "exit 0 after" in text
+    assert "No such option: --no-such-flag" in text and "exit 2 after" in text
+    assert "Usage:" in capsys.readouterr().out        # and the console still shows it

@@ -213,11 +213,6 @@ def export_cmd(
     run_or_ckpt: Path = typer.Argument(..., help="Checkpoint folder, or a run folder WS/runs/NAME (best/, else newest epoch)."),
     fmt: str = typer.Option("speculators", "--format", help="speculators (vLLM) or sglang."),
     out: Path = typer.Option(..., "--out", help="Output folder for the exported drafter."),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="Weights dtype: bfloat16 (what vLLM/SGLang serve), float16 or float32."),
-    no_embeddings: bool = typer.Option(False, "--no-embeddings", help="Drop embed_tokens (engines then use the "
-                                       "target's); refused unless they equal the target's (--model)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="The target, to check --no-embeddings against "
-                                        "(Hub id, local folder, .gguf, or 'default')."),
     speculative_tokens: int = typer.Option(3, "--speculative-tokens", help="Default draft length written into the speculators config."),
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -229,14 +224,11 @@ def export_cmd(
         raise SpecdraftError(f"--speculative-tokens {speculative_tokens}: must be >= 1 (vLLM's "
                              "num_speculative_tokens; 3-5 is usual)")
     with own_folder(out, "export"):
-        summary = export(run_or_ckpt, out, fmt, speculative_tokens=speculative_tokens, dtype=dtype,
-                         embeddings=not no_embeddings, model=model)
+        summary = export(run_or_ckpt, out, fmt, speculative_tokens=speculative_tokens)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
-        shared = "" if summary["has_embed_tokens"] else ", no embeddings: engines use the target's"
-        console.print(f"[green]exported[/] {summary['source']} ({summary['source_layout']}) -> {out} ({fmt}, "
-                      f"{summary['dtype']}, {summary['weight_bytes'] / 1e6:.1f} MB{shared}; model card README.md)")
+        console.print(f"[green]exported[/] {summary['source']} ({summary['source_layout']}) -> {out} ({fmt})")
 
 
 @app.command("import")
@@ -453,12 +445,12 @@ def bench(
     trust_remote_code: bool = TRUST,
 ):
     """Wall-clock speed of greedy (transformers generate), n-gram and EAGLE-3 on the same prompts."""
-    from rich.progress import Progress
     from rich.table import Table
 
     from specdraft.infer import bench as B
     from specdraft.infer.eagle import TreeShape
     from specdraft.io import write_json
+    from specdraft.progress import progress as progress_of
     from specdraft.targets import DTYPES, load_target
 
     names = [n.strip() for n in methods.split(",") if n.strip()]
@@ -478,10 +470,9 @@ def bench(
     draft_model = (B.load_drafter_for(drafter, target, dev, DTYPES[dtype])
                    if any(n.startswith("eagle3") for n in names) else None)
     total = len(conversations) * len(set(names) | {"greedy"})
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("bench", total=total)
+    with progress_of("bench", total, 0, "runs", console=console) as tracker:
         report = B.bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram_max, ngram_min,
-                         progress=lambda name: bar.update(task, advance=1, description=name))
+                         progress=lambda name: tracker.advance(1, method=name))
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "tree": [shape.depth, shape.topk, shape.total] if "eagle3-tree" in names else None,

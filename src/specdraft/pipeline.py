@@ -17,6 +17,7 @@ import json
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,20 +78,44 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def run_stage(console: Console, args: list[str], log: Path) -> None:
-    """Run one `specdraft` command in a child process (progress bars go to the terminal)."""
+    """Run one `specdraft` command in a child process; what it prints goes to the console and into
+    `log` (recipe.log), so a recipe's log holds each stage's own progress and errors."""
     shown = "specdraft " + " ".join(shlex.quote(a) for a in args)
     console.print(f"\n[bold cyan]$ {shown}[/]", highlight=False)
     with log.open("a") as f:
         f.write(f"$ {shown}\n")
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "specdraft.cli", *args])
+    returncode = tee_command([sys.executable, "-m", "specdraft.cli", *args], log)
     seconds = time.perf_counter() - started
     with log.open("a") as f:
-        f.write(f"  exit {result.returncode} after {seconds:.1f} s\n")
-    if result.returncode != 0:
-        raise SpecdraftError(f"recipe stopped: `{shown}` exited {result.returncode}; fix the problem above "
+        f.write(f"  exit {returncode} after {seconds:.1f} s\n")
+    if returncode != 0:
+        raise SpecdraftError(f"recipe stopped: `{shown}` exited {returncode}; fix the problem above "
                              "and re-run the recipe (finished stages are skipped)")
     console.print(f"[dim]  done in {seconds:.0f} s[/]")
+
+
+def tee_command(command: list[str], log: Path) -> int:
+    """Run `command`; copy each line of its stdout and stderr to ours and to `log` as it comes.
+    The child writes to pipes, so its progress is plain lines (specdraft.progress), not bars."""
+    lock = threading.Lock()
+    with log.open("a", encoding="utf-8") as f, subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+            bufsize=1) as child:
+        def copy(pipe, stream) -> None:
+            for line in pipe:
+                with lock:
+                    stream.write(line)
+                    stream.flush()
+                    f.write(line)
+                    f.flush()
+        threads = [threading.Thread(target=copy, args=(child.stdout, sys.stdout)),
+                   threading.Thread(target=copy, args=(child.stderr, sys.stderr))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return child.wait()
 
 
 def run_recipe(model: str, workspace: str | Path, recipe: str | Path = "quick", data: str = "builtin",

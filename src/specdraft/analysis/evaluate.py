@@ -15,6 +15,7 @@ from specdraft.data.store import HiddenStore
 from specdraft.errors import SpecdraftError
 from specdraft.formats import resolve_checkpoint
 from specdraft.infer.bench import load_drafter_for
+from specdraft.progress import track
 from specdraft.targets import load_target
 from specdraft.train.batches import StoreBatches, split_samples
 
@@ -64,7 +65,9 @@ def evaluate(drafter: str | Path, store: str | Path, model: str = "default", spl
     if not ids:
         raise SpecdraftError(f"{store}: no samples to evaluate in split {split!r}")
     batches = StoreBatches(hidden, ids, max_tokens=max_tokens, shuffle=False)
-    metrics = drafter_metrics(net, target.model, batches.batches(0), steps)
+    shown = track(batches.batches(0), "eval", batches.num_batches(0), "batches",
+                  tokens=lambda b: int(b["loss_mask"].numel()))
+    metrics = drafter_metrics(net, target.model, shown, steps)
     cond = [metrics[f"cond_acc_{k}"] for k in range(steps)]
     return {"drafter": str(checkpoint), "store": str(store), "model": target.name, "split": split_used,
             "steps": steps, "cond_acc": cond, "full_acc": [metrics[f"full_acc_{k}"] for k in range(steps)],

@@ -28,6 +28,7 @@ from specdraft.infer.speculative import cache_kwarg, few_row_matmul, target_line
 from specdraft.io import read_json, write_json
 from specdraft.metrics import load_run
 from specdraft.model.drafter import KVCache, causal_mask
+from specdraft.progress import track
 from specdraft.targets import load_target
 
 
@@ -133,8 +134,10 @@ def accept_from_store(drafter, model: str, store: str | Path, samples: int = 64,
     target = load_target(model, trust_remote_code=trust_remote_code)
     net = load_drafter_for(drafter, target)
     hs = HiddenStore(store)
+    n = min(samples, len(hs))
     batches = (sample_batch(s["input_ids"], s["aux"].float(), s["last"].float(), s["loss_mask"])
-               for s in (hs[i] for i in range(min(samples, len(hs)))))
+               for s in (hs[i] for i in range(n)))
+    batches = track(batches, "plan: acceptance", n, "samples", tokens=lambda b: int(b["loss_mask"].numel()))
     m = drafter_metrics(net, target.model, batches, steps)
     return [m[f"cond_acc_{k}"] for k in range(steps)]
 
@@ -164,7 +167,7 @@ def measure_verify_ms(target_model, n_max: int, context: int, repeats: int = 5) 
     with_cache = {cache_kwarg(target_model): cache}
     target_model(input_ids=prompt, use_cache=True, logits_to_keep=1, **with_cache)
     out = []
-    for n in range(1, n_max + 1):
+    for n in track(range(1, n_max + 1), "plan: verify timing", n_max, "lengths"):
         ids = torch.randint(0, vocab, (1, n), generator=g)
         pos = torch.arange(context, context + n)[None]
 

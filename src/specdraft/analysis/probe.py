@@ -22,6 +22,7 @@ from specdraft.data.prepared import load_prepared
 from specdraft.errors import SpecdraftError
 from specdraft.infer.bench import load_drafter_for
 from specdraft.io import write_json
+from specdraft.progress import progress, track
 from specdraft.targets import default_aux_layers, load_target
 from specdraft.train.objective import MAX_TTT_STEPS, TeacherHead, add_sums, finalize_metrics, ttt_forward
 from specdraft.vocab import format_diff
@@ -102,9 +103,13 @@ def load_samples(data: str | Path, samples: int, max_tokens: int) -> tuple[list[
     return ([list(r)[:max_tokens] for r in rows["input_ids"]], [list(m)[:max_tokens] for m in rows["loss_mask"]])
 
 
-def target_hidden(target, samples: list[list[int]], layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """aux [N, 3, H] and last [N, H] (fp32) with capture's exact semantics (its hooks)."""
-    aux, last, _ = capture_samples(target.model, samples, layer_ids, torch.float32, 4096)
+def target_hidden(target, samples: list[list[int]], layer_ids: list[int],
+                  label: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """aux [N, 3, H] and last [N, H] (fp32) with capture's exact semantics (its hooks); progress
+    over tokens is shown under `label` when given."""
+    with progress(label or "", sum(map(len, samples)), 0, "tokens", enabled=label is not None) as tracker:
+        aux, last, _ = capture_samples(target.model, samples, layer_ids, torch.float32, 4096,
+                                       on_batch=lambda n: tracker.advance(n, tokens=n))
     return aux, last
 
 
@@ -124,9 +129,9 @@ def probe_hidden(model_a: str, model_b: str, data: str | Path, samples: int = 32
                              "targets that share a tokenizer")
     layers_a, layers_b = default_aux_layers(target_a.num_layers), default_aux_layers(target_b.num_layers)
     name_a = target_a.name
-    aux_a, last_a = target_hidden(target_a, ids, layers_a)
+    aux_a, last_a = target_hidden(target_a, ids, layers_a, f"probe: {name_a}")
     del target_a   # one target in memory at a time
-    aux_b, last_b = target_hidden(target_b, ids, layers_b)
+    aux_b, last_b = target_hidden(target_b, ids, layers_b, f"probe: {target_b.name}")
     mask = torch.tensor([m for row in masks for m in row], dtype=torch.bool)        # [N]
     keep = mask.nonzero().flatten() if mask.any() else torch.arange(mask.numel())
     if keep.numel() > max_positions:   # a fixed, spread-out subset keeps CKA cheap
@@ -177,7 +182,8 @@ def probe_drafter(drafter: str | Path, model: str, data: str | Path, samples: in
             aux, last = target_hidden(target, [row], layer_ids)
             yield sample_batch(row, aux, last, mask)
 
-    metrics = drafter_metrics(net, target.model, batches(), steps)
+    shown = track(batches(), "probe", len(ids), "samples", tokens=lambda b: int(b["loss_mask"].numel()))
+    metrics = drafter_metrics(net, target.model, shown, steps)
     accept = metrics["accept_len"]
     verdict = (f"simulated acceptance length {accept:.2f}: "
                + ("the drafter already helps on this target" if accept >= 2.0 else

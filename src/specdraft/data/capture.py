@@ -28,6 +28,7 @@ from specdraft.data.vllm_engine import (
 )
 from specdraft.errors import SpecdraftError
 from specdraft.io import LOCK_NAME, ensure_writable_dir
+from specdraft.progress import progress as progress_of
 from specdraft.targets import (
     DTYPES,
     base_model,
@@ -258,20 +259,6 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def _progress():
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
-    from rich.text import Text
-
-    class TokensPerSecond(ProgressColumn):
-        def render(self, task):
-            speed = task.finished_speed or task.speed
-            return Text(f"{speed:,.0f} tok/s" if speed else "- tok/s")
-
-    from rich.console import Console
-    return Progress(TextColumn("capture"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
-                    TokensPerSecond(), TimeRemainingColumn(), console=Console(stderr=True), transient=False)
-
-
 def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | None = None,
             dtype: str = "bfloat16", batch_tokens: int = 4096, shard_tokens: int = 65536,
             resume: bool = False, trust_remote_code: bool = False, compute_dtype: str = "float32",
@@ -336,14 +323,9 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     _check_disk(out, remaining, target.hidden_size, dtype)
 
     store_dtype = st.STORE_DTYPES[dtype]
-    bar = _progress() if progress else None
-    task = bar.add_task("capture", total=sum(lengths), completed=sum(lengths) - remaining) if bar else None
-    advance = (lambda n: bar.advance(task, n)) if bar else None
-    try:
-        if bar:
-            bar.start()
+    with progress_of("capture", sum(lengths), sum(lengths) - remaining, "tokens", enabled=progress) as tracker:
         with hidden_state_engine(engine_name, target, layer_ids, store_dtype, batch_tokens, compute_name, opts,
-                                 max(lengths), out, on_batch=advance) as run_target:
+                                 max(lengths), out, on_batch=lambda n: tracker.advance(n, tokens=n)) as run_target:
             # The manifest goes down once the engine runs and before the first shard: a capture killed
             # after writing a shard can always be resumed (a shard without a manifest could not be told
             # from a stranger's file), and an engine that fails to start leaves --out as it was.
@@ -355,13 +337,6 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
                 loss_mask = torch.tensor([m for s in rows["loss_mask"] for m in s], dtype=torch.uint8)
                 writer.write_shard(aux, last, input_ids, loss_mask, offsets)
                 del aux, last
-    except BaseException:
-        if bar:   # a failed capture ends on its one-line error, not on a stale progress bar
-            bar.live.transient = True
-        raise
-    finally:
-        if bar:
-            bar.stop()
     writer.save(complete=True)
     return writer.manifest
 

@@ -23,6 +23,7 @@ from transformers import StoppingCriteria
 
 from specdraft.data import vllm_engine as ve
 from specdraft.data.render import answer_from_ids, encode, render_text
+from specdraft.progress import progress as progress_of
 
 PROGRESS_FILE = "regen.jsonl"
 
@@ -134,15 +135,6 @@ def regenerate(answer, conversations: list[list[dict]], out: Path, settings: Reg
 
     `answer(prompts, seeds, on_step)` is the engine (see answer_engine): one (text, truncated,
     new tokens) per prompt conversation."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     out.mkdir(parents=True, exist_ok=True)
     progress_path = out / PROGRESS_FILE
     finished = load_progress(progress_path)
@@ -160,40 +152,38 @@ def regenerate(answer, conversations: list[list[dict]], out: Path, settings: Reg
     missing = sum(k not in finished for k in unique)
 
     start = time.perf_counter()
-    columns = [TextColumn("[bold]regenerating[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[speed]}")]
-    with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task("regenerate", total=missing, speed="")
-
-        def show(detail: str = "") -> None:
-            rate = stats.new_tokens / max(time.perf_counter() - start, 1e-9)
-            bar.update(task, speed=f"{rate:.1f} tok/s {detail}")
-
-        def on_step(step: int, rows: int) -> None:  # moves the status line inside a long batch
-            show(f"(turn: token {step}/{settings.max_new_tokens}, {rows} rows)")
+    with progress_of("regenerating", missing, 0, "samples", console=console) as tracker:
+        def on_step(step: int, rows: int) -> None:
+            """Inside a batch: tokens and a fractional position, so tok/s and the ETA move before
+            the first batch ends (a turn's rows are counted as done at step/max_new_tokens)."""
+            tracker.set(partial=batch_missing * step / max(settings.max_new_tokens, 1), tokens=rows,
+                        turn=f"token {step}/{settings.max_new_tokens}, {rows} rows")
 
         for batch_keys in todo:
             pending = [Pending(key=k, skeleton=skeleton(unique[k])) for k in batch_keys]
+            batch_missing = sum(k not in finished for k in batch_keys)
             seed_batch(settings, batch_keys)
             while True:
                 active = [(p, prompt) for p in pending if (prompt := p.next_prompt()) is not None]
                 if not active:
                     break
                 seeds = [request_seed(settings, p.key, p.position) for p, _ in active]
+                before = tracker.tokens
                 answers = answer([prompt for _, prompt in active], seeds, on_step)
                 for (p, _), (text, truncated, n) in zip(active, answers):
                     p.answer(text, truncated, n)
                     stats.turns += 1
                     stats.truncated_turns += int(truncated)
                     stats.new_tokens += n
+                if tracker.tokens == before:   # an engine without per-step calls (vLLM): count the answers' tokens
+                    tracker.set(tokens=sum(n for *_, n in answers))
             records = [{"key": p.key, "messages": p.done, "truncated_turns": p.truncated,
                         "new_tokens": p.new_tokens} for p in pending if p.key not in finished]
             append_progress(progress_path, records)
             for r in records:
                 finished[r["key"]] = r
             stats.generated += len(records)
-            bar.update(task, advance=len(records))
-            show()
+            tracker.advance(len(records), turn="done")
     stats.seconds = time.perf_counter() - start
     return [finished[k]["messages"] for k in keys], stats
 

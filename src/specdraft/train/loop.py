@@ -131,7 +131,7 @@ def run_epoch(t: Training, epoch: int, bar) -> dict | None:
         epoch_tokens += step.tokens
         epoch_sums = add_sums(epoch_sums, step.sums)
         t.steps_this_run += 1
-        bar(step.tokens)
+        bar(step.tokens, step.loss)
         last_of_epoch = index + 1 == t.batches_per_epoch[epoch]
         behind = after_step(t, step, last_of_epoch)
         stopped = decide_stop(t, behind, last_of_epoch)
