@@ -213,6 +213,11 @@ def export_cmd(
     run_or_ckpt: Path = typer.Argument(..., help="Checkpoint folder, or a run folder WS/runs/NAME (best/, else newest epoch)."),
     fmt: str = typer.Option("speculators", "--format", help="speculators (vLLM) or sglang."),
     out: Path = typer.Option(..., "--out", help="Output folder for the exported drafter."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="Weights dtype: bfloat16 (what vLLM/SGLang serve), float16 or float32."),
+    no_embeddings: bool = typer.Option(False, "--no-embeddings", help="Drop embed_tokens (engines then use the "
+                                       "target's); refused unless they equal the target's (--model)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="The target, to check --no-embeddings against "
+                                        "(Hub id, local folder, .gguf, or 'default')."),
     speculative_tokens: int = typer.Option(3, "--speculative-tokens", help="Default draft length written into the speculators config."),
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -224,11 +229,14 @@ def export_cmd(
         raise SpecdraftError(f"--speculative-tokens {speculative_tokens}: must be >= 1 (vLLM's "
                              "num_speculative_tokens; 3-5 is usual)")
     with own_folder(out, "export"):
-        summary = export(run_or_ckpt, out, fmt, speculative_tokens=speculative_tokens)
+        summary = export(run_or_ckpt, out, fmt, speculative_tokens=speculative_tokens, dtype=dtype,
+                         embeddings=not no_embeddings, model=model)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
-        console.print(f"[green]exported[/] {summary['source']} ({summary['source_layout']}) -> {out} ({fmt})")
+        shared = "" if summary["has_embed_tokens"] else ", no embeddings: engines use the target's"
+        console.print(f"[green]exported[/] {summary['source']} ({summary['source_layout']}) -> {out} ({fmt}, "
+                      f"{summary['dtype']}, {summary['weight_bytes'] / 1e6:.1f} MB{shared}; model card README.md)")
 
 
 @app.command("import")

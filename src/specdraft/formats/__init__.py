@@ -18,11 +18,12 @@ from typing import Callable
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.formats import sglang, speculators
+from specdraft.formats import card, sglang, speculators
 from specdraft.formats.validate import validate
 from specdraft.io import LOCK_NAME, fsync_dir, os_error_line, read_json, with_umask, write_json
 from specdraft.model.config import DrafterConfig
 from specdraft.model.drafter import Eagle3Drafter
+from specdraft.targets import load_target_head
 from specdraft.vocab import check_mapping, integer_d2t, t2d_from_d2t
 from specdraft.weights import WEIGHT_FILES, read_weights, weights_file
 
@@ -214,7 +215,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
                          f"{path}/checkpoints/epoch-N/)")
 
 
-EXPORT_FILES = ("config.json", "model.safetensors")   # everything export and import write
+EXPORT_FILES = ("config.json", "model.safetensors", "README.md")   # everything export and import write
 
 
 def check_replaceable(out: Path, command: str) -> None:
@@ -240,17 +241,72 @@ def check_replaceable(out: Path, command: str) -> None:
                          "it; choose an empty or new --out")
 
 
-def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: int = 3) -> dict:
-    """Re-write a checkpoint (or a run's best/newest one) in a serving engine's layout."""
+EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                 "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DEFAULT_EXPORT_DTYPE = "bfloat16"   # what vLLM and SGLang serve; fp32 doubles the file for nothing
+
+
+def export_dtype(name: str) -> torch.dtype:
+    if name not in EXPORT_DTYPES:
+        raise SpecdraftError(f"--dtype {name}: unknown; choose bfloat16 (default, what engines serve), "
+                             "float16 or float32")
+    return EXPORT_DTYPES[name]
+
+
+def cast_floats(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Floating tensors to `dtype`; d2t (int64) and t2d (bool) keep theirs."""
+    return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in tensors.items()}
+
+
+def check_embeddings_shared(tensors: dict[str, torch.Tensor], model: str | None, where: str):
+    """--no-embeddings: the drafter's embeddings must equal the target's (compared in the drafter's
+    dtype), since engines then use the target's. Returns the target (identity for the card)."""
+    if not model:
+        raise SpecdraftError("--no-embeddings: pass the target (--model) so the drafter's embeddings can be "
+                             "checked against the ones engines will use instead")
+    target = load_target_head(model, dtype="float32")
+    mine = tensors.get("embed_tokens.weight")
+    if mine is None:
+        return target   # already without (an SGLang/EAGLE import): nothing to drop
+    theirs = target.model.get_input_embeddings().weight.detach()
+    if mine.shape != theirs.shape or not torch.equal(mine, theirs.to(mine.dtype)):
+        what = (f"shape {list(mine.shape)} vs {list(theirs.shape)}" if mine.shape != theirs.shape
+                else f"{int((mine != theirs.to(mine.dtype)).any(-1).sum())} rows differ")
+        raise SpecdraftError(f"--no-embeddings: {where}'s embeddings differ from {target.name}'s ({what}); "
+                             "engines would use the target's: export without --no-embeddings (or pass the "
+                             "target it was trained on)")
+    return target
+
+
+def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: int = 3,
+           dtype: str = DEFAULT_EXPORT_DTYPE, embeddings: bool = True, model: str | None = None) -> dict:
+    """Re-write a checkpoint (or a run's best/newest one) in a serving engine's layout, in `dtype`,
+    with a README.md model card. embeddings=False drops embed_tokens after checking that they
+    equal the target's (`model`), which vLLM and SGLang then use."""
+    torch_dtype = export_dtype(dtype)
+    if layout not in LAYOUTS:
+        raise SpecdraftError(f"--format {layout}: unknown; choose one of {', '.join(LAYOUTS)}")
     ckpt = resolve_checkpoint(src)
     out = Path(out)
     if out.resolve() == ckpt.resolve():
         raise SpecdraftError(f"--out {out}: is the source checkpoint; choose another folder")
     check_replaceable(out, "export")
     tensors, cfg, src_layout = load_checkpoint(ckpt)
-    save_checkpoint(out, tensors, cfg, layout=layout, speculative_tokens=speculative_tokens)
+    target = None
+    if not embeddings:
+        target = check_embeddings_shared(tensors, model, str(ckpt))
+        tensors.pop("embed_tokens.weight", None)
+    tensors = cast_floats(tensors, torch_dtype)
+    dtype_name = str(torch_dtype).removeprefix("torch.")
+    weight_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    text = card.render(card.facts(ckpt, cfg, target.identity if target else None), cfg, out=out, layout=layout,
+                       dtype=dtype_name, embeddings="embed_tokens.weight" in tensors,
+                       speculative_tokens=speculative_tokens, weight_bytes=weight_bytes)
+    save_checkpoint(out, tensors, cfg, layout=layout, speculative_tokens=speculative_tokens,
+                    extra_files={"README.md": lambda p: p.write_text(text)})
     return {"source": str(ckpt), "source_layout": src_layout, "layout": layout, "out": str(out),
-            "tensors": len(tensors), "has_embed_tokens": "embed_tokens.weight" in tensors}
+            "dtype": dtype_name, "tensors": len(tensors), "has_embed_tokens": "embed_tokens.weight" in tensors,
+            "weight_bytes": weight_bytes}
 
 
 def import_checkpoint(src: str | Path, out: str | Path) -> dict:

@@ -23,7 +23,7 @@ def llama_layer_dict(cfg: DrafterConfig, dtype: str) -> dict:
     d = cfg.llama_config().to_dict()
     for noise in ("id2label", "label2id", "architectures"):
         d.pop(noise, None)
-    d["dtype"] = dtype
+    d["dtype"] = d["torch_dtype"] = dtype   # transformers 5 reads dtype, 4 (and SGLang) torch_dtype
     d["rope_theta"] = cfg.rope_theta
     if cfg.rope_scaling:
         d["rope_scaling"] = dict(cfg.rope_scaling)
@@ -51,6 +51,7 @@ def build_config(cfg: DrafterConfig, dtype: str, speculative_tokens: int,
         "fc_norm": False,
         "embed_requires_grad": not cfg.tie_embeddings_to_target,
         "dtype": dtype,
+        "torch_dtype": dtype,
         "specdraft": {"format_version": FORMAT_VERSION, "drafter_config": cfg.to_dict()},
     }
     if cfg.aux_layer_ids:

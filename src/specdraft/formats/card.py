@@ -1,0 +1,163 @@
+"""The README.md model card `specdraft export` writes into each export folder: what the drafter is
+for (target id and fingerprint, aux layers, draft vocab), how it was trained (TTT steps, data
+size) and how well (τ on held-out prompts), and the serve commands to paste.
+
+Read from the files a run leaves (config.yaml, metrics.jsonl, the checkpoint's inputs.json,
+bench.json, eval.json); nothing from train/ is imported. A fact not found is written "unknown"."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdraft.model.config import DrafterConfig
+
+UNKNOWN = "unknown"
+
+
+def run_folder_of(ckpt: Path) -> Path | None:
+    """The run folder holding this checkpoint (RUN/best, RUN/checkpoints/epoch-N), else None."""
+    for folder in (ckpt, *list(ckpt.resolve().parents)[:3]):
+        if (folder / "config.yaml").is_file() and (folder / "metrics.jsonl").is_file():
+            return folder
+    return None
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _yaml(path: Path) -> dict:
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except Exception:   # a broken config.yaml costs the card a line, not the export
+        return {}
+
+
+def _tokens_trained(metrics: Path) -> int | None:
+    """tokens_seen of the last train record of metrics.jsonl (all epochs)."""
+    last = None
+    try:
+        with open(metrics) as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("split") == "train" and "tokens_seen" in rec:
+                    last = rec["tokens_seen"]
+    except OSError:
+        return None
+    return last if isinstance(last, int) else None
+
+
+def facts(ckpt: Path, cfg: DrafterConfig, target_identity: dict | None = None) -> dict:
+    """What the card says about the drafter's origin, from the run around `ckpt` when there is one."""
+    run = run_folder_of(ckpt)
+    inputs = _json(ckpt / "inputs.json")
+    config = _yaml(run / "config.yaml") if run else {}
+    target = inputs.get("target") or {}
+    ident = target_identity or {}
+    out = {
+        "run": str(run) if run else None,
+        "target": target.get("id") or cfg.verifier or ident.get("name") or UNKNOWN,
+        "fingerprint": target.get("fingerprint") or ident.get("fingerprint") or UNKNOWN,
+        "ttt_steps": config.get("ttt_steps", UNKNOWN),
+        "epochs": config.get("epochs", UNKNOWN),
+        "samples": inputs.get("num_samples", UNKNOWN),
+        "tokens": inputs.get("num_tokens", UNKNOWN),
+        "tokens_trained": (_tokens_trained(run / "metrics.jsonl") if run else None) or UNKNOWN,
+        "tau_bench": None, "tau_eval": None,
+    }
+    if run:
+        bench = _json(run / "bench.json")
+        eagle = (bench.get("methods") or {}).get("eagle3") or {}
+        if isinstance(eagle.get("accept_len"), (int, float)):
+            bc = bench.get("config") or {}
+            out["tau_bench"] = {"accept_len": eagle["accept_len"], "speedup": eagle.get("speedup"),
+                                "k": bc.get("k"), "prompts": bc.get("num_prompts"),
+                                "source": bc.get("prompts")}
+        ev = _json(run / "eval.json")
+        if isinstance(ev.get("accept_len"), (int, float)):
+            out["tau_eval"] = {"accept_len": ev["accept_len"], "split": ev.get("split"), "steps": ev.get("steps")}
+    return out
+
+
+def render(facts: dict, cfg: DrafterConfig, *, out: Path, layout: str, dtype: str, embeddings: bool,
+           speculative_tokens: int, weight_bytes: int) -> str:
+    """The README.md text."""
+    target, export = facts["target"], str(Path(out).resolve())
+    serve_target = target if target != UNKNOWN else "TARGET"
+    k = int(speculative_tokens)
+    spec = json.dumps({"method": "eagle3", "model": export, "num_speculative_tokens": k})
+    vllm = f"vllm serve {serve_target} \\\n  --speculative-config '{spec}'"
+    sglang = (f"python -m sglang.launch_server --model-path {serve_target} \\\n"
+              f"  --speculative-algorithm EAGLE3 \\\n  --speculative-draft-model-path {export} \\\n"
+              f"  --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
+    emb = ("not included: vLLM and SGLang use the target's (verified equal at export)" if not embeddings
+           else "included (a copy; vLLM shares the target's when they are equal)")
+    lines = [
+        f"# EAGLE-3 drafter for {target}",
+        "",
+        f"Exported by specdraft (`{layout}` layout, {dtype}). Lossless speculative decoding: the target's "
+        "outputs are unchanged, the drafter only proposes tokens.",
+        "",
+        "| | |", "|---|---|",
+        f"| target | `{target}` |",
+        f"| target fingerprint | `{facts['fingerprint']}` |",
+        f"| aux layer ids | {list(cfg.aux_layer_ids) or UNKNOWN} |",
+        f"| draft vocab size | {cfg.draft_vocab_size} (target vocab {cfg.vocab_size}) |",
+        f"| hidden size | {cfg.hidden_size} |",
+        f"| TTT steps | {facts['ttt_steps']} |",
+        f"| epochs | {facts['epochs']} |",
+        f"| training data | {_data_size(facts)} |",
+        f"| τ (held-out prompts) | {_tau(facts)} |",
+        f"| weights | {weight_bytes / 1e6:.1f} MB, {dtype} |",
+        f"| embeddings | {emb} |",
+        f"| run | {facts['run'] or UNKNOWN} |",
+        "",
+        "τ is the mean number of tokens accepted per target forward pass (1 = no speedup).",
+        "",
+        "## Serve with vLLM",
+        "",
+        "```bash", vllm, "```",
+        "",
+        "## Serve with SGLang",
+        "",
+    ]
+    if layout == "sglang":
+        lines += ["```bash", sglang, "```"]
+    else:
+        lines += [f"SGLang reads the SGLang layout: export again with `--format sglang --out {export}-sglang`, then", "",
+                  "```bash", sglang.replace(export, export + "-sglang"), "```"]
+    lines += ["", "See specdraft's docs/serving.md for what each engine reads from this folder.", ""]
+    return "\n".join(lines)
+
+
+def _data_size(f: dict) -> str:
+    if f["samples"] == UNKNOWN and f["tokens"] == UNKNOWN:
+        return UNKNOWN
+    text = f"{f['samples']} samples, {f['tokens']} tokens"
+    if f["tokens_trained"] != UNKNOWN:
+        text += f" ({f['tokens_trained']} tokens trained over all epochs)"
+    return text
+
+
+def _tau(f: dict) -> str:
+    parts = []
+    if f["tau_bench"]:
+        b = f["tau_bench"]
+        speed = f", {b['speedup']:.2f}x vs greedy" if isinstance(b.get("speedup"), (int, float)) else ""
+        parts.append(f"{b['accept_len']:.2f} (bench, k={b.get('k')}, {b.get('prompts')} prompts of "
+                     f"{b.get('source')}{speed})")
+    if f["tau_eval"]:
+        e = f["tau_eval"]
+        parts.append(f"{e['accept_len']:.2f} (eval, {e.get('split')})")
+    return "; ".join(parts) or UNKNOWN

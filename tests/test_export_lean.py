@@ -1,0 +1,165 @@
+"""Lean exports (issue 16 part 5): --dtype (bf16 by default), --no-embeddings checked against the
+target, and the README.md model card in every export folder."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specdraft.formats import load_checkpoint, load_drafter, save_checkpoint
+from specdraft.model.config import DrafterConfig
+from specdraft.model.drafter import Eagle3Drafter, KVCache, causal_mask
+from specdraft.targets import load_target
+from specdraft.vocab import mapping_from_counts
+
+AUX = [2, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, tiny_target):
+    """A drafter initialised from the tiny target (its embeddings are the target's), saved fp32 in a
+    run folder with the files a recipe leaves (config.yaml, metrics.jsonl, bench.json, eval.json)."""
+    root = tmp_path_factory.mktemp("lean")
+    target = load_target(str(tiny_target))
+    cfg = DrafterConfig.from_target(target.config, draft_vocab_size=16, aux_layer_ids=AUX, verifier=str(tiny_target))
+    counts = np.random.default_rng(0).integers(0, 100, cfg.vocab_size)
+    d2t, t2d = mapping_from_counts(counts, cfg.draft_vocab_size)
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(cfg)
+    drafter.init_from_target(target.model, d2t, t2d)
+    tensors = {k: v.detach().clone() for k, v in drafter.state_dict().items() if not k.startswith("rotary_emb")}
+    run = root / "runs" / "r1"
+    save_checkpoint(run / "best", tensors, cfg)
+    (run / "best" / "inputs.json").write_text(json.dumps(
+        {"target": {"id": str(tiny_target), "fingerprint": target.identity["fingerprint"]}, "layer_ids": AUX,
+         "num_samples": 123, "num_tokens": 4567}))
+    (run / "config.yaml").write_text("ttt_steps: 3\nepochs: 2\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"split": "train", "epoch": 1, "step": 9, "tokens_seen": 9134}) + "\n")
+    (run / "bench.json").write_text(json.dumps(
+        {"methods": {"greedy": {"tokens_per_s": 10.0, "speedup": 1.0},
+                     "eagle3": {"accept_len": 2.345, "tokens_per_s": 19.0, "speedup": 1.9}},
+         "config": {"k": 3, "num_prompts": 8, "prompts": "builtin-holdout"}}))
+    other = {**tensors, "embed_tokens.weight": tensors["embed_tokens.weight"].clone()}
+    other["embed_tokens.weight"][5] += 1.0                           # trained embeddings: not the target's
+    save_checkpoint(root / "trained_embed", other, cfg)
+    return {"root": root, "run": run, "ckpt": run / "best", "target": str(tiny_target), "model": target.model,
+            "cfg": cfg, "tensors": tensors}
+
+
+def run_main(monkeypatch, capsys, *args):
+    """The CLI in-process -> (exit code, stderr lines)."""
+    from specdraft.cli import main
+
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["specdraft", *map(str, args)])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def config_dtypes(folder):
+    c = json.loads((folder / "config.json").read_text())
+    layer = c.get("transformer_layer_config", c)
+    return {c.get("dtype"), c.get("torch_dtype"), layer.get("dtype"), layer.get("torch_dtype")}
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "sglang"])
+def test_export_is_bf16_by_default_and_config_says_so(made, tmp_path, monkeypatch, capsys, fmt):
+    out = tmp_path / "e"
+    code, err = run_main(monkeypatch, capsys, "export", made["ckpt"], "--format", fmt, "--out", out)
+    assert code == 0, err
+    on_disk = load_file(str(out / "model.safetensors"))
+    floats = {k: v.dtype for k, v in on_disk.items() if k not in ("d2t", "t2d")}
+    assert set(floats.values()) == {torch.bfloat16}
+    assert on_disk["d2t"].dtype == torch.int64 and on_disk["t2d"].dtype == torch.bool
+    assert config_dtypes(out) == {"bfloat16"}
+    back, _, _ = load_checkpoint(out)                                 # our import reads it back
+    for k, v in made["tensors"].items():
+        assert torch.equal(back[k], v.to(torch.bfloat16) if v.is_floating_point() else v), k
+
+
+def test_export_float16_and_float32(made, tmp_path, monkeypatch, capsys):
+    for dtype, torch_dtype in (("float16", torch.float16), ("float32", torch.float32)):
+        out = tmp_path / dtype
+        assert run_main(monkeypatch, capsys, "export", made["ckpt"], "--out", out, "--dtype", dtype)[0] == 0
+        assert load_file(str(out / "model.safetensors"))["fc.weight"].dtype == torch_dtype
+        assert config_dtypes(out) == {dtype}
+
+
+def draft_logits(drafter):
+    g = torch.Generator().manual_seed(1)
+    T, H = 5, drafter.config.hidden_size
+    aux = torch.randn(1, T, 3 * H, generator=g)
+    tokens = torch.randint(0, drafter.config.vocab_size, (1, T), generator=g)
+    with torch.no_grad():
+        logits, _ = drafter(tokens, drafter.combine_aux(aux), torch.arange(T)[None],
+                            causal_mask(torch.zeros(1, T, dtype=torch.long)), KVCache())
+    return logits
+
+
+def test_no_embeddings_drops_them_and_loads_with_the_targets(made, tmp_path, monkeypatch, capsys):
+    full, lean = tmp_path / "full", tmp_path / "lean"
+    assert run_main(monkeypatch, capsys, "export", made["run"], "--out", full, "--dtype", "float32")[0] == 0
+    code, err = run_main(monkeypatch, capsys, "export", made["run"], "--out", lean, "--dtype", "float32",
+                         "--no-embeddings", "--model", made["target"])
+    assert code == 0, err
+    assert "embed_tokens.weight" in load_file(str(full / "model.safetensors"))
+    assert "embed_tokens.weight" not in load_file(str(lean / "model.safetensors"))
+    assert (lean / "model.safetensors").stat().st_size < (full / "model.safetensors").stat().st_size
+    with pytest.raises(Exception, match="no embed_tokens"):
+        load_drafter(lean)                                            # without the target: named
+    a = load_drafter(full)
+    b = load_drafter(lean, target_model=made["model"])
+    assert torch.equal(b.embed_tokens.weight, made["model"].get_input_embeddings().weight.float())
+    assert torch.equal(draft_logits(a), draft_logits(b))
+    assert "not included" in (lean / "README.md").read_text()
+
+
+def test_no_embeddings_refused_when_they_differ_or_without_model(made, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "o"
+    code, err = run_main(monkeypatch, capsys, "export", made["root"] / "trained_embed", "--out", out,
+                         "--no-embeddings", "--model", made["target"])
+    assert code == 2 and len(err) == 1 and "differ" in err[0] and "1 rows" in err[0], err
+    assert not out.exists()
+    code, err = run_main(monkeypatch, capsys, "export", made["ckpt"], "--out", out, "--no-embeddings")
+    assert code == 2 and len(err) == 1 and "--model" in err[0], err
+    assert not out.exists()
+
+
+def test_bad_dtype_exits_2_in_one_line(made, tmp_path, monkeypatch, capsys):
+    code, err = run_main(monkeypatch, capsys, "export", made["ckpt"], "--out", tmp_path / "o", "--dtype", "int8")
+    assert code == 2 and len(err) == 1 and "--dtype int8" in err[0] and "bfloat16" in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_model_card_and_re_export_over_it(made, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "card"
+    assert run_main(monkeypatch, capsys, "export", made["run"], "--out", out)[0] == 0
+    text = (out / "README.md").read_text()
+    assert f"| target | `{made['target']}` |" in text
+    assert str(AUX) in text                                           # aux layer ids
+    assert "| draft vocab size | 16 " in text
+    assert "| TTT steps | 3 |" in text and "123 samples, 4567 tokens" in text and "9134 tokens trained" in text
+    assert "2.35 (bench, k=3, 8 prompts of builtin-holdout, 1.90x vs greedy)" in text
+    fingerprint = json.loads((made["ckpt"] / "inputs.json").read_text())["target"]["fingerprint"]
+    assert fingerprint in text
+    spec = json.dumps({"method": "eagle3", "model": str(out.resolve()), "num_speculative_tokens": 3})
+    assert f"vllm serve {made['target']} \\\n  --speculative-config '{spec}'" in text
+    assert "--speculative-algorithm EAGLE3" in text
+    # a previous export that holds README.md is replaced (sglang layout: the SGLang command is its own)
+    code, err = run_main(monkeypatch, capsys, "export", made["run"], "--out", out, "--format", "sglang")
+    assert code == 0, err
+    assert f"--speculative-draft-model-path {out.resolve()} " in (out / "README.md").read_text()
+    # outside a run: what is not known says so
+    bare = tmp_path / "bare"
+    save_checkpoint(bare, made["tensors"], made["cfg"])
+    assert run_main(monkeypatch, capsys, "export", bare, "--out", tmp_path / "bare_out")[0] == 0
+    text = (tmp_path / "bare_out" / "README.md").read_text()
+    assert "| TTT steps | unknown |" in text and "| training data | unknown |" in text
+    assert "| τ (held-out prompts) | unknown |" in text
