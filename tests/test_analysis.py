@@ -112,7 +112,7 @@ def test_compare_table_markdown_and_curves(tmp_path):
     k2 = fake_run(tmp_path / "k2-finetune", 0.383, nested=True)
     res = compare.compare([k2, scratch], out=tmp_path / "cmp")
     assert res["header"][0] == "epoch" and "k2-finetune full_acc_0" in res["header"]
-    assert [row[0] for row in res["rows"]] == ["0", "1", "2"]
+    assert [row[0] for row in res["rows"]] == ["1", "2", "3"]   # as checkpoints/epoch-N count (metrics.jsonl: 0..2)
     last = dict(zip(res["header"], res["rows"][-1]))
     want_k2 = 0.383 * (1 - math.exp(-3.0))
     assert last["k2-finetune full_acc_0"] == f"{100 * want_k2:.1f}%"
@@ -129,7 +129,7 @@ def test_compare_missing_metrics_and_damaged_lines(tmp_path):
     (run / "metrics.jsonl").write_text('{"split": "val", "epoch": 0, "tokens_seen": 5, "full_acc_0": 0.5}\n'
                                        '{"split": "val", "epo')            # live run, half-written line
     res = compare.compare([run])
-    assert res["rows"] == [["0", "50.0%", "-", "-", "-"]]
+    assert res["rows"] == [["1", "50.0%", "-", "-", "-"]]
     (run / "metrics.jsonl").write_text('not json\n{"split": "val"}\n')
     with pytest.raises(SpecdraftError, match="metrics.jsonl:1"):
         metrics.load_run(run)

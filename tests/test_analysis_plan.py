@@ -71,7 +71,7 @@ def test_cli_plan_with_given_latencies_writes_json_and_journal(tmp_path):
 
     run = tmp_path / "run"
     res = CliRunner().invoke(app, ["plan", "--accept", "0.8,0.7,0.6", "--verify-ms", "30", "--draft-ms", "2",
-                                   "--k-max", "6", "--run", str(run)])
+                                   "--num-speculative-tokens", "6", "--run", str(run)])
     assert res.exit_code == 0, res.output
     assert "<- best" in res.output
     saved = json.loads((run / "plan.json").read_text())

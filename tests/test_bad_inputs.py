@@ -30,22 +30,22 @@ class Case:
 
 def c_not_json(ws):
     f = write_jsonl(ws["root"] / "notjson.jsonl", [conv(), "{not json", conv()])
-    return ["prepare", "--model", ws["target"], "--data", f, "--out", ws["root"] / "data"], ws["root"] / "data"
+    return ["prepare", "--model", ws["target"], "--conversations", f, "--out", ws["root"] / "data"], ws["root"] / "data"
 
 
 def c_unknown_role(ws):
     f = write_jsonl(ws["root"] / "role.jsonl", [{"messages": [{"role": "wizard", "content": "x"}]}])
-    return ["prepare", "--model", ws["target"], "--data", f, "--out", ws["root"] / "data"], ws["root"] / "data"
+    return ["prepare", "--model", ws["target"], "--conversations", f, "--out", ws["root"] / "data"], ws["root"] / "data"
 
 
 def c_empty_assistant(ws):
     f = write_jsonl(ws["root"] / "empty.jsonl", [conv(), conv(answer="")])
-    return ["prepare", "--model", ws["target"], "--data", f, "--out", ws["root"] / "data"], ws["root"] / "data"
+    return ["prepare", "--model", ws["target"], "--conversations", f, "--out", ws["root"] / "data"], ws["root"] / "data"
 
 
 def c_all_too_long(ws):
     f = write_jsonl(ws["root"] / "long.jsonl", [conv("x" * 200, "y" * 200)] * 2)
-    return (["prepare", "--model", ws["target"], "--data", f, "--out", ws["root"] / "data", "--max-length", "50"],
+    return (["prepare", "--model", ws["target"], "--conversations", f, "--out", ws["root"] / "data", "--max-length", "50"],
             ws["root"] / "data")
 
 
@@ -53,32 +53,32 @@ def c_not_utf8(ws):
     f = ws["root"] / "latin1.jsonl"
     f.write_bytes(json.dumps(conv()).encode() + b"\n" + '{"messages": [{"role": "user", "content": "caf'.encode()
                   + b"\xe9" + b'"}]}\n')
-    return ["prepare", "--model", ws["target"], "--data", f, "--out", ws["root"] / "data"], ws["root"] / "data"
+    return ["prepare", "--model", ws["target"], "--conversations", f, "--out", ws["root"] / "data"], ws["root"] / "data"
 
 
 def c_empty_file(ws):
     f = ws["root"] / "nothing.jsonl"
     f.write_text("\n")
-    return ["prepare", "--model", ws["target"], "--data", f, "--out", ws["root"] / "data"], ws["root"] / "data"
+    return ["prepare", "--model", ws["target"], "--conversations", f, "--out", ws["root"] / "data"], ws["root"] / "data"
 
 
 def c_data_is_dir(ws):
-    return ["prepare", "--model", ws["target"], "--data", ws["root"] / "hidden", "--out", ws["root"] / "d2"], None
+    return ["prepare", "--model", ws["target"], "--conversations", ws["root"] / "hidden", "--out", ws["root"] / "d2"], None
 
 
 def c_no_chat_template(ws):
-    return (["prepare", "--model", ws["no_template"], "--data", ws["root"] / "good.jsonl", "--out",
+    return (["prepare", "--model", ws["no_template"], "--conversations", ws["root"] / "good.jsonl", "--out",
              ws["root"] / "data"], ws["root"] / "data")
 
 
 def c_out_under_file(ws):
     # Tests run as root, where chmod does not stop writes: a path under a regular FILE cannot be created.
-    return ["prepare", "--model", ws["target"], "--data", ws["root"] / "good.jsonl", "--out",
+    return ["prepare", "--model", ws["target"], "--conversations", ws["root"] / "good.jsonl", "--out",
             ws["root"] / "good.jsonl" / "out"], ws["root"] / "good.jsonl"
 
 
 def c_out_in_proc(ws):
-    return ["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", "/proc/specdraft-out"], None
+    return ["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", "/proc/specdraft-out"], None
 
 
 def c_model_missing(ws):
@@ -86,39 +86,39 @@ def c_model_missing(ws):
 
 
 def c_layer_out_of_range(ws):
-    return (["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", ws["root"] / "h-range",
+    return (["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", ws["root"] / "h-range",
              "--layers", "2,4,99"], None)
 
 
 def c_layers_not_ints(ws):
-    return (["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", ws["root"] / "h-x",
+    return (["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", ws["root"] / "h-x",
              "--layers", "two,four,six"], None)
 
 
 def c_capture_other_target(ws):
-    return (["capture", "--model", ws["other"], "--data", ws["root"] / "data", "--out", ws["root"] / "h-other"],
+    return (["capture", "--model", ws["other"], "--prepared", ws["root"] / "data", "--out", ws["root"] / "h-other"],
             ws["root"] / "data")
 
 
 def c_capture_existing_out(ws):
-    return (["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", ws["root"] / "hidden",
+    return (["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", ws["root"] / "hidden",
              "--layers", LAYERS], ws["root"] / "hidden")
 
 
 def c_resume_other_layers(ws):
-    return (["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", ws["root"] / "hidden",
+    return (["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", ws["root"] / "hidden",
              "--layers", "1,2,3", "--resume", "--dtype", "float32", "--shard-tokens", "200"], ws["root"] / "hidden")
 
 
 def c_capture_nan(ws):
-    return (["capture", "--model", ws["nan_target"], "--data", ws["root"] / "data", "--out", ws["root"] / "h-nan",
+    return (["capture", "--model", ws["nan_target"], "--prepared", ws["root"] / "data", "--out", ws["root"] / "h-nan",
              "--dtype", "float32"], ws["root"] / "data")
 
 
 def c_data_unfinished(ws):
     d = copy(ws, "data", "data-unfinished")
     (d / "prepare.json").unlink()
-    return ["capture", "--model", ws["target"], "--data", d, "--out", ws["root"] / "h-unf"], d
+    return ["capture", "--model", ws["target"], "--prepared", d, "--out", ws["root"] / "h-unf"], d
 
 
 def c_truncated_shard(ws):
@@ -183,7 +183,7 @@ def c_resume_nothing(ws):
 
 
 def c_vocab_too_big(ws):
-    return (["vocab", "build", "--data", ws["root"] / "data", "--size", "100000", "--out",
+    return (["vocab", "build", "--prepared", ws["root"] / "data", "--size", "100000", "--out",
              ws["root"] / "vocab.safetensors"], ws["root"] / "vocab.safetensors")
 
 
@@ -262,16 +262,45 @@ def c_train_nan_store(ws):
 
 
 def c_eval_store_other_target(ws):
-    return ["eval", "--drafter", ws["root"] / "drafter", "--data", ws["root"] / "hidden", "--model", ws["other"]], \
+    return ["eval", "--drafter", ws["root"] / "drafter", "--store", ws["root"] / "hidden", "--model", ws["other"]], \
         ws["root"] / "drafter"
 
 
 def c_generate_k0(ws):
+    return ["generate", "--model", ws["target"], "--prompt", "hi", "--method", "ngram", "-k", "0"], None
+
+
+def c_generate_k0_old_name(ws):   # the deprecated --k: its note, then the same error
     return ["generate", "--model", ws["target"], "--prompt", "hi", "--method", "ngram", "--k", "0"], None
 
 
+def c_store_as_prepared(ws):
+    return ["capture", "--model", ws["target"], "--prepared", ws["root"] / "hidden", "--out", ws["root"] / "h-s"], \
+        ws["root"] / "hidden"
+
+
+def c_prepared_as_store(ws):
+    return (["train", "--model", ws["target"], "--store", ws["root"] / "data", "--vocab",
+             ws["root"] / "vocab.safetensors", "--out", ws["root"] / "run-p", "--no-progress"], ws["root"] / "data")
+
+
+def c_store_as_prepared_vocab(ws):
+    return ["vocab", "build", "--prepared", ws["root"] / "hidden", "--size", "16", "--out", ws["root"] / "v-s.st"], \
+        ws["root"] / "hidden"
+
+
+def c_prepared_as_store_eval(ws):
+    return ["eval", "--drafter", ws["root"] / "drafter", "--store", ws["root"] / "data", "--model", ws["target"]], \
+        ws["root"] / "data"
+
+
+def c_old_and_new_name(ws):
+    return ["vocab", "build", "--prepared", ws["root"] / "data", "--data", ws["root"] / "data", "--size", "16",
+            "--out", ws["root"] / "v-both.st"], ws["root"] / "data"
+
+
 def c_disk_full(ws):
-    return (["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", ws["root"] / "h-disk",
+    return (["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", ws["root"] / "h-disk",
              "--layers", LAYERS], ws["root"] / "data")
 
 
@@ -318,16 +347,16 @@ def c_untrained_zero(ws):
 
 def c_json_is_dir(ws):
     return ["bench", "--model", ws["target"], "--prompts", ws["root"] / "good.jsonl", "--methods", "greedy",
-            "--max-new-tokens", "2", "--limit", "1", "--json", ws["root"] / "hidden"], ws["root"] / "hidden"
+            "--max-new-tokens", "2", "--limit", "1", "--out", ws["root"] / "hidden"], ws["root"] / "hidden"
 
 
 def c_eval_json_is_dir(ws):
-    return ["eval", "--drafter", ws["root"] / "drafter", "--data", ws["root"] / "hidden", "--model", ws["target"],
-            "--split", "all", "--json", ws["root"] / "hidden"], ws["root"] / "hidden"
+    return ["eval", "--drafter", ws["root"] / "drafter", "--store", ws["root"] / "hidden", "--model", ws["target"],
+            "--split", "all", "--out", ws["root"] / "hidden"], ws["root"] / "hidden"
 
 
 def c_vocab_out_is_dir(ws):
-    return ["vocab", "build", "--data", ws["root"] / "data", "--size", "32", "--out", ws["root"] / "hidden"], \
+    return ["vocab", "build", "--prepared", ws["root"] / "data", "--size", "32", "--out", ws["root"] / "hidden"], \
         ws["root"] / "hidden"
 
 
@@ -348,7 +377,7 @@ def c_metrics_metric_not_number(ws):
 
 
 def c_export_tokens_negative(ws):
-    return ["export", ws["root"] / "drafter", "--out", ws["root"] / "export-neg", "--speculative-tokens", "-2"], \
+    return ["export", ws["root"] / "drafter", "--out", ws["root"] / "export-neg", "--num-speculative-tokens", "-2"], \
         ws["root"] / "drafter"
 
 
@@ -402,19 +431,25 @@ MATRIX = [
     Case("directory where a prompts file is expected", c_bench_prompts_dir, "is a directory"),
     Case("NaN in a store's hidden states (train)", c_train_nan_store, "loss is nan", after_start=True),
     Case("drafter/store for another target (eval)", c_eval_store_other_target, "fingerprint"),
-    Case("--k 0", c_generate_k0, "--k 0"),
+    Case("-k 0", c_generate_k0, "--num-speculative-tokens 0"),
+    Case("--k 0 (deprecated name)", c_generate_k0_old_name, "--num-speculative-tokens 0", after_start=True),
+    Case("store where prepared data is expected (capture)", c_store_as_prepared, "a hidden-state store"),
+    Case("store where prepared data is expected (vocab build)", c_store_as_prepared_vocab, "a hidden-state store"),
+    Case("prepared data where a store is expected (train)", c_prepared_as_store, "not a hidden-state store"),
+    Case("prepared data where a store is expected (eval)", c_prepared_as_store_eval, "not a hidden-state store"),
+    Case("an option under its new and old name", c_old_and_new_name, "pass --prepared or --store only"),
     Case("--lr nan", c_lr_nan, "--lr nan"),
     Case("wrongly typed value in --config YAML", c_yaml_wrong_type, "epochs"),
     Case("string where a switch is expected in --config YAML", c_yaml_bool_as_int, "progress"),
     Case("drafter config.json that is a JSON list", c_config_is_list, "JSON object"),
     Case("vocab with 0 rows", c_vocab_zero_rows, "0 rows"),
     Case("--drafter untrained:0", c_untrained_zero, "untrained:0"),
-    Case("--json naming an existing directory (bench)", c_json_is_dir, "is a directory"),
-    Case("--json naming an existing directory (eval)", c_eval_json_is_dir, "is a directory"),
+    Case("--out naming an existing directory (bench)", c_json_is_dir, "is a directory"),
+    Case("--out naming an existing directory (eval)", c_eval_json_is_dir, "is a directory"),
     Case("--out naming an existing directory (vocab build)", c_vocab_out_is_dir, "is a directory"),
     Case("metrics.jsonl line with wrongly typed fields", c_metrics_wrong_types, "step"),
     Case("metrics.jsonl metric that is not a number", c_metrics_metric_not_number, "loss"),
-    Case("--speculative-tokens -2 (export)", c_export_tokens_negative, "--speculative-tokens -2"),
+    Case("--num-speculative-tokens -2 (export)", c_export_tokens_negative, "--num-speculative-tokens -2"),
     Case("--max-new-tokens -3 (generate)", c_generate_negative_tokens, "--max-new-tokens -3"),
     Case("vocab remap between different tokenizers", c_remap_other_tokenizer, "tokenizer"),
 ]

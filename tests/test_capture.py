@@ -238,13 +238,13 @@ def cli(monkeypatch, capsys, *args) -> tuple[int, str]:
 
 def test_cli_capture_and_verify(tiny_target, prepared, tmp_path, monkeypatch, capsys):
     out = tmp_path / "hidden"
-    code, err = cli(monkeypatch, capsys, "capture", "--model", tiny_target, "--data", prepared, "--out", out,
+    code, err = cli(monkeypatch, capsys, "capture", "--model", tiny_target, "--prepared", prepared, "--out", out,
                     "--shard-tokens", 50, "--layers", "1,2,3")
     assert code == 0 and "captured 12 samples" in err, err
     assert st.HiddenStore(out).layer_ids == [1, 2, 3]
     code, err = cli(monkeypatch, capsys, "capture", "--out", out, "--verify")
     assert code == 0 and "verified" in err, err
-    code, err = cli(monkeypatch, capsys, "capture", "--model", tiny_target, "--data", prepared, "--out", out)
+    code, err = cli(monkeypatch, capsys, "capture", "--model", tiny_target, "--prepared", prepared, "--out", out)
     assert code == 2 and "--resume" in err and "Traceback" not in err
     shard = out / "shard-00002.safetensors"
     data = bytearray(shard.read_bytes())

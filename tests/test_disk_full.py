@@ -57,12 +57,12 @@ def exported(ws) -> Path:
 
 def c_prepare(ws):
     out = fresh(ws, "data-full")
-    return ["prepare", "--model", ws["target"], "--data", ws["root"] / "good.jsonl", "--out", out], None, out
+    return ["prepare", "--model", ws["target"], "--conversations", ws["root"] / "good.jsonl", "--out", out], None, out
 
 
 def c_capture(ws):
     out = fresh(ws, "h-full")
-    return (["capture", "--model", ws["target"], "--data", ws["root"] / "data", "--out", out, "--layers", LAYERS,
+    return (["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", out, "--layers", LAYERS,
              "--dtype", "float32"], ws["root"] / "data", out)
 
 
@@ -70,7 +70,7 @@ def c_vocab_build(ws):
     out = ws["root"] / "vocab-full" / "vocab.safetensors"
     out.parent.mkdir(exist_ok=True)
     shutil.copy(ws["root"] / "vocab.safetensors", out)
-    return ["vocab", "build", "--data", ws["root"] / "data", "--size", "16", "--out", out], out.parent, out.parent
+    return ["vocab", "build", "--prepared", ws["root"] / "data", "--size", "16", "--out", out], out.parent, out.parent
 
 
 def c_train(ws):
@@ -95,15 +95,15 @@ def c_bench_json(ws):
     out.parent.mkdir(exist_ok=True)
     out.write_text('{"old": true}\n')
     return (["bench", "--model", ws["target"], "--prompts", ws["root"] / "good.jsonl", "--methods", "greedy",
-             "--max-new-tokens", "2", "--limit", "1", "--json", out], out.parent, out.parent)
+             "--max-new-tokens", "2", "--limit", "1", "--out", out], out.parent, out.parent)
 
 
 def c_eval_json(ws):
     out = ws["root"] / "eval-full" / "eval.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text('{"old": true}\n')
-    return (["eval", "--drafter", ws["root"] / "drafter", "--data", ws["root"] / "hidden", "--model", ws["target"],
-             "--split", "all", "--json", out], out.parent, out.parent)
+    return (["eval", "--drafter", ws["root"] / "drafter", "--store", ws["root"] / "hidden", "--model", ws["target"],
+             "--split", "all", "--json", out], out.parent, out.parent)   # the deprecated --json PATH, still writing
 
 
 def small_run(ws) -> Path:
@@ -135,8 +135,8 @@ def c_journal_add(ws):
 
 
 CASES = {"prepare": c_prepare, "capture": c_capture, "vocab build": c_vocab_build, "train": c_train,
-         "export over an earlier export": c_export_over_export, "import": c_import, "bench --json": c_bench_json,
-         "eval --json": c_eval_json, "compare --out": c_compare_out, "journal add": c_journal_add}
+         "export over an earlier export": c_export_over_export, "import": c_import, "bench --out": c_bench_json,
+         "eval --json PATH (deprecated)": c_eval_json, "compare --out": c_compare_out, "journal add": c_journal_add}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -147,7 +147,7 @@ def test_disk_full_is_one_line_and_keeps_old_outputs(name, ws, full_disk, monkey
         full_disk(armed)
         return args, keep
 
-    line = check_refusal(ws, monkeypatch, capsys, build, PHRASE, after_start=name == "train")
+    line = check_refusal(ws, monkeypatch, capsys, build, PHRASE, after_start=name in ("train", "eval --json PATH (deprecated)"))
     print(f"\n{name}\t{line}")
     leftovers = list(Path(armed).rglob("*.tmp")) if Path(armed).exists() else []
     assert not leftovers, f"temp files left behind: {leftovers}"
@@ -183,5 +183,6 @@ def test_debug_env_shows_the_traceback(ws, monkeypatch, capsys):
 
     monkeypatch.setenv("SPECDRAFT_DEBUG", "1")
     code, err, _ = run_cli(monkeypatch, capsys, ["generate", "--model", ws["target"], "--prompt", "hi",
-                                                 "--method", "ngram", "--k", "0"])
-    assert code == 2 and "Traceback" in err and err.strip().splitlines()[-1].startswith("error: --k 0"), err
+                                                 "--method", "ngram", "-k", "0"])
+    assert code == 2 and "Traceback" in err and err.strip().splitlines()[-1].startswith(
+        "error: --num-speculative-tokens 0"), err

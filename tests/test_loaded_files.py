@@ -115,7 +115,7 @@ def odd_target(ws, new: str, config=None, weights=None, keep_tokenizer: bool = T
 
 
 def prepare_args(ws, model) -> tuple[list, Path]:
-    return (["prepare", "--model", model, "--data", ws["root"] / "good.jsonl", "--out", ws["root"] / "data"],
+    return (["prepare", "--model", model, "--conversations", ws["root"] / "good.jsonl", "--out", ws["root"] / "data"],
             ws["root"] / "data")
 
 
@@ -191,7 +191,7 @@ def nan_fc(tensors):
 
 def c_nan_eval(ws):
     d = drafter_copy(ws, "d-nan", nan_fc)
-    return ["eval", "--drafter", d, "--data", ws["root"] / "hidden", "--model", ws["target"], "--split", "all"], d
+    return ["eval", "--drafter", d, "--store", ws["root"] / "hidden", "--model", ws["target"], "--split", "all"], d
 
 
 def c_nan_export(ws):

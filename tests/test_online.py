@@ -102,10 +102,10 @@ def test_online_from_the_command_line(ws, tmp_path):
     from specdraft.train.__main__ import main
 
     out = tmp_path / "run"
-    rc = main(["--online", "--data", str(ws["root"] / "data"), "--model", ws["model"], "--out", str(out),
+    rc = main(["--online", "--prepared", str(ws["root"] / "data"), "--model", ws["model"], "--out", str(out),
                "--vocab", str(ws["root"] / "vocab.safetensors"), "--store", str(tmp_path / "no-store"),
                "--max-tokens", "40", "--epochs", "1", "--stop-after", "2", "--log-every", "1", "--no-progress",
                "--precision", "fp32"])
     assert rc == 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
-    assert main(["--online", "--model", ws["model"], "--out", str(out)]) == 2      # --data missing: one line
+    assert main(["--online", "--model", ws["model"], "--out", str(out)]) == 2      # --prepared missing: one line

@@ -190,16 +190,16 @@ def bad_inputs(tmp_path, tiny_target):
     out = tmp_path / "out"
     model = ["--model", tiny_target]
     return [
-        ("missing file", [*model, "--data", tmp_path / "missing.jsonl", "--out", out], "data file not found"),
-        ("not json", [*model, "--data", bad_json, "--out", out], "bad.jsonl line 2: not valid JSON"),
-        ("not utf-8", [*model, "--data", latin1, "--out", out], "latin1.jsonl line 3: not UTF-8"),
-        ("no messages", [*model, "--data", no_field, "--out", out], "nofield.jsonl line 1: no 'messages' or"),
-        ("unknown role", [*model, "--data", bad_role, "--out", out], "role.jsonl line 1 turn 0: unknown role 'robot'"),
-        ("empty answer", [*model, "--data", empty_answer, "--out", out], "turn 1: empty assistant turn"),
-        ("all filtered", [*model, "--data", good, "--out", out, "--max-length", "5"],
+        ("missing file", [*model, "--conversations", tmp_path / "missing.jsonl", "--out", out], "data file not found"),
+        ("not json", [*model, "--conversations", bad_json, "--out", out], "bad.jsonl line 2: not valid JSON"),
+        ("not utf-8", [*model, "--conversations", latin1, "--out", out], "latin1.jsonl line 3: not UTF-8"),
+        ("no messages", [*model, "--conversations", no_field, "--out", out], "nofield.jsonl line 1: no 'messages' or"),
+        ("unknown role", [*model, "--conversations", bad_role, "--out", out], "role.jsonl line 1 turn 0: unknown role 'robot'"),
+        ("empty answer", [*model, "--conversations", empty_answer, "--out", out], "turn 1: empty assistant turn"),
+        ("all filtered", [*model, "--conversations", good, "--out", out, "--max-length", "5"],
          "no samples left after filtering 1 conversations (1 longer than --max-length 5)"),
-        ("no template", ["--model", no_template, "--data", good, "--out", out], "has no chat template"),
-        ("builtin needs --regenerate", [*model, "--data", "builtin", "--out", out], "pass --regenerate"),
+        ("no template", ["--model", no_template, "--conversations", good, "--out", out], "has no chat template"),
+        ("builtin needs --regenerate", [*model, "--conversations", "builtin", "--out", out], "pass --regenerate"),
     ]
 
 

@@ -11,7 +11,8 @@ from specdraft.errors import SpecdraftError
 from specdraft.train import command
 from specdraft.train.config import RunConfig, resolve_config
 
-LAUNCHER = {"config", "nproc", "parallel", "online", "data", "engine", "tensor_parallel_size", "engine_args"}
+LAUNCHER = {"config", "nproc", "parallel", "online", "prepared", "engine", "tensor_parallel_size", "engine_args",
+            "data"}   # data: --prepared's deprecated old name
 
 
 def train_options(cmd) -> dict:
@@ -42,7 +43,7 @@ def test_documented_flags_still_parse(commands):
     flags = {o for p in commands[0].params for o in (*p.opts, *p.secondary_opts)}
     assert {"--ttt-steps", "--no-progress", "--norm-before-residual", "--no-norm-before-residual", "--remap",
             "--no-remap", "--overwrite", "--resume", "--train-on-prompts", "-m", "--config", "--nproc",
-            "--parallel", "--online", "--data", "--engine", "--tensor-parallel-size", "--engine-args"} <= flags
+            "--parallel", "--online", "--prepared", "--engine", "--tensor-parallel-size", "--engine-args"} <= flags
 
 
 def test_flags_and_yaml_are_checked_alike(tmp_path):

@@ -186,7 +186,7 @@ def test_cli_remap_in_process(tmp_path):
 
 def test_cli_size_too_large_is_one_line_rc2(tmp_path):
     data = make_prepared(tmp_path / "data", vocab_size=300)
-    p = run_cli("vocab", "build", "--data", data, "--size", 1000, "--out", tmp_path / "v.safetensors")
+    p = run_cli("vocab", "build", "--prepared", data, "--size", 1000, "--out", tmp_path / "v.safetensors")
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "1000" in lines[0] and "300" in lines[0]
@@ -194,7 +194,7 @@ def test_cli_size_too_large_is_one_line_rc2(tmp_path):
 
 
 def test_build_from_hidden_store(tmp_path):
-    """The token-major store (manifest.json + shards) works as --data too."""
+    """The token-major store (manifest.json + shards) works as --store too."""
     store = tmp_path / "hidden"
     store.mkdir()
     save_file({"input_ids": torch.tensor([1, 2, 3, 3, 9, 9, 9]),

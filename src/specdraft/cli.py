@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from specdraft.errors import SpecdraftError
+from specdraft.errors import SpecdraftError, renamed
 from specdraft.train.command import train as train_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -24,6 +24,33 @@ TRUST = typer.Option(False, "--trust-remote-code", help="Allow the model's own P
 ENGINE = typer.Option("auto", "--engine", help="Runs the target over data: hf (transformers, in this process), vllm, or auto (vLLM when installed and a CUDA device is present).")
 TP = typer.Option(1, "--tensor-parallel-size", help="vLLM tensor parallelism (GPUs per engine).")
 ENGINE_ARGS = typer.Option(None, "--engine-args", help="""JSON object passed to vllm.LLM(...), e.g. '{"max_model_len": 4096, "gpu_memory_utilization": 0.85}'.""")
+AS_JSON = typer.Option(False, "--json", help="Print JSON to stdout (files are written with --out).")
+NUM_SPEC = "--num-speculative-tokens"   # vLLM's num_speculative_tokens: the draft length, everywhere
+
+
+def old_name(name: str):
+    """A deprecated option name kept for one release (hidden; errors.renamed prints the note)."""
+    return typer.Option(None, name, hidden=True)
+
+
+def required(value, option: str, what: str):
+    if value is None:
+        raise SpecdraftError(f"{option} is required: {what}")
+    return value
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        from specdraft import __version__
+
+        print(f"specdraft {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True,
+                                      help="Print the version and exit.")):
+    """Train, adapt, evaluate and ship EAGLE-3 drafters."""
 
 
 def parse_layers(text: Optional[str]) -> Optional[list[int]]:
@@ -37,7 +64,7 @@ def parse_layers(text: Optional[str]) -> Optional[list[int]]:
 
 @app.command()
 def info(model: str = MODEL, trust_remote_code: bool = TRUST,
-         as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
+         as_json: bool = AS_JSON):
     """Architecture, layers, hidden size, vocab, tied lm_head, chat template, default aux layers."""
     from specdraft.targets import info as target_info
 
@@ -51,7 +78,7 @@ def info(model: str = MODEL, trust_remote_code: bool = TRUST,
 
 @app.command()
 def prepare(
-    data: str = typer.Option(..., "--data", help="jsonl/json/parquet file, a Hugging Face dataset id, or 'builtin'."),
+    conversations: Optional[str] = typer.Option(None, "--conversations", help="Conversations: jsonl/json/parquet file, a Hugging Face dataset id, or 'builtin'."),
     out: Path = typer.Option(..., "--out", help="Output folder, e.g. WS/data."),
     model: str = MODEL,
     regenerate: bool = typer.Option(False, "--regenerate", help="Replace assistant turns with the target's own answers."),
@@ -69,6 +96,7 @@ def prepare(
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Regenerate through a running `vllm serve` (OpenAI-compatible), e.g. http://HOST:8000/v1."),
     tensor_parallel_size: int = TP,
     engine_args: Optional[str] = ENGINE_ARGS,
+    data: Optional[str] = old_name("--data"),
 ):
     """Render conversations with the chat template and build the assistant-token loss mask."""
     from specdraft.data.prepare import prepare as run_prepare
@@ -76,6 +104,8 @@ def prepare(
 
     from specdraft.io import own_folder
 
+    data = required(renamed(conversations, data, "--data", "--conversations"), "--conversations",
+                    "a jsonl/json/parquet file, a Hugging Face dataset id, or builtin")
     opts = engine_options(engine, tensor_parallel_size, engine_args, endpoint)
     with own_folder(out, "prepare"):
         summary = run_prepare(model=model, source=data, out=out, regenerate=regenerate, temperature=temperature,
@@ -91,7 +121,7 @@ def prepare(
 
 @app.command()
 def capture(
-    data: Optional[Path] = typer.Option(None, "--data", help="Prepared data folder (WS/data)."),
+    prepared: Optional[Path] = typer.Option(None, "--prepared", help="Prepared data folder (WS/data, from `specdraft prepare`)."),
     out: Path = typer.Option(..., "--out", help="Store folder (WS/hidden)."),
     model: str = MODEL,
     layers: Optional[str] = typer.Option(None, help="Aux layer ids, e.g. 2,15,27 (default [2, L//2, L-3])."),
@@ -105,18 +135,20 @@ def capture(
     engine: str = ENGINE,
     tensor_parallel_size: int = TP,
     engine_args: Optional[str] = ENGINE_ARGS,
+    data: Optional[Path] = old_name("--data"),
 ):
     """Store the target's aux hidden states and pre-norm last layer output, per token."""
     from specdraft.data import capture as cap
     from specdraft.data.vllm_engine import engine_options
 
+    data = renamed(prepared, data, "--data", "--prepared")
     if verify:
         report = cap.verify_store(out)
         console.print(f"[green]ok[/] {report['shards']} shards, {report['samples']} samples, "
                       f"{report['tokens']} tokens verified in {out}")
         return
     if data is None:
-        raise SpecdraftError("capture: --data WS/data is required (or pass --verify)")
+        raise SpecdraftError("capture: --prepared WS/data is required (or pass --verify)")
     from specdraft.io import own_folder
 
     with own_folder(out, "capture"):
@@ -130,15 +162,22 @@ def capture(
 
 @vocab_app.command("build")
 def vocab_build(
-    data: Path = typer.Option(..., "--data", help="Prepared data folder (WS/data) or a hidden store."),
+    prepared: Optional[Path] = typer.Option(None, "--prepared", help="Count tokens in prepared data (WS/data)..."),
+    store: Optional[Path] = typer.Option(None, "--store", help="...or in a hidden-state store (WS/hidden)."),
     size: int = typer.Option(..., "--size", help="Draft vocabulary size N."),
     out: Path = typer.Option(..., "--out", help="Output file, e.g. WS/vocab.safetensors."),
     model: Optional[str] = typer.Option(None, "--model", help="Target (for its vocab size); default: the one named in the data."),
+    data: Optional[Path] = old_name("--data"),
 ):
     """Top-N target tokens by frequency over loss-masked tokens, as d2t offsets / t2d mask."""
     from specdraft import vocab
 
-    summary = vocab.build_from_data(data, size, out, model=model)
+    if prepared is not None and store is not None:
+        raise SpecdraftError("--prepared and --store: pick one (the tokens are counted in one of them)")
+    source = renamed(prepared if store is None else store, data, "--data", "--prepared or --store")
+    kind = "prepared" if prepared is not None else "store" if store is not None else None
+    summary = vocab.build_from_data(required(source, "--prepared WS/data or --store WS/hidden", "the tokens "
+                                             "to count"), size, out, model=model, kind=kind)
     console.print(f"[green]vocab[/] {summary['draft_vocab_size']} of {summary['target_vocab_size']} tokens, "
                   f"covers {summary['coverage']:.1%} of trained tokens -> {out}")
 
@@ -146,7 +185,7 @@ def vocab_build(
 @vocab_app.command("diff")
 def vocab_diff(a: Path = typer.Argument(..., help="Mapping A (.safetensors or drafter folder)."),
                b: Path = typer.Argument(..., help="Mapping B."),
-               as_json: bool = typer.Option(False, "--json")):
+               as_json: bool = AS_JSON):
     """Sizes, token-set overlap, positional matches, rows that carry over from A to B."""
     from specdraft import vocab
 
@@ -161,7 +200,7 @@ def vocab_diff(a: Path = typer.Argument(..., help="Mapping A (.safetensors or dr
 def vocab_remap(a: Path = typer.Argument(..., help="Source mapping A."),
                 b: Path = typer.Argument(..., help="Destination mapping B."),
                 out: Optional[Path] = typer.Option(None, "--out", help="Write the permutation (safetensors)."),
-                as_json: bool = typer.Option(False, "--json")):
+                as_json: bool = AS_JSON):
     """Row permutation from A's draft ids to B's, and B's rows that have no source."""
     from specdraft import vocab
 
@@ -192,13 +231,16 @@ def recipe(model: str = typer.Argument(..., help="smollm2 (the embedded default)
            config: Optional[Path] = typer.Option(None, "--config", help="Your own recipe file instead of --profile "
                                                  "(copy src/specdraft/recipes/quick.yaml)."),
            workspace: Optional[Path] = typer.Option(None, "--workspace", help="Default: ws/<model>-<recipe name>."),
-           data: str = typer.Option("builtin", "--data", help="Conversations to regenerate (file, hub dataset, builtin)."),
+           conversations: Optional[str] = typer.Option(None, "--conversations", help="Conversations to regenerate "
+                                                       "(file, hub dataset, builtin; default builtin)."),
            engine: str = ENGINE,
+           data: Optional[str] = old_name("--data"),
            ):
     """Every stage, prepare to report, for any target: the recipe behind `make demo`."""
     from specdraft.data.vllm_engine import engine_options
     from specdraft.pipeline import run_recipe
 
+    data = renamed(conversations, data, "--data", "--conversations") or "builtin"
     if profile and config:
         raise SpecdraftError("--profile and --config: pick one (a shipped recipe's name, or your recipe file)")
     chosen = config or profile or "quick"
@@ -218,15 +260,19 @@ def export_cmd(
                                        "target's); refused unless they equal the target's (--model)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="The target, to check --no-embeddings against "
                                         "(Hub id, local folder, .gguf, or 'default')."),
-    speculative_tokens: int = typer.Option(3, "--speculative-tokens", help="Default draft length written into the speculators config."),
-    as_json: bool = typer.Option(False, "--json"),
+    num_speculative_tokens: Optional[int] = typer.Option(None, NUM_SPEC, "-k", help="Default draft length written "
+                                                         "into the speculators config (default 3)."),
+    as_json: bool = AS_JSON,
+    speculative_tokens: Optional[int] = old_name("--speculative-tokens"),
 ):
     """Write the drafter in the layout a serving engine loads (see docs/serving.md)."""
     from specdraft.formats import export
     from specdraft.io import own_folder
 
+    speculative_tokens = renamed(num_speculative_tokens, speculative_tokens, "--speculative-tokens", NUM_SPEC)
+    speculative_tokens = 3 if speculative_tokens is None else speculative_tokens
     if speculative_tokens < 1:
-        raise SpecdraftError(f"--speculative-tokens {speculative_tokens}: must be >= 1 (vLLM's "
+        raise SpecdraftError(f"{NUM_SPEC} {speculative_tokens}: must be >= 1 (vLLM's "
                              "num_speculative_tokens; 3-5 is usual)")
     with own_folder(out, "export"):
         summary = export(run_or_ckpt, out, fmt, speculative_tokens=speculative_tokens, dtype=dtype,
@@ -243,7 +289,7 @@ def export_cmd(
 def import_cmd(
     src: Path = typer.Argument(..., help="Drafter folder: speculators, SGLang, or official EAGLE-3 layout."),
     out: Path = typer.Option(..., "--out", help="Output folder (our layout)."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = AS_JSON,
 ):
     """Read a drafter in any supported layout and write it in ours."""
     from specdraft.formats import import_checkpoint
@@ -293,7 +339,7 @@ def compare_cmd(runs: List[Path] = typer.Argument(..., help="Run folders (or the
                 metric: Optional[List[str]] = typer.Option(None, "--metric", help="Table metrics (repeatable)."),
                 baseline: Optional[Path] = typer.Option(None, "--baseline", help="Flag runs that stay behind this run."),
                 margin: float = typer.Option(0.05, help="Behind-baseline margin on full_acc_0 (absolute)."),
-                as_json: bool = typer.Option(False, "--json")):
+                as_json: bool = AS_JSON):
     """Validation metrics per epoch side by side, and curves aligned by tokens seen."""
     from specdraft.analysis import compare
 
@@ -308,18 +354,20 @@ def compare_cmd(runs: List[Path] = typer.Argument(..., help="Run folders (or the
 @app.command("probe")
 def probe_cmd(vocab: Optional[List[Path]] = typer.Option(None, "--vocab", help="Two mappings A and B (vocab file or drafter folder)."),
               model: Optional[List[str]] = typer.Option(None, "--model", "-m", help="Targets: two (A, B) for the hidden-state probe, one for --drafter."),
-              data: Optional[Path] = typer.Option(None, "--data", help="Prepared data (WS/data) both targets read."),
+              prepared: Optional[Path] = typer.Option(None, "--prepared", help="Prepared data (WS/data) both targets read."),
               drafter: Optional[Path] = typer.Option(None, "--drafter", help="Drafter folder for the direct acceptance probe."),
-              samples: int = typer.Option(32, help="Samples of --data to run."),
+              samples: int = typer.Option(32, help="Samples of --prepared to run."),
               max_tokens: int = typer.Option(512, help="Tokens per sample at most."),
               steps: int = typer.Option(5, help="Draft steps for the direct probe."),
               run: Optional[Path] = typer.Option(None, "--run", help="Run folder: write RUN/probe-*.json and a journal entry."),
               out: Optional[Path] = typer.Option(None, "--out", help="Write the result JSON here."),
-              as_json: bool = typer.Option(False, "--json"),
-              trust_remote_code: bool = TRUST):
+              as_json: bool = AS_JSON,
+              trust_remote_code: bool = TRUST,
+              data: Optional[Path] = old_name("--data")):
     """Before fine-tuning: mapping overlap, hidden-state similarity of two targets, the drafter as it is."""
     from specdraft.analysis import probe
 
+    data = renamed(prepared, data, "--data", "--prepared")
     results = probe.run(vocabs=vocab or [], models=model or [], data=data, drafter=drafter, samples=samples,
                         max_tokens=max_tokens, steps=steps, run=run, out=out,
                         trust_remote_code=trust_remote_code)
@@ -331,18 +379,24 @@ def probe_cmd(vocab: Optional[List[Path]] = typer.Option(None, "--vocab", help="
 def plan_cmd(drafter: Optional[Path] = typer.Option(None, "--drafter", help="Drafter folder (to time a draft step)."),
              model: str = MODEL,
              accept: Optional[str] = typer.Option(None, "--accept", help="eval/bench JSON, metrics.jsonl, or rates 0.8,0.6,..."),
-             data: Optional[Path] = typer.Option(None, "--data", help="Hidden store (WS/hidden) to measure acceptance on."),
+             store: Optional[Path] = typer.Option(None, "--store", help="Hidden-state store (WS/hidden) to measure acceptance on."),
              verify_ms: Optional[str] = typer.Option(None, "--verify-ms", help="Verify latency for 1..K+1 tokens (ms), or one value for all."),
              draft_ms: Optional[float] = typer.Option(None, "--draft-ms", help="Drafter step latency (ms)."),
-             k_max: int = typer.Option(8, "--k-max", help="Longest draft chain considered."),
+             num_speculative_tokens: Optional[int] = typer.Option(None, NUM_SPEC, "-k", help="Longest draft chain "
+                                                                  "considered (default 8)."),
              context: int = typer.Option(512, help="KV cache length for the verify measurement."),
              run: Optional[Path] = typer.Option(None, "--run", help="Run folder: write RUN/plan.json and a journal entry."),
              out: Optional[Path] = typer.Option(None, "--out", help="Write the plan JSON here."),
-             as_json: bool = typer.Option(False, "--json"),
-             trust_remote_code: bool = TRUST):
+             as_json: bool = AS_JSON,
+             trust_remote_code: bool = TRUST,
+             data: Optional[Path] = old_name("--data"),
+             k_max: Optional[int] = old_name("--k-max")):
     """Choose the number of draft tokens from acceptance per position and draft/verify cost."""
     from specdraft.analysis import plan
 
+    data = renamed(store, data, "--data", "--store")
+    k_max = renamed(num_speculative_tokens, k_max, "--k-max", NUM_SPEC)
+    k_max = 8 if k_max is None else k_max
     result = plan.run(drafter=drafter, model=model, accept=accept, data=data,
                       verify_ms=parse_floats(verify_ms, "--verify-ms"), draft_ms=draft_ms, k_max=k_max,
                       context=context, run=run, out=out, trust_remote_code=trust_remote_code)
@@ -369,7 +423,8 @@ def generate(
     model: str = MODEL,
     drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter checkpoint or run folder; 'untrained[:N]' = random (timing only)."),
     method: str = typer.Option("eagle3", "--method", help="greedy (no drafting), ngram or eagle3."),
-    k: int = typer.Option(4, "--k", help="Draft tokens per round (chain)."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, NUM_SPEC, "-k", help="Draft tokens per round "
+                                                         "(chain; default 4)."),
     tree: Optional[str] = typer.Option(None, "--tree", help="EAGLE-2 tree depth,topk,total, e.g. 4,4,16 (greedy only)."),
     temperature: float = typer.Option(0.0, help="0 = greedy; >0 samples (rejection sampling keeps the target's distribution)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
@@ -381,6 +436,7 @@ def generate(
     dtype: str = typer.Option("float32", help="Target/drafter dtype: float32, bfloat16 or float16."),
     as_json: bool = typer.Option(False, "--json", help="Print {text, token_ids, tokens_per_s, accept_len, new_tokens}."),
     trust_remote_code: bool = TRUST,
+    k: Optional[int] = old_name("--k"),
 ):
     """Speculative generation for one prompt: streams the answer, then tokens/s and acceptance length."""
     from specdraft.infer import bench as B
@@ -389,10 +445,12 @@ def generate(
     from specdraft.infer.speculative import eos_ids_of
     from specdraft.targets import DTYPES, load_target
 
+    k = renamed(num_speculative_tokens, k, "--k", NUM_SPEC)
+    k = 4 if k is None else k
     if method not in ("greedy", "ngram", "eagle3"):
         raise SpecdraftError(f"--method {method}: unknown; choose greedy, ngram or eagle3")
     if k < 1:
-        raise SpecdraftError(f"--k {k}: must be >= 1")
+        raise SpecdraftError(f"{NUM_SPEC} {k}: must be >= 1")
     if max_new_tokens < 1:
         raise SpecdraftError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
     if dtype not in DTYPES:
@@ -434,23 +492,27 @@ def generate(
                       f"mean acceptance length {result.accept_len:.2f} ({m.name})", highlight=False)
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True})
 def bench(
+    ctx: typer.Context,
     model: str = MODEL,
     drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter checkpoint or run folder; 'untrained[:N]' = random (timing only)."),
     prompts: str = typer.Option("builtin-holdout", "--prompts", help="jsonl with `messages` (user turns = prompt), or builtin-holdout."),
     methods: str = typer.Option("greedy,ngram,eagle3", "--methods", help="Comma list of greedy, ngram, eagle3, eagle3-tree."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
-    k: int = typer.Option(4, "--k", help="Draft tokens per round (chain, n-gram)."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, NUM_SPEC, "-k", help="Draft tokens per round "
+                                                         "(chain, n-gram; default 4)."),
     tree: Optional[str] = typer.Option(None, "--tree", help="Tree for eagle3-tree: depth,topk,total (default 4,4,16)."),
     ngram_max: int = typer.Option(3, "--ngram-max"),
     ngram_min: int = typer.Option(1, "--ngram-min"),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N prompts (builtin-holdout default 32)."),
-    out: Optional[Path] = typer.Option(None, "--json", help="Write the results JSON here (and a .png bar chart beside it)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the results JSON here (and a .png bar chart beside it)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results JSON to stdout instead of the table."),
     profile: bool = typer.Option(False, "--profile", help="Print the draft / verify / other time split."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
     trust_remote_code: bool = TRUST,
+    k: Optional[int] = old_name("--k"),
 ):
     """Wall-clock speed of greedy (transformers generate), n-gram and EAGLE-3 on the same prompts."""
     from rich.table import Table
@@ -461,12 +523,15 @@ def bench(
     from specdraft.progress import progress as progress_of
     from specdraft.targets import DTYPES, load_target
 
+    as_json, out = json_or_out(ctx, as_json, out)
+    k = renamed(num_speculative_tokens, k, "--k", NUM_SPEC)
+    k = 4 if k is None else k
     names = [n.strip() for n in methods.split(",") if n.strip()]
     bad = [n for n in names if n not in B.METHODS]
     if bad or not names:
         raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(B.METHODS)}")
     if k < 1 or max_new_tokens < 1:
-        raise SpecdraftError(f"--k {k} --max-new-tokens {max_new_tokens}: each must be >= 1")
+        raise SpecdraftError(f"{NUM_SPEC} {k} --max-new-tokens {max_new_tokens}: each must be >= 1")
     if dtype not in DTYPES:
         raise SpecdraftError(f"--dtype {dtype}: choose float32, bfloat16 or float16")
     shape = TreeShape.parse(tree or B.DEFAULT_TREE)
@@ -492,7 +557,10 @@ def bench(
         pos = " ".join(f"{a:.2f}" for a in r["per_position_accept"]) or "-"
         table.add_row(name, f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['accept_len']:.2f}", pos,
                       "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']}/{len(conversations)})")
-    Console().print(table)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        Console().print(table)
     if profile:
         for name, r in report["methods"].items():
             p = r.get("profile")
@@ -505,28 +573,51 @@ def bench(
         console.print(f"[green]bench[/] -> {out}, {out.with_suffix('.png')}")
 
 
-@app.command("eval")
+@app.command("eval", context_settings={"allow_extra_args": True})
 def eval_cmd(
+    ctx: typer.Context,
     drafter: str = typer.Option(..., "--drafter", help="Drafter checkpoint or run folder."),
-    data: Path = typer.Option(..., "--data", help="Hidden-state store (WS/hidden)."),
+    store: Optional[Path] = typer.Option(None, "--store", help="Hidden-state store (WS/hidden)."),
     model: str = MODEL,
     split: str = typer.Option("val", help="val (the run's held-out samples) or all."),
     steps: int = typer.Option(5, help="Draft positions to measure (1..7)."),
-    out: Optional[Path] = typer.Option(None, "--json", help="Also write the results here."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the results JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results JSON to stdout instead of the summary."),
     trust_remote_code: bool = TRUST,
+    data: Optional[Path] = old_name("--data"),
 ):
     """Acceptance from stored hidden states: per-position rates and simulated acceptance length."""
     from specdraft.analysis.evaluate import evaluate
     from specdraft.io import write_json
 
+    as_json, out = json_or_out(ctx, as_json, out)
+    data = required(renamed(store, data, "--data", "--store"), "--store", "the hidden-state store (WS/hidden)")
     result = evaluate(drafter, data, model=model, split=split, steps=steps, trust_remote_code=trust_remote_code)
     rates = " ".join(f"{a:.3f}" for a in result["cond_acc"])
     by_k = " ".join(f"K={k}:{a:.2f}" for k, a in enumerate(result["accept_len_by_k"]) if k)
-    print(f"split        {result['split']}\ncond_acc     {rates}\naccept_len   {result['accept_len']:.3f}\n"
-          f"by chain K   {by_k}")
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"split        {result['split']}\ncond_acc     {rates}\naccept_len   {result['accept_len']:.3f}\n"
+              f"by chain K   {by_k}")
     if out is not None:
         write_json(out, result)
         console.print(f"[green]eval[/] -> {out}")
+
+
+def json_or_out(ctx: typer.Context, as_json: bool, out: Optional[Path]) -> tuple[bool, Optional[Path]]:
+    """eval and bench once took `--json PATH` for the file they write; now --json prints to stdout
+    and --out PATH writes. The old form (--json followed by a path) still writes PATH, with a note,
+    for one release."""
+    extra = list(ctx.args)
+    if extra and as_json and out is None and len(extra) == 1:
+        print(f"note: --json PATH is deprecated, use --out {extra[0]} (--json now prints JSON to stdout)",
+              file=sys.stderr)
+        return False, Path(extra[0])
+    if extra:
+        raise SpecdraftError(f"unexpected argument {' '.join(extra)!r} (write a file with --out PATH; --json "
+                             "prints JSON to stdout)")
+    return as_json, out
 
 
 def main() -> None:

@@ -4,6 +4,9 @@ each other.
 
 One JSON object per line: split ("train"/"val"), epoch, step, tokens_seen, lr and the metrics
 loss_k, full_acc_k, cond_acc_k, accept_len (nested under "metrics" as train writes them, or flat).
+`epoch` is the 0-based index of the epoch; everything shown to people counts from 1 (the console,
+the journal, compare/report tables, checkpoints/epoch-N), so `"epoch": 0` is epoch 1 and its
+checkpoint is checkpoints/epoch-1.
 """
 
 from __future__ import annotations

@@ -139,28 +139,28 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     started = time.perf_counter()
 
     if not (ws / "data" / "prepare.json").exists():
-        run_stage(console, ["prepare", "--model", model, "--data", data, "--regenerate",
+        run_stage(console, ["prepare", "--model", model, "--conversations", data, "--regenerate",
                             "--limit", str(recipe.samples), "--max-new-tokens", str(recipe.max_new_tokens),
                             "--batch-size", str(recipe.regen_batch), "--engine", engine,
                             "--out", str(ws / "data")], log)
     if not _store_complete(ws / "hidden"):
         resume = ["--resume"] if (ws / "hidden" / "manifest.json").exists() else []
-        run_stage(console, ["capture", "--model", model, "--data", str(ws / "data"), "--engine", engine,
+        run_stage(console, ["capture", "--model", model, "--prepared", str(ws / "data"), "--engine", engine,
                             "--out", str(ws / "hidden"), *resume], log)
     if not (ws / "vocab.safetensors").exists():
-        run_stage(console, ["vocab", "build", "--data", str(ws / "data"), "--size", str(recipe.draft_vocab),
+        run_stage(console, ["vocab", "build", "--prepared", str(ws / "data"), "--size", str(recipe.draft_vocab),
                             "--out", str(ws / "vocab.safetensors")], log)
     if not (run / "checkpoints" / f"epoch-{recipe.epochs}").exists():
         continue_run = _continue_run(run)
         run_stage(console, ["train", "--config", str(recipe.path), "--model", model, "--store", str(ws / "hidden"),
                             "--vocab", str(ws / "vocab.safetensors"), "--out", str(run), *continue_run], log)
     drafter = run / "best"
-    run_stage(console, ["eval", "--model", model, "--drafter", str(drafter), "--data", str(ws / "hidden"),
-                        "--json", str(run / "eval.json")], log)
+    run_stage(console, ["eval", "--model", model, "--drafter", str(drafter), "--store", str(ws / "hidden"),
+                        "--out", str(run / "eval.json")], log)
     run_stage(console, ["bench", "--model", model, "--drafter", str(drafter), "--prompts", "builtin-holdout",
                         "--methods", "greedy,ngram,eagle3", "--limit", str(recipe.bench_prompts),
-                        "--max-new-tokens", str(recipe.bench_tokens), "--k", str(recipe.k),
-                        "--json", str(run / "bench.json")], log)
+                        "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(recipe.k),
+                        "--out", str(run / "bench.json")], log)
     run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(ws / "export" / "speculators")], log)
     run_stage(console, ["report", str(run), "--out", str(ws / "report.html")], log)
 

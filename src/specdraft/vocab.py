@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from specdraft.data.prepared import load_prepared
-from specdraft.data.store import safe_shard_path
+from specdraft.data.store import read_manifest, safe_shard_path
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_path, read_json
 from specdraft.targets import info, load_tokenizer
@@ -118,9 +118,17 @@ def _load_token_counts_source(data: Path):
     return ids, mask, meta
 
 
-def build_from_data(data: str | Path, size: int, out: str | Path, model: str | None = None) -> dict:
-    """Build the top-`size` draft vocab over loss-masked tokens of `data` and write `out`."""
-    ids, mask, meta = _load_token_counts_source(Path(data))
+def build_from_data(data: str | Path, size: int, out: str | Path, model: str | None = None,
+                    kind: str | None = None) -> dict:
+    """Build the top-`size` draft vocab over loss-masked tokens of `data` and write `out`. `kind`
+    ("prepared" or "store", as the command line named it; None: either) is checked against the folder."""
+    data = Path(data)
+    if kind == "store":
+        read_manifest(data)              # a prepared folder or an unfinished store: says which
+    elif kind == "prepared" and (data / "manifest.json").exists():
+        raise SpecdraftError(f"{data}: a hidden-state store (from `specdraft capture`), not prepared data; "
+                             f"pass it as --store {data}, or --prepared WS/data")
+    ids, mask, meta = _load_token_counts_source(data)
     target = dict(meta.get("target") or {})
     if model is not None:
         tinfo = info(model)

@@ -35,12 +35,14 @@ def steps_in(runs: list[Run], family: str) -> list[int]:
 
 
 def epoch_table(runs: list[Run], metrics: tuple[str, ...] = DEFAULT_TABLE_METRICS) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): one row per epoch, one column per (run, metric), '-' where missing."""
+    """(header, rows): one row per epoch, one column per (run, metric), '-' where missing. Epochs are
+    shown from 1, as the console, the journal and checkpoints/epoch-N count them (metrics.jsonl's
+    `epoch` field is the 0-based index: epoch N there is `"epoch": N-1`)."""
     epochs = sorted({e for r in runs for e in r.val_by_epoch()})
     header = ["epoch"] + [f"{r.name} {m}" for r in runs for m in metrics]
     rows = []
     for e in epochs:
-        row = [str(e)]
+        row = [str(e + 1)]
         for r in runs:
             rec = r.val_by_epoch().get(e, {})
             row += [format_value(m, rec.get(m)) for m in metrics]

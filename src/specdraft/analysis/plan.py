@@ -203,18 +203,18 @@ def run(drafter=None, model: str = "default", accept: str | None = None, data=No
         trust_remote_code: bool = False) -> dict:
     """What `specdraft plan` does: gather rates and latencies, rank chain lengths, save, journal."""
     if k_max < 1:
-        raise SpecdraftError(f"--k-max {k_max}: must be >= 1")
+        raise SpecdraftError(f"--num-speculative-tokens {k_max}: must be >= 1")
     if draft_ms is None and drafter is None:
         raise SpecdraftError("plan: pass --draft-ms X or --drafter D (to measure a draft step)")
     if accept is not None:
         rates, accept_source = load_accept(accept)
     elif data is not None:
         if drafter is None:
-            raise SpecdraftError("plan --data WS/hidden: pass --drafter D to measure its acceptance")
+            raise SpecdraftError("plan --store WS/hidden: pass --drafter D to measure its acceptance")
         rates = accept_from_store(drafter, model, data, trust_remote_code=trust_remote_code)
         accept_source = f"{data} (simulated with train.objective)"
     else:
-        raise SpecdraftError("plan: pass --accept (rates, eval/bench JSON or metrics.jsonl) or --data WS/hidden")
+        raise SpecdraftError("plan: pass --accept (rates, eval/bench JSON or metrics.jsonl) or --store WS/hidden")
     measured = {}
     if verify_ms is None or (draft_ms is None and drafter is not None):
         target = load_target(model, trust_remote_code=trust_remote_code)

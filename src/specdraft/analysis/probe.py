@@ -205,17 +205,17 @@ def run(vocabs: list, models: list, data, drafter, samples: int = 32, max_tokens
         results.append(probe_vocabs(*vocabs))
     if drafter is not None:
         if data is None:
-            raise SpecdraftError("probe --drafter: --data WS/data is required")
+            raise SpecdraftError("probe --drafter: --prepared WS/data is required")
         results.append(probe_drafter(drafter, models[0] if models else "default", data, samples, max_tokens,
                                      steps, trust_remote_code))
     elif models:
         if len(models) != 2 or data is None:
-            raise SpecdraftError("probe --model A --model B --data WS/data: two targets and prepared data needed")
+            raise SpecdraftError("probe --model A --model B --prepared WS/data: two targets and prepared data needed")
         results.append(probe_hidden(models[0], models[1], data, samples, max_tokens,
                                     trust_remote_code=trust_remote_code))
     if not results:
-        raise SpecdraftError("probe: pass --vocab A --vocab B, --model A --model B --data WS/data, "
-                             "or --drafter D --model M --data WS/data")
+        raise SpecdraftError("probe: pass --vocab A --vocab B, --model A --model B --prepared WS/data, "
+                             "or --drafter D --model M --prepared WS/data")
     save(results, run, out)
     return results
 

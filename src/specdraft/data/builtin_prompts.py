@@ -1,6 +1,6 @@
 """Builtin single-turn prompts: templates x topic lists x small parameters, written for
 specdraft (no public dataset is copied). They give a drafter something to learn from when
-the user has no data: `specdraft prepare --data builtin --regenerate` lets the target answer.
+the user has no data: `specdraft prepare --conversations builtin --regenerate` lets the target answer.
 
 The pool is fixed (its own RNG, independent of `seed`); a stable hash of each prompt puts
 about 1 in 8 of them in a held-out slice that never appears in `train`, so later stages can

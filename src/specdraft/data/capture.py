@@ -226,8 +226,8 @@ def _resume_manifest(out: Path, want: dict) -> dict:
         raise SpecdraftError(f"{out}: store was captured with {have_engine} but this capture would use "
                              f"{want['engine']['name']}; pass --engine {flag} to resume it or choose another --out")
     if manifest.get("data", {}).get("fingerprint") != want["data"]["fingerprint"]:
-        raise SpecdraftError(f"{out}: store was captured from other prepared data than --data "
-                             f"{want['data']['path']}; pass the same --data or another --out")
+        raise SpecdraftError(f"{out}: store was captured from other prepared data than --prepared "
+                             f"{want['data']['path']}; pass the same --prepared or another --out")
     good = []
     for entry in manifest["shards"]:
         path = st.safe_shard_path(out, entry["file"])

@@ -48,7 +48,7 @@ def read_records(source: str, split: str = "train") -> Iterator[tuple[Any, str]]
     elif kind == "hub":
         yield from read_hub(source, split)
     else:
-        raise SpecdraftError("--data builtin: builtin prompts are read with builtin_conversations()")
+        raise SpecdraftError("--conversations builtin: builtin prompts are read with builtin_conversations()")
 
 
 def read_file(path: Path) -> Iterator[tuple[Any, str]]:
@@ -129,7 +129,7 @@ def read_hub(dataset_id: str, split: str) -> Iterator[tuple[Any, str]]:
         ds = datasets.load_dataset(dataset_id, split=split)
     except Exception as e:  # network, missing dataset, missing split: all one line for the user
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SpecdraftError(f"--data {dataset_id}: cannot load Hugging Face dataset split '{split}' "
+        raise SpecdraftError(f"--conversations {dataset_id}: cannot load Hugging Face dataset split '{split}' "
                              f"({first}); check the id, --split and your network") from None
     for i, record in enumerate(ds):
         yield record, f"{dataset_id} record {i}"
@@ -174,10 +174,10 @@ def normalize(record: Any, where: str, allow_empty_assistant: bool = False) -> C
 
 def load_conversations(source: str, split: str = "train", seed: int = 0, limit: int | None = None,
                        regenerate: bool = False) -> Iterator[Conversation]:
-    """All conversations of --data, normalised. Builtin prompts need --regenerate."""
+    """All conversations of --conversations, normalised. Builtin prompts need --regenerate."""
     if source == "builtin":
         if not regenerate:
-            raise SpecdraftError("--data builtin: builtin samples are prompts without answers; "
+            raise SpecdraftError("--conversations builtin: builtin samples are prompts without answers; "
                                  "pass --regenerate so the target writes them")
 
         for i, prompt in enumerate(builtin_prompts(limit, seed=seed, split="train")):

@@ -58,7 +58,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     kind = source_kind(source)
     conversations = list(load_conversations(source, split=split, seed=seed, limit=limit, regenerate=regenerate))
     if not conversations:
-        raise SpecdraftError(f"--data {source}: no conversations found; the file or split is empty")
+        raise SpecdraftError(f"--conversations {source}: no conversations found; the file or split is empty")
     records = len(conversations)
     out = ensure_writable_dir(out)
 
@@ -106,7 +106,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
 
     rows = render_and_filter(tok, conversations, end_ids, max_length, min_assistant_tokens, dedup, limit, dropped)
     if not rows["input_ids"]:
-        raise SpecdraftError(f"--data {source}: no samples left after filtering {records} conversations "
+        raise SpecdraftError(f"--conversations {source}: no samples left after filtering {records} conversations "
                              f"({describe_drops(dropped, max_length, min_assistant_tokens)}); relax that filter")
     counts = {
         "records": records,

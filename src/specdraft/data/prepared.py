@@ -51,6 +51,9 @@ def load_prepared(path: str | Path):
     if not path.is_dir():
         raise SpecdraftError(f"{path}: expected the folder written by `specdraft prepare`, got a file")
     if not (path / META).exists():
+        if (path / "manifest.json").exists():
+            raise SpecdraftError(f"{path}: a hidden-state store (from `specdraft capture`), not prepared data; "
+                                 "pass the folder `specdraft prepare` wrote (--prepared WS/data)")
         raise SpecdraftError(f"{path}: no {META} (prepare did not finish); re-run `specdraft prepare`")
     meta = read_json(path / META, "prepare.json")
     try:

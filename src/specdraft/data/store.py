@@ -105,6 +105,9 @@ def read_manifest(root: str | Path) -> dict:
     path = root / MANIFEST
     if not root.is_dir():
         raise SpecdraftError(f"{root}: hidden-state store not found; run `specdraft capture --out {root}`")
+    if not path.exists() and (root / "prepare.json").exists():
+        raise SpecdraftError(f"{root}: prepared data (from `specdraft prepare`), not a hidden-state store; "
+                             "pass the folder `specdraft capture` wrote (--store WS/hidden)")
     if not path.exists():
         raise SpecdraftError(f"{path}: not found; {root} is not a finished hidden-state store "
                              "(run `specdraft capture`, or --resume an interrupted one)")

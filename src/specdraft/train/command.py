@@ -19,7 +19,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from specdraft.errors import SpecdraftError
+from specdraft.errors import SpecdraftError, renamed
 from specdraft.train.config import RunConfig, choices, flag, resolve_config
 
 SETTINGS_PANEL = "Settings (RunConfig: also in --config YAML, saved in RUN/config.yaml)"
@@ -36,8 +36,8 @@ def train(
                                  help="With --nproc N > 1: ddp, or fsdp (FSDP2 shards weights and optimizer state)."),
     online: bool = typer.Option(False, "--online", rich_help_panel=LAUNCH_PANEL,
                                 help="Compute hidden states with --model inside the loop (no store)."),
-    data: Optional[str] = typer.Option(None, "--data", rich_help_panel=LAUNCH_PANEL,
-                                       help="Prepared data (WS/data) for --online."),
+    prepared: Optional[str] = typer.Option(None, "--prepared", rich_help_panel=LAUNCH_PANEL,
+                                           help="Prepared data (WS/data, from `specdraft prepare`) for --online."),
     engine: str = typer.Option("auto", "--engine", rich_help_panel=LAUNCH_PANEL,
                                help="With --online: hf (hooks in this process), vllm, or auto (vLLM when installed "
                                     "and a CUDA device is present)."),
@@ -45,6 +45,7 @@ def train(
                                              help="With --online --engine vllm: GPUs per engine."),
     engine_args: Optional[str] = typer.Option(None, "--engine-args", rich_help_panel=LAUNCH_PANEL,
                                               help="With --online --engine vllm: JSON object passed to vllm.LLM(...)."),
+    data: Optional[str] = typer.Option(None, "--data", hidden=True),   # --prepared's old name, for one release
     **settings,
 ):
     """Train an EAGLE-3 drafter with training-time test from the hidden-state store."""
@@ -60,6 +61,7 @@ def train(
     if "resume" in overrides or "out" in overrides:   # resume reads RUN/config.yaml unless --config is given
         overrides.setdefault("out", settings["out"])
     cfg = resolve_config(config, **overrides)
+    data = renamed(prepared, data, "--data", "--prepared")
     setup = None
     if online:
         from specdraft.data.vllm_engine import engine_options

@@ -1,5 +1,5 @@
 """Online training: the target computes the hidden states inside the training loop, nothing is
-written to disk (`--online --model M --data WS/data`).
+written to disk (`--online --model M --prepared WS/data`).
 
 A store is ~57 KB per token for a 7168-wide target; online mode trades that disk for one target
 forward per batch. It produces exactly the batch dicts of the store path, so the loss and the
@@ -151,11 +151,11 @@ def online_data(cfg, runtime, target, data: str | Path, layer_ids: list[int] | N
 
 
 def online_setup(data: str | Path | None, engine=None):
-    """For `--online --data WS/data`: a function (cfg, runtime) -> train() keyword arguments, the
+    """For `--online --prepared WS/data`: a function (cfg, runtime) -> train() keyword arguments, the
     target loaded once on this rank's device (teacher head, embeddings and hidden states) and the
     online TrainData. `engine` (vllm_engine.EngineOptions) may move the hidden states to vLLM."""
     if not data:
-        raise SpecdraftError("--online: pass --data WS/data (the prepared data the target runs over)")
+        raise SpecdraftError("--online: pass --prepared WS/data (the prepared data the target runs over)")
 
     def setup(cfg, runtime) -> dict:
         use_vllm = engine is not None and choose_engine(engine, cfg.model, cfg.trust_remote_code) == "vllm"
