@@ -25,6 +25,7 @@ from specdraft.train.drafters import start_drafter
 from specdraft.train.inputs import INPUTS_FILE, check_inputs, data_identity, store_data, training_target
 from specdraft.train.objective import TeacherHead, TTTObjective, add_sums, finalize_metrics
 from specdraft.train.progress import progress_bar
+from specdraft.train.provenance import write_provenance
 from specdraft.train.run_folder import note, own_run_folder, start_summary, val_summary, wipe_run
 from specdraft.train.runtime import Runtime, TrainData, use_bf16
 from specdraft.train.step import (StepResult, Training, TrainState, advance, evaluate, optimizer_and_schedule,
@@ -107,6 +108,7 @@ def open_run(t: Training, resume_from: Path | None, remap_report: dict | None) -
     if t.runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_yaml(cfg.replace(overwrite=False), run_dir / "config.yaml")   # a --resume of it must not wipe
+        write_provenance(run_dir, t.runtime.device, t.runtime.world_size, resumed=resume_from is not None)
         if remap_report is not None:
             write_json(run_dir / "remap.json", remap_report)
         t.metrics.truncate_after(t.state.step)
