@@ -1,7 +1,8 @@
 """Serve our exported EAGLE-3 drafter with a real engine (vLLM, CPU build) and check it.
 
 Checks (issue 4 item 3):
-  * vLLM loads our speculators-layout checkpoint with method "eagle3";
+  * vLLM loads our speculators-layout export (bf16, --no-embeddings: the target's are shared) with
+    method "eagle3";
   * greedy outputs of vLLM with eagle3 (and with n-gram) equal vLLM's plain greedy outputs;
   * vLLM's own acceptance counters (spec-decode metrics) agree with OUR acceptance length,
     measured by specdraft's speculative generation on the same prompts, within --tolerance;
@@ -43,8 +44,9 @@ PROMPTS = [
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--drafter", type=Path, help="speculators-layout drafter folder (default: build an "
-                   f"untrained one in {DEFAULT_DRAFTER.relative_to(ROOT)})")
+    p.add_argument("--drafter", type=Path, help="drafter checkpoint or run folder (default: build one in "
+                   f"{DEFAULT_DRAFTER.relative_to(ROOT)}); it is exported bf16 without embeddings "
+                   "(specdraft export --no-embeddings) and that export is what both sides load")
     p.add_argument("--model", default="default", help="target: 'default' (SmolLM2-135M-Instruct) or a folder")
     p.add_argument("-k", "--k", type=int, default=3, help="num_speculative_tokens (draft length)")
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many prompts (<= {len(PROMPTS)})")
@@ -204,11 +206,22 @@ def orchestrate(args: argparse.Namespace) -> int:
         if not (drafter / "config.json").exists():
             print(f"interop: building a drafter in {drafter} (fit steps {args.fit_steps})", flush=True)
             build_drafter(args.model, drafter, args.draft_vocab, prompts, args.max_tokens, args.fit_steps)
-    drafter = drafter.resolve()
-    if not (drafter / "config.json").exists():
-        print(f"--drafter {drafter}: no config.json; pass a speculators-layout drafter folder "
-              "(`specdraft export RUN --format speculators --out DIR`)", file=sys.stderr)
+    # What is served is what users ship: `specdraft export --dtype bfloat16 --no-embeddings` (vLLM then
+    # shares the target's embeddings); ours loads the same folder, taking the target's embeddings too.
+    from specdraft.errors import SpecdraftError
+    from specdraft.formats import export
+
+    source = drafter.resolve()
+    drafter = DEFAULT_DRAFTER.parent / f"export-{source.name}-bf16-noembed"
+    try:
+        summary = export(source, drafter, "speculators", speculative_tokens=args.k, dtype="bfloat16",
+                         embeddings=False, model=args.model)
+    except SpecdraftError as e:
+        print(f"--drafter {source}: {e}", file=sys.stderr)
         return 2
+    drafter = drafter.resolve()
+    print(f"interop: exported {source} -> {drafter} (bfloat16, no embeddings, "
+          f"{summary['weight_bytes'] / 1e6:.1f} MB of weights)", flush=True)
 
     print(f"interop: our acceptance (specdraft, k={args.k}, {n} prompts x {args.max_tokens} tokens)", flush=True)
     ours = measure_ours(args.model, drafter, prompts, args.k, args.max_tokens)
@@ -224,6 +237,9 @@ def orchestrate(args: argparse.Namespace) -> int:
     eagle = runs.get("eagle3", {})
     result = {
         "target": target_name, "target_path": target_path, "drafter": str(drafter), "drafter_built_here": args.drafter is None,
+        "export": {"source": str(source), "dtype": summary["dtype"], "embed_tokens": summary["has_embed_tokens"],
+                   "weight_bytes": summary["weight_bytes"],
+                   "file_bytes": (drafter / "model.safetensors").stat().st_size},
         "fit_steps": args.fit_steps if args.drafter is None else None, "k": args.k,
         "prompts": n, "max_tokens": args.max_tokens, "dtype": "bfloat16",
         "vllm_version": next((r.get("vllm_version") for r in runs.values() if r.get("vllm_version")), None),
