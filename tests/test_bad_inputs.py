@@ -411,7 +411,7 @@ MATRIX = [
     Case("prepared data from another target", c_capture_other_target, "prepared for"),
     Case("capture into a finished store without --resume", c_capture_existing_out, "pass --resume"),
     Case("--resume with other layers than the store", c_resume_other_layers, "layer_ids"),
-    Case("NaN in hidden states (capture)", c_capture_nan, "non-finite hidden states"),
+    Case("NaN in hidden states (capture)", c_capture_nan, "non-finite hidden states", after_start=True),
     Case("prepared folder without prepare.json", c_data_unfinished, "prepare did not finish"),
     Case("truncated safetensors shard", c_truncated_shard, "corrupt or truncated shard"),
     Case("shard whose sha256 does not match", c_shard_hash, "sha256 mismatch in shard-00001"),

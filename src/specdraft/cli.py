@@ -613,10 +613,16 @@ def json_or_out(ctx: typer.Context, as_json: bool, out: Optional[Path]) -> tuple
     if extra and as_json and out is None and len(extra) == 1:
         print(f"note: --json PATH is deprecated, use --out {extra[0]} (--json now prints JSON to stdout)",
               file=sys.stderr)
-        return False, Path(extra[0])
+        from specdraft.io import check_file_target
+
+        return False, check_file_target(extra[0])
     if extra:
         raise SpecdraftError(f"unexpected argument {' '.join(extra)!r} (write a file with --out PATH; --json "
                              "prints JSON to stdout)")
+    if out is not None:
+        from specdraft.io import check_file_target
+
+        check_file_target(out)   # before minutes of work, not after
     return as_json, out
 
 

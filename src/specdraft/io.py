@@ -21,9 +21,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     A reader never sees a half-written file: either the old file or the new one.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise SpecdraftError(f"{path}: is a directory; pass the path of a file to write, not a folder")
+    path = check_file_target(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -48,6 +46,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def check_file_target(path: str | os.PathLike) -> Path:
+    """A file about to be written must not be a folder; commands check it before their long work."""
+    path = Path(path)
+    if path.is_dir():
+        raise SpecdraftError(f"{path}: is a directory; pass the path of a file to write, not a folder")
+    return path
 
 
 # What to do about the OS errors a writer meets; anything else gets the OS's own words.
