@@ -80,7 +80,7 @@ def progress_lines(text: str, label: str, unit: str) -> list[re.Match]:
 
 def test_train_capture_eval_log_progress_lines(ws, tmp_path):  # noqa: F811
     root = ws["root"]
-    text = run_logged(tmp_path, "capture", ["capture", "--model", ws["target"], "--data", root / "data",
+    text = run_logged(tmp_path, "capture", ["capture", "--model", ws["target"], "--prepared", root / "data",
                                             "--out", tmp_path / "hidden", "--layers", "2,4,5",
                                             "--dtype", "float32", "--batch-tokens", "64"])
     lines = progress_lines(text, "capture", "tokens")
@@ -94,7 +94,7 @@ def test_train_capture_eval_log_progress_lines(ws, tmp_path):  # noqa: F811
     assert len(lines) >= 3 and lines[-1].group(1) == lines[-1].group(2), text
     assert ", loss " in lines[-1].group(0) and " tok/s, " in lines[-1].group(0)
 
-    text = run_logged(tmp_path, "eval", ["eval", "--drafter", tmp_path / "run" / "best", "--data", root / "hidden",
+    text = run_logged(tmp_path, "eval", ["eval", "--drafter", tmp_path / "run" / "best", "--store", root / "hidden",
                                          "--model", ws["target"], "--split", "all"])
     lines = progress_lines(text, "eval", "batches")     # one batch of 2048 tokens: the start and the end
     assert len(lines) >= 2 and lines[-1].group(1) == lines[-1].group(2), text
