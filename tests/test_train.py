@@ -426,7 +426,7 @@ def test_two_ranks_stop_together_when_behind(watch_ws, tmp_path):
 def test_metrics_log_truncate_skips_a_line_cut_by_a_kill(tmp_path):
     from specdraft.metrics import MetricsLog
 
-    log = MetricsLog(tmp_path, enabled=True, tensorboard=False, console=None)
+    log = MetricsLog(tmp_path, enabled=True, console=None)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 5, "loss": 1.0}\n{"step": 9, "lo')
     log.truncate_after(5)
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()

@@ -19,6 +19,7 @@ import numpy as np
 
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_path
+from specdraft.trackers import open_trackers, scalars
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -26,17 +27,13 @@ METRICS_FILE = "metrics.jsonl"
 # ----------------------------------------------------------------------------- writing
 
 class MetricsLog:
-    """RUN/metrics.jsonl (one JSON object per line), optional TensorBoard, rich console table."""
+    """RUN/metrics.jsonl (one JSON object per line), the --report-to trackers (trackers.py), rich
+    console table. Only the writing process (rank 0, `enabled`) opens the trackers; `with` closes them."""
 
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, console):
+    def __init__(self, run_dir: Path, enabled: bool, console, report_to: str = "none", config: dict | None = None):
         self.path = run_dir / METRICS_FILE
-        self.enabled, self.console, self.tb = enabled, console, None
-        if enabled and tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
-            except ImportError:
-                console.print("[yellow]note:[/] tensorboard is not installed; logging to metrics.jsonl only")
+        self.enabled, self.console = enabled, console
+        self.trackers = open_trackers(report_to, run_dir, config or {}) if enabled else []
 
     def truncate_after(self, step: int) -> None:
         """Drop lines logged after `step` (a resumed run logs them again)."""
@@ -61,10 +58,17 @@ class MetricsLog:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.tb is not None:
-            for k, v in record["metrics"].items():
-                self.tb.add_scalar(f"{record['split']}/{k}", v, record["step"])
-            self.tb.add_scalar("lr", record["lr"], record["step"])
+        for tracker in self.trackers:
+            tracker.log(scalars(record), record["step"])
+
+    def __enter__(self) -> "MetricsLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Flush and close the trackers at the run's end, or its failure."""
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
 
     def epoch_table(self, epoch: int, rows: list[tuple[str, dict]], steps: int, tokens_per_s: float) -> None:
         if not self.enabled:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from specdraft.errors import SpecdraftError
+from specdraft import trackers
 from specdraft.io import atomic_path
 from specdraft.watch import WatchConfig
 
@@ -72,7 +73,8 @@ class RunConfig:
     save_every: int = setting(0, "Also checkpoint every N steps (0 = each epoch only).", low=0)
     keep_step_checkpoints: int = setting(2, "Step-N checkpoints kept (epoch ones are all kept).", low=0)
     stop_after: int = setting(0, "Stop this invocation after N steps (0 = run to the end).", low=0)
-    tensorboard: bool = setting(False, "Also log to RUN/tensorboard (if tensorboard is installed).")
+    report_to: str = setting("none", "Also log the metrics to trackers: none, or a comma list of tensorboard "
+                             "(RUN/tensorboard), trackio, wandb (each needs its package: pip install wandb).")
     progress: bool = setting(True, "Show a progress bar.")
     # baseline watch (watch.py): compare with a baseline run at equal tokens_seen
     baseline: str | None = setting(None, "Run folder (or metrics.jsonl) to beat, e.g. from scratch: warn in "
@@ -108,6 +110,7 @@ class RunConfig:
             raise SpecdraftError(f"--lr {self.lr}: must be positive")
         if self.stop_if_behind and not self.baseline:
             raise SpecdraftError("--stop-if-behind: needs --baseline RUN (the run to compare with)")
+        trackers.require(self.report_to)   # a missing tracker fails here, before any work
         if self.resume and self.overwrite:
             raise SpecdraftError("--resume and --overwrite: pick one (continue the run in --out, or wipe it and start over)")
         return self
@@ -186,6 +189,8 @@ def load_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise SpecdraftError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
     data = {k.replace("-", "_"): v for k, v in data.items()}
+    if "tensorboard" in data:   # config.yaml of a run from before --report-to
+        data.setdefault("report_to", "tensorboard" if data.pop("tensorboard") is True else "none")
     data.pop("recipe", None)   # a recipe file's settings of the other stages (pipeline.py), not train's
     return data
 

@@ -39,7 +39,7 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
     runtime = runtime or Runtime()
     with own_run_folder(cfg, runtime):
         t = start(cfg, runtime, data, target)
-        with progress_bar(cfg.progress and runtime.is_main, sum(t.batches_per_epoch), t.state.step) as bar:
+        with t.metrics, progress_bar(cfg.progress and runtime.is_main, sum(t.batches_per_epoch), t.state.step) as bar:
             for epoch in range(t.state.epoch, cfg.epochs):
                 t.state.epoch = epoch
                 stopped = run_epoch(t, epoch, bar)
@@ -85,7 +85,7 @@ def start(cfg: RunConfig, runtime: Runtime, data: TrainData | None, target) -> T
         state = TrainState.from_saved(saved)
     if runtime.is_main and cfg.overwrite:   # every input check passed: only now delete the old run
         wipe_run(Path(cfg.out), log)
-    metrics = MetricsLog(Path(cfg.out), runtime.is_main, cfg.tensorboard, console)
+    metrics = MetricsLog(Path(cfg.out), runtime.is_main, console, cfg.report_to, cfg.to_dict())
     t = Training(cfg, runtime, data, drafter, model, optimizer, scheduler, metrics, watch, log,
                  use_bf16(cfg, runtime.device), batches_per_epoch, state)
     open_run(t, resume_from, remap_report)

@@ -15,7 +15,7 @@ from specdraft.train.runtime import Runtime, any_rank
 
 # what `train` writes in RUN: --overwrite deletes these; the first four mean "RUN already holds a run"
 RUN_FILES = ("metrics.jsonl", "config.yaml", "checkpoints", "best", "remap.json", "journal.md", "tensorboard",
-             "provenance.json")
+             "wandb", "provenance.json")
 
 
 @contextlib.contextmanager
