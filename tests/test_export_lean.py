@@ -2,6 +2,7 @@
 target, and the README.md model card in every export folder."""
 
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -163,3 +164,21 @@ def test_model_card_and_re_export_over_it(made, tmp_path, monkeypatch, capsys):
     text = (tmp_path / "bare_out" / "README.md").read_text()
     assert "| TTT steps | unknown |" in text and "| training data | unknown |" in text
     assert "| τ (held-out prompts) | unknown |" in text
+
+
+def test_export_is_recorded_in_the_run_for_its_report(made, tmp_path, monkeypatch, capsys):
+    """RUN/exports.json names each export folder (the latest per folder), so `specdraft report`
+    shows the path and the serve commands; the card's commands are the report's (serve_commands)."""
+    from specdraft.formats import card
+
+    out = tmp_path / "rec"
+    for k in (3, 5):                                                 # the same folder twice: one entry, the latest
+        shutil.rmtree(out, ignore_errors=True)
+        code, err = run_main(monkeypatch, capsys, "export", made["run"], "--out", out, "-k", k)
+        assert code == 0, err
+    entries = [e for e in json.loads((made["run"] / "exports.json").read_text())["exports"]
+               if e["out"] == str(out.resolve())]
+    assert len(entries) == 1 and entries[0]["num_speculative_tokens"] == 5 and entries[0]["layout"] == "speculators"
+    readme = (out / "README.md").read_text()
+    for _, _, command in card.serve_commands(made["target"], out.resolve(), 5, "speculators"):
+        assert command in readme

@@ -304,6 +304,7 @@ def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: in
                        speculative_tokens=speculative_tokens, weight_bytes=weight_bytes)
     save_checkpoint(out, tensors, cfg, layout=layout, speculative_tokens=speculative_tokens,
                     extra_files={"README.md": lambda p: p.write_text(text)})
+    card.record_export(ckpt, out, layout, dtype_name, speculative_tokens)
     return {"source": str(ckpt), "source_layout": src_layout, "layout": layout, "out": str(out),
             "dtype": dtype_name, "tensors": len(tensors), "has_embed_tokens": "embed_tokens.weight" in tensors,
             "weight_bytes": weight_bytes}

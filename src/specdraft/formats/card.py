@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specdraft.io import write_json
 from specdraft.model.config import DrafterConfig
 
 UNKNOWN = "unknown"
@@ -94,13 +95,6 @@ def render(facts: dict, cfg: DrafterConfig, *, out: Path, layout: str, dtype: st
            speculative_tokens: int, weight_bytes: int) -> str:
     """The README.md text."""
     target, export = facts["target"], str(Path(out).resolve())
-    serve_target = target if target != UNKNOWN else "TARGET"
-    k = int(speculative_tokens)
-    spec = json.dumps({"method": "eagle3", "model": export, "num_speculative_tokens": k})
-    vllm = f"vllm serve {serve_target} \\\n  --speculative-config '{spec}'"
-    sglang = (f"python -m sglang.launch_server --model-path {serve_target} \\\n"
-              f"  --speculative-algorithm EAGLE3 \\\n  --speculative-draft-model-path {export} \\\n"
-              f"  --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
     emb = ("not included: vLLM and SGLang use the target's (verified equal at export)" if not embeddings
            else "included (a copy; vLLM shares the target's when they are equal)")
     lines = [
@@ -125,20 +119,47 @@ def render(facts: dict, cfg: DrafterConfig, *, out: Path, layout: str, dtype: st
         "",
         "τ is the mean number of tokens accepted per target forward pass (1 = no speedup).",
         "",
-        "## Serve with vLLM",
-        "",
-        "```bash", vllm, "```",
-        "",
-        "## Serve with SGLang",
-        "",
     ]
-    if layout == "sglang":
-        lines += ["```bash", sglang, "```"]
-    else:
-        lines += [f"SGLang reads the SGLang layout: export again with `--format sglang --out {export}-sglang`, then", "",
-                  "```bash", sglang.replace(export, export + "-sglang"), "```"]
-    lines += ["", "See specdraft's docs/serving.md for what each engine reads from this folder.", ""]
+    for engine, note, command in serve_commands(target, export, speculative_tokens, layout):
+        lines += [f"## Serve with {engine}", ""] + ([note, ""] if note else []) + ["```bash", command, "```", ""]
+    lines += ["See specdraft's docs/serving.md for what each engine reads from this folder.", ""]
     return "\n".join(lines)
+
+
+EXPORTS_FILE = "exports.json"   # in the run folder: where its drafter was exported (read by `specdraft report`)
+
+
+def record_export(ckpt: Path, out: Path, layout: str, dtype: str, speculative_tokens: int) -> None:
+    """Note in the run folder (RUN/exports.json) where its drafter was exported, so the run's report
+    can show the path and the serve commands. One entry per export folder, the latest kept; an
+    export of a checkpoint outside any run records nothing."""
+    run = run_folder_of(ckpt)
+    if run is None:
+        return
+    entries = _json(run / EXPORTS_FILE).get("exports") or []
+    out_path = str(Path(out).resolve())
+    entries = [e for e in entries if isinstance(e, dict) and e.get("out") != out_path]
+    entries.append({"out": out_path, "layout": layout, "dtype": dtype, "num_speculative_tokens": int(speculative_tokens),
+                    "checkpoint": str(Path(ckpt).resolve())})
+    write_json(run / EXPORTS_FILE, {"exports": entries})
+
+
+def serve_commands(target: str, export: str | Path, speculative_tokens: int, layout: str) -> list[tuple[str, str, str]]:
+    """(engine, note, command) to paste for an export folder: the model card and `specdraft report`
+    both show these, so the two never disagree. SGLang reads only the SGLang layout: for another
+    layout the note says to export again, and the command names that second folder."""
+    serve_target = target if target and target != UNKNOWN else "TARGET"
+    export, k = str(export), int(speculative_tokens)
+    spec = json.dumps({"method": "eagle3", "model": export, "num_speculative_tokens": k})
+    vllm = f"vllm serve {serve_target} \\\n  --speculative-config '{spec}'"
+    note, sglang_path = "", export
+    if layout != "sglang":
+        sglang_path = export + "-sglang"
+        note = f"SGLang reads the SGLang layout: export again with `--format sglang --out {sglang_path}`, then"
+    sglang = (f"python -m sglang.launch_server --model-path {serve_target} \\\n"
+              f"  --speculative-algorithm EAGLE3 \\\n  --speculative-draft-model-path {sglang_path} \\\n"
+              f"  --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
+    return [("vLLM", "", vllm), ("SGLang", note, sglang)]
 
 
 def _data_size(f: dict) -> str:
