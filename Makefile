@@ -27,8 +27,16 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: venv
 	$(BIN)/specdraft demo
 
-test: venv
+test: venv chromium
 	$(BIN)/python -m pytest -q
+
+# tests/test_report_browser.py renders the HTML report in headless Chromium (Debian's package).
+# Installed only when missing (about 35 s with apt on a fresh Debian 12 machine); a no-op after.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (headless, for the report test)"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium; }
 
 bench: venv
 	$(BIN)/python benchmarks/capture.py

@@ -62,5 +62,9 @@ def test_cli_report(tmp_path):
     res = CliRunner().invoke(app, ["report", str(run), "--out", str(run / "report.html")])
     assert res.exit_code == 0, res.output
     assert (run / "report.html").read_text().startswith("<!DOCTYPE html>")
+    (run / "report.html").unlink()
+    res = CliRunner().invoke(app, ["report", str(run)])              # --out defaults to RUN/report.html
+    assert res.exit_code == 0, res.output
+    assert (run / "report.html").read_text().startswith("<!DOCTYPE html>")
     res = CliRunner().invoke(app, ["report", str(tmp_path / "missing"), "--out", str(tmp_path / "r.html")])
     assert res.exit_code != 0 and not (tmp_path / "r.html").exists()

@@ -35,7 +35,7 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
     assert json.loads((ws / "data" / "prepare.json").read_text())["regenerate"] is True
     assert json.loads((ws / "hidden" / "manifest.json").read_text())["complete"] is True
     for path in (ws / "vocab.safetensors", run / "best" / "model.safetensors", run / "eval.json",
-                 ws / "export" / "speculators" / "config.json", ws / "report.html"):
+                 ws / "export" / "speculators" / "config.json", run / "report.html"):
         assert path.exists(), path
     bench = json.loads((run / "bench.json").read_text())
     assert set(bench["methods"]) == {"greedy", "ngram", "eagle3"}
@@ -47,6 +47,14 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
     stages = [line.split()[2] for line in log.splitlines() if line.startswith("$ specdraft")]
     assert stages == ["prepare", "capture", "vocab", "train", "eval", "bench", "export", "report"]
     assert log.count("exit 0") == 8
+    # each stage's time is kept in WS/stages.json; the report (RUN/report.html) leads with the
+    # bench's τ and shows the stage timings and the export the recipe made
+    timings = json.loads((ws / "stages.json").read_text())
+    assert list(timings) == stages and all(t["exit"] == 0 and t["seconds"] >= 0 for t in timings.values())
+    page = (run / "report.html").read_text()
+    head = page[:page.index("<h2>Run tiny</h2>")]
+    assert f"{bench['methods']['eagle3']['accept_len']:.2f}" in head and "(recipe&#x27;s train stage)" in head
+    assert "Recipe stages" in page and str((ws / "export" / "speculators").resolve()) in page
     # the train stage reads the recipe file's training settings with --config
     assert f"train --config {tiny_recipe}" in log
     saved = (run / "config.yaml").read_text()

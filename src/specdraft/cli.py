@@ -405,8 +405,10 @@ def plan_cmd(drafter: Optional[Path] = typer.Option(None, "--drafter", help="Dra
 
 @app.command("report")
 def report_cmd(runs: List[Path] = typer.Argument(..., help="Run folders."),
-               out: Path = typer.Option(..., "--out", help="The HTML file, e.g. WS/runs/NAME/report.html.")):
-    """One self-contained HTML page: config, metrics, curves, journal, probe/plan/bench results."""
+               out: Optional[Path] = typer.Option(None, "--out", help="The HTML file (default: "
+                                                  "report.html in the first run folder).")):
+    """One self-contained HTML page that leads with τ, speedup and losslessness; then bench/eval
+    tables, the export's serve commands, stage timings, curves, journal and config."""
     from specdraft.analysis import report
 
     path = report.build(runs, out)

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specdraft.errors import SpecdraftError
-from specdraft.io import own_folder
+from specdraft.io import own_folder, write_json
 from specdraft.train.config import resolve_config
 
 RECIPES = Path(__file__).with_name("recipes")       # the shipped recipe files (package data)
@@ -89,10 +89,27 @@ def run_stage(console: Console, args: list[str], log: Path) -> None:
     seconds = time.perf_counter() - started
     with log.open("a") as f:
         f.write(f"  exit {returncode} after {seconds:.1f} s\n")
+    record_stage(log.parent / STAGES_FILE, args, shown, returncode, seconds)
     if returncode != 0:
         raise SpecdraftError(f"recipe stopped: `{shown}` exited {returncode}; fix the problem above "
                              "and re-run the recipe (finished stages are skipped)")
     console.print(f"[dim]  done in {seconds:.0f} s[/]")
+
+
+STAGES_FILE = "stages.json"   # beside recipe.log: each stage's last command and duration (the report shows them)
+
+
+def record_stage(path: Path, args: list[str], shown: str, returncode: int, seconds: float) -> None:
+    """Keep each stage's latest run in WS/stages.json, so that `specdraft report` can show where a
+    recipe's time went (recipe.log holds the same, as text among the stages' output)."""
+    try:
+        stages = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        stages = {}
+    stages = stages if isinstance(stages, dict) else {}
+    stages[args[0]] = {"command": shown, "exit": returncode, "seconds": round(seconds, 1),
+                       "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_json(path, stages)
 
 
 def tee_command(command: list[str], log: Path) -> int:
@@ -162,11 +179,11 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
                         "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(recipe.k),
                         "--out", str(run / "bench.json")], log)
     run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(ws / "export" / "speculators")], log)
-    run_stage(console, ["report", str(run), "--out", str(ws / "report.html")], log)
+    run_stage(console, ["report", str(run)], log)     # -> RUN/report.html
 
     bench = json.loads((run / "bench.json").read_text())
     summary = summarize(bench, time.perf_counter() - started)
-    print_summary(console, summary, ws / "report.html")
+    print_summary(console, summary, run / "report.html")
     return summary
 
 

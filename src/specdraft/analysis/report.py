@@ -1,8 +1,11 @@
-"""`specdraft report RUN... --out report.html`: one self-contained page per set of runs.
+"""`specdraft report RUN... [--out FILE]`: one self-contained page per set of runs, written to
+RUN/report.html (the first run's folder) unless --out says otherwise.
 
-No network: inline CSS, plots as base64 data URIs, every text HTML-escaped. Sections: the
-validation table across runs, curves, then per run its config, journal, and the probe / plan /
-bench JSON results found in the run folder (RUN/probe*.json, RUN/plan.json, RUN/bench.json).
+It leads with the answer a person came for: per run, τ on held-out prompts, speedup over greedy,
+whether the output is identical to greedy, the training data's size and the training time. Then
+the bench and eval tables (per-position acceptance, bench.png), the export with its serve commands,
+the recipe's stage timings, the validation table and curves across runs, the journal, and the
+config folded away. No network: inline CSS, plots as base64 data URIs, every text HTML-escaped.
 """
 
 from __future__ import annotations
@@ -11,23 +14,28 @@ import base64
 import html
 import json
 import tempfile
+from datetime import datetime
 from pathlib import Path
 
 from specdraft import journal, metrics
 from specdraft.analysis import compare
 from specdraft.errors import SpecdraftError
+from specdraft.formats import card
 from specdraft.io import atomic_path
 
-CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:right}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
-pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:12px}img{max-width:100%}
+pre{background:#f7f7f7;padding:.8em;font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}img{max-width:100%}
+.headline{background:#f3f7ff;border:1px solid #c9d8f5;padding:.4em 1.2em;margin:1em 0}
+.headline table{font-size:1.15em}.headline td:nth-child(2){font-weight:bold}.headline td{text-align:left}
 .entry{border-left:4px solid #888;padding:.2em .8em;margin:.6em 0}.warning{border-color:#c33}
 .decision{border-color:#36c}.result{border-color:#3a3}.probe{border-color:#a6c}.hypothesis{border-color:#c93}
-.meta{color:#666;font-size:12px}"""
+.meta{color:#666;font-size:12px}.bad{color:#c33}"""
 
-RESULT_FILES = ("probe*.json", "plan.json", "bench.json", "eval*.json")
+OTHER_RESULTS = ("probe*.json", "plan.json")     # bench.json and eval*.json get their own tables
+REPORT_FILE = "report.html"
 
 
 def esc(text) -> str:
@@ -35,14 +43,215 @@ def esc(text) -> str:
 
 
 def table_html(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    head = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>" if header else ""
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<table>{head}{body}</table>"
 
 
 def image_html(png: Path, alt: str) -> str:
     data = base64.b64encode(png.read_bytes()).decode("ascii")
     return f'<img alt="{esc(alt)}" src="data:image/png;base64,{data}">'
+
+
+def read_json(path: Path):
+    """The file's JSON; None when absent; the string "invalid" when it cannot be read as JSON."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return "invalid"
+
+
+def number(value, fmt: str = ".2f") -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+# ----------------------------------------------------------------------------- facts from the run folder
+
+def eagle3_of(bench) -> dict:
+    return ((bench.get("methods") or {}).get("eagle3") or {}) if isinstance(bench, dict) else {}
+
+
+def checkpoint_inputs(run: Path) -> dict:
+    """The training data recorded in the run's best checkpoint (else its newest epoch-N)."""
+    epochs = sorted((run / "checkpoints").glob("epoch-*"), key=lambda p: int(p.name.split("-")[-1])
+                    if p.name.split("-")[-1].isdigit() else -1)
+    for ckpt in [run / "best", *reversed(epochs)]:
+        data = read_json(ckpt / "inputs.json")
+        if isinstance(data, dict):
+            return data
+    return {}
+
+
+def run_config(run: Path) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load((run / "config.yaml").read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def data_size(run: Path) -> str:
+    """Samples and tokens the run trained on: the checkpoint's inputs.json, else the manifest of the
+    store that config.yaml names."""
+    inputs, source = checkpoint_inputs(run), "checkpoint inputs.json"
+    if "num_samples" not in inputs:
+        store = run_config(run).get("store") or run_config(run).get("data")
+        manifest = read_json(Path(store) / "manifest.json") if store else None
+        inputs, source = (manifest, f"store {store}") if isinstance(manifest, dict) else ({}, "")
+    if "num_samples" not in inputs:
+        return "unknown"
+    tokens = inputs.get("num_tokens")
+    return f"{inputs['num_samples']:,} samples, {tokens:,} tokens ({source})" if isinstance(tokens, int) \
+        else f"{inputs['num_samples']:,} samples ({source})"
+
+
+def timestamp(value) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def recipe_stages(run: Path) -> dict:
+    """The recipe's stage timings (pipeline.py's WS/stages.json) when `run` is a recipe's WS/runs/NAME."""
+    data = read_json(run.resolve().parent.parent / "stages.json") if run.resolve().parent.name == "runs" else None
+    return data if isinstance(data, dict) else {}
+
+
+def training_time(run: Path) -> str:
+    """From the first to the last timestamp in metrics.jsonl, else the recipe's train stage."""
+    times = []
+    if (run / metrics.METRICS_FILE).is_file():
+        for line in (run / metrics.METRICS_FILE).read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            t = timestamp(rec.get("time")) if isinstance(rec, dict) else None
+            if t is not None:
+                times.append(t)
+    if len(times) >= 2:
+        return f"{duration(max(times) - min(times))} (metrics.jsonl timestamps)"
+    train = recipe_stages(run).get("train")
+    if isinstance(train, dict) and isinstance(train.get("seconds"), (int, float)):
+        return f"{duration(train['seconds'])} (recipe's train stage)"
+    return "unknown"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+# ----------------------------------------------------------------------------- sections
+
+def headline_html(run: Path) -> str:
+    """The answer first: τ, speedup, lossless or not, how much data, how long."""
+    bench, ev = read_json(run / "bench.json"), read_json(run / "eval.json")
+    eagle, cfg = eagle3_of(bench), (bench.get("config") or {}) if isinstance(bench, dict) else {}
+    if isinstance(eagle.get("accept_len"), (int, float)):
+        tau = (number(eagle["accept_len"]), f"on {cfg.get('num_prompts', '?')} held-out prompts "
+               f"({cfg.get('prompts', '?')}), k={cfg.get('k', '?')}, bench.json")
+    elif isinstance(ev, dict) and isinstance(ev.get("accept_len"), (int, float)):
+        tau = (number(ev["accept_len"]), f"simulated from stored hidden states (eval sim τ, {ev.get('split')}); "
+               "no bench.json with eagle3")
+    else:
+        tau = ("unknown", "no bench.json or eval.json in the run folder")
+    if isinstance(eagle.get("speedup"), (int, float)):
+        greedy = (bench.get("methods") or {}).get("greedy") or {}
+        speedup = (f"{eagle['speedup']:.2f}x", f"{number(eagle.get('tokens_per_s'), '.1f')} vs "
+                   f"{number(greedy.get('tokens_per_s'), '.1f')} tok/s, {cfg.get('device', '?')}, batch 1")
+    else:
+        speedup = ("unknown", "no eagle3 bench")
+    same = eagle.get("identical_to_greedy")
+    identical = (("yes" if same else "NO") if isinstance(same, bool) else "unknown",
+                 f"{eagle.get('prompts_identical', '?')}/{cfg.get('num_prompts', '?')} prompts" if isinstance(same, bool)
+                 else "")
+    rows = [["τ (mean acceptance length)", *tau], ["speedup vs greedy", *speedup],
+            ["identical to greedy", *identical], ["training data", data_size(run), ""],
+            ["training time", training_time(run), ""]]
+    return f"<div class=headline><h2>{esc(run.name)}</h2>{table_html([], rows)}</div>"
+
+
+def bench_html(run: Path) -> str:
+    bench = read_json(run / "bench.json")
+    if bench is None:
+        return ""
+    if not isinstance(bench, dict) or not isinstance(bench.get("methods"), dict):
+        return "<h3>Bench</h3><p class=meta>bench.json: not valid JSON, skipped</p>"
+    cfg = bench.get("config") or {}
+    n = cfg.get("num_prompts", "?")
+    rows = [[name, number(m.get("tokens_per_s"), ".1f"), f"{number(m.get('speedup'))}x",
+             number(m.get("accept_len")) if name != "greedy" else "-",
+             " ".join(number(a) for a in m.get("per_position_accept") or []) or "-",
+             "yes" if m.get("identical_to_greedy") else f"NO ({m.get('prompts_identical', '?')}/{n})"]
+            for name, m in bench["methods"].items() if isinstance(m, dict)]
+    meta = (f"{cfg.get('model', '?')} · {n} prompts of {cfg.get('prompts', '?')} · {cfg.get('max_new_tokens', '?')} "
+            f"new tokens · k={cfg.get('k', '?')} · {cfg.get('device', '?')} {cfg.get('dtype', '')}")
+    png = run / "bench.png"
+    return (f"<h3>Bench (held-out prompts, end to end)</h3><p class=meta>{esc(meta)}</p>"
+            + table_html(["method", "tokens/s", "speedup", "τ", "per-position acceptance", "identical to greedy"], rows)
+            + (image_html(png, "tokens/s per method") if png.is_file() else ""))
+
+
+def eval_html(run: Path) -> str:
+    parts = []
+    for f in sorted(run.glob("eval*.json")):
+        ev = read_json(f)
+        if not isinstance(ev, dict) or not isinstance(ev.get("cond_acc"), list):
+            parts.append(f"<h3>{esc(f.name)}</h3><p class=meta>not valid JSON, skipped</p>")
+            continue
+        by_k = ev.get("accept_len_by_k") or []
+        rows = [[str(i + 1), number(c, ".3f"), number((ev.get("full_acc") or [None] * (i + 1))[i], ".3f"),
+                 number(by_k[i + 1]) if i + 1 < len(by_k) else "-"] for i, c in enumerate(ev["cond_acc"])]
+        parts.append(f"<h3>Eval ({esc(f.name)}): acceptance from stored hidden states</h3>"
+                     f"<p>sim τ <b>{esc(number(ev.get('accept_len')))}</b> <span class=meta>split {esc(ev.get('split'))}"
+                     f" · drafter {esc(ev.get('drafter'))}</span></p>"
+                     + table_html(["draft position", "conditional acceptance", "full acceptance",
+                                   "τ with k = position"], rows))
+    return "".join(parts)
+
+
+def export_html(run: Path) -> str:
+    """Where the drafter was exported (RUN/exports.json, written by `specdraft export`) and the
+    commands that serve it, the same ones as the export's model card."""
+    data = read_json(run / card.EXPORTS_FILE)
+    exports = data.get("exports") if isinstance(data, dict) else None
+    if not exports:
+        return ("<h3>Export</h3><p class=meta>not exported yet: specdraft export "
+                f"{esc(run)} --out EXPORT_DIR</p>")
+    inputs = checkpoint_inputs(run)
+    target = (inputs.get("target") or {}).get("id") or run_config(run).get("model") or card.UNKNOWN
+    parts = ["<h3>Export</h3>"]
+    for e in exports:
+        if not isinstance(e, dict) or "out" not in e:
+            continue
+        parts.append(f"<p><b>{esc(e['out'])}</b> <span class=meta>{esc(e.get('layout'))} layout, "
+                     f"{esc(e.get('dtype'))}</span></p>")
+        for engine, note, command in card.serve_commands(target, e["out"], e.get("num_speculative_tokens", 3),
+                                                         e.get("layout", "speculators")):
+            parts.append(f"<p>Serve with {esc(engine)}{': ' + esc(note) if note else ''}</p><pre>{esc(command)}</pre>")
+    return "".join(parts)
+
+
+def stages_html(run: Path) -> str:
+    stages = recipe_stages(run)
+    rows = [[name, duration(s["seconds"]), s.get("command", "")] for name, s in stages.items()
+            if isinstance(s, dict) and isinstance(s.get("seconds"), (int, float))]
+    if not rows:
+        return ""
+    total = sum(s["seconds"] for s in stages.values() if isinstance(s, dict) and isinstance(s.get("seconds"), (int, float)))
+    return (f"<h3>Recipe stages</h3><p class=meta>total {esc(duration(total))} (latest run of each stage, "
+            f"from stages.json beside recipe.log)</p>" + table_html(["stage", "time", "command"], rows))
 
 
 def journal_html(run: Path) -> str:
@@ -55,12 +264,12 @@ def journal_html(run: Path) -> str:
 
 
 def results_html(run: Path) -> str:
+    """Probe and plan results: their verdict or best K, the JSON folded."""
     parts = []
-    for pattern in RESULT_FILES:
+    for pattern in OTHER_RESULTS:
         for f in sorted(run.glob(pattern)):
-            try:
-                data = json.loads(f.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            data = read_json(f)
+            if data == "invalid":
                 parts.append(f"<h3>{esc(f.name)}</h3><p class=meta>not valid JSON, skipped</p>")
                 continue
             verdict = data.get("verdict") if isinstance(data, dict) else None
@@ -71,19 +280,26 @@ def results_html(run: Path) -> str:
                             f"tok/s</p>")
             parts.append(f"<h3>{esc(f.name)}</h3>{summary}<details><summary>JSON</summary>"
                          f"<pre>{esc(json.dumps(data, indent=2))}</pre></details>")
-    return "".join(parts) or "<p class=meta>no probe, plan or bench results in this run folder</p>"
+    return "".join(parts)
 
 
 def config_html(run: Path) -> str:
     for name in ("config.yaml", "config.yml", "config.json"):
         if (run / name).exists():
-            return f"<h3>{esc(name)}</h3><pre>{esc((run / name).read_text())}</pre>"
+            return (f"<details><summary>{esc(name)}</summary><pre>{esc((run / name).read_text())}</pre>"
+                    "</details>")
     return "<p class=meta>no config file</p>"
 
 
-def build(runs: list[str | Path], out: str | Path) -> Path:
+def run_html(run: Path) -> str:
+    return (f"<h2>Run {esc(run.name)}</h2><p class=meta>{esc(run.resolve())}</p>{bench_html(run)}{eval_html(run)}"
+            f"{export_html(run)}{stages_html(run)}{results_html(run)}<h3>Journal</h3>{journal_html(run)}"
+            f"<h3>Config</h3>{config_html(run)}")
+
+
+def build(runs: list[str | Path], out: str | Path | None = None) -> Path:
     """Write the report for `runs` (folders with metrics.jsonl; a folder without one still reports
-    its journal and results) to `out`, atomically."""
+    its journal and results) to `out` (default: RUN/report.html of the first run), atomically."""
     if not runs:
         raise SpecdraftError("report: pass at least one run folder")
     folders = [Path(r) for r in runs]
@@ -92,6 +308,8 @@ def build(runs: list[str | Path], out: str | Path) -> Path:
             raise SpecdraftError(f"{f}: not a run folder")
     loaded = compare.unique_names([metrics.load_run(f) for f in folders if (f / "metrics.jsonl").exists()])
     body = [f"<h1>specdraft report: {esc(', '.join(f.name for f in folders))}</h1>"]
+    body += [headline_html(f) for f in folders]
+    body += [run_html(f) for f in folders]
     if loaded:
         header, rows = compare.epoch_table(loaded)
         body.append("<h2>Validation per epoch</h2>" + table_html(header, rows))
@@ -99,13 +317,10 @@ def build(runs: list[str | Path], out: str | Path) -> Path:
             png = compare.plot_curves(loaded, Path(tmp) / "curves.png")
             if png:
                 body.append("<h2>Curves (x = tokens seen)</h2>" + image_html(png, "loss_k and cond_acc_k curves"))
-    for f in folders:
-        body.append(f"<h2>Run {esc(f.name)}</h2><p class=meta>{esc(f.resolve())}</p>{config_html(f)}"
-                    f"<h3>Journal</h3>{journal_html(f)}<h3>Results</h3>{results_html(f)}")
     page = (f"<!DOCTYPE html><html><head><meta charset=utf-8><title>specdraft report</title>"
             f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
 
-    out = Path(out)
+    out = Path(out) if out is not None else folders[0] / REPORT_FILE
     with atomic_path(out) as tmp:
         tmp.write_text(page, encoding="utf-8")
     return out
