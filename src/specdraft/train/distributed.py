@@ -190,7 +190,9 @@ def run(cfg, strategy: str | None = None, setup=None) -> dict:
     if rt.is_main:
         print(f"{rt.world_size} ranks ({dist.get_backend()}), {strategy}", file=sys.stderr, flush=True)
     try:
-        return train(cfg, runtime=rt, **(setup(cfg, rt) if setup is not None else {}))
+        summary = train(cfg, runtime=rt, **(setup(cfg, rt) if setup is not None else {}))
+        dist.barrier()   # every rank is done before any tears the group down (not on the error path:
+        return summary   # a rank that died would leave the others waiting here)
     finally:
         shutdown()
 
