@@ -51,6 +51,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("-k", "--k", type=int, default=3, help="num_speculative_tokens (draft length)")
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many prompts (<= {len(PROMPTS)})")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="what vLLM and ours run the target in; float32 (default) is bit-comparable across "
+                   "plain/n-gram/eagle3 on CPUs without native bf16, where bf16 greedy outputs can differ "
+                   "between vLLM's own plain and speculative runs")
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocab size of a built drafter")
     p.add_argument("--fit-steps", type=int, default=40, help="a built drafter is fitted to the target's "
                    "answers on these prompts for this many steps (0: untrained)")
@@ -224,10 +228,10 @@ def orchestrate(args: argparse.Namespace) -> int:
           f"{summary['weight_bytes'] / 1e6:.1f} MB of weights)", flush=True)
 
     print(f"interop: our acceptance (specdraft, k={args.k}, {n} prompts x {args.max_tokens} tokens)", flush=True)
-    ours = measure_ours(args.model, drafter, prompts, args.k, args.max_tokens)
+    ours = measure_ours(args.model, drafter, prompts, args.k, args.max_tokens, args.dtype)
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    job = {"target": target_path, "drafter": str(drafter), "k": args.k, "prompts": prompts,
+    job = {"target": target_path, "drafter": str(drafter), "k": args.k, "prompts": prompts, "dtype": args.dtype,
            "max_tokens": args.max_tokens}
     logs = DEFAULT_DRAFTER.parent / "logs"                       # out/ is git-ignored
     logs.mkdir(parents=True, exist_ok=True)
@@ -241,7 +245,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                    "weight_bytes": summary["weight_bytes"],
                    "file_bytes": (drafter / "model.safetensors").stat().st_size},
         "fit_steps": args.fit_steps if args.drafter is None else None, "k": args.k,
-        "prompts": n, "max_tokens": args.max_tokens, "dtype": "bfloat16",
+        "prompts": n, "max_tokens": args.max_tokens, "dtype": args.dtype,
         "vllm_version": next((r.get("vllm_version") for r in runs.values() if r.get("vllm_version")), None),
         "tokens_per_s": {e: r.get("tokens_per_s") for e, r in runs.items()},
         "acceptance_len": {"vllm": eagle.get("accept_len"), "ours": ours["accept_len"]},
@@ -329,7 +333,7 @@ def engine_main(engine: str, job: dict) -> None:
                 "prompt_lookup_min": 2}
     elif engine == "eagle3":
         spec = {"method": "eagle3", "model": job["drafter"], "num_speculative_tokens": job["k"]}
-    llm = LLM(model=job["target"], dtype="bfloat16", enforce_eager=True, speculative_config=spec,
+    llm = LLM(model=job["target"], dtype=job.get("dtype", "float32"), enforce_eager=True, speculative_config=spec,
               max_model_len=1024, max_num_seqs=1, seed=0, disable_log_stats=False)
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
     prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
