@@ -91,8 +91,14 @@ def init(backend: str | None = None, timeout_s: float = 1800) -> tuple[str, torc
     return backend, device
 
 
-def shutdown() -> None:
+def shutdown(wait_for_peers: bool = True) -> None:
+    """Leave the process group. On the success path every rank first meets the others at a barrier
+    (which also waits out its own pending gloo work): a rank that tears the group down while a peer
+    still communicates makes gloo abort that peer ("terminate called without an active exception",
+    seen at the end of 2-rank FSDP runs). Not on the error path, where a dead peer never arrives."""
     if dist.is_initialized():
+        if wait_for_peers:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -191,10 +197,11 @@ def run(cfg, strategy: str | None = None, setup=None) -> dict:
         print(f"{rt.world_size} ranks ({dist.get_backend()}), {strategy}", file=sys.stderr, flush=True)
     try:
         summary = train(cfg, runtime=rt, **(setup(cfg, rt) if setup is not None else {}))
-        dist.barrier()   # every rank is done before any tears the group down (not on the error path:
-        return summary   # a rank that died would leave the others waiting here)
-    finally:
-        shutdown()
+    except BaseException:
+        shutdown(wait_for_peers=False)
+        raise
+    shutdown()
+    return summary
 
 
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
