@@ -57,3 +57,81 @@ def test_incremental_cache_equals_full_forward():
     torch.testing.assert_close(torch.cat(outs, 1), full_logits, atol=1e-5, rtol=1e-5)
     cache.crop(3)
     assert len(cache) == 3
+
+
+def test_fc_norm_norms_each_aux_chunk_and_round_trips_through_both_layouts(tmp_path):
+    """EAGLE-3.1's fc_norm: one RMSNorm per aux layer before fc, so one layer's scale cannot drown
+    the others; its tensors (`fc_norm.{i}.weight`, vLLM's names) survive our layout and an export
+    without our config block, and the reloaded drafter computes what it computed."""
+    import json
+
+    import pytest
+
+    from specdraft.errors import SpecdraftError
+    from specdraft.formats import export, load_drafter, save_drafter
+
+    model, target = tiny_drafter(fc_norm=True, norm_output=True)
+    t2d = torch.zeros(100, dtype=torch.bool)
+    t2d[:40] = True
+    model.init_from_target(target, torch.zeros(40, dtype=torch.long), t2d)
+    assert {f"fc_norm.{i}.weight" for i in range(3)} <= set(model.state_dict())
+    with torch.no_grad():
+        for norm in model.fc_norm:
+            norm.weight.uniform_(0.5, 1.5)
+    aux = torch.randn(2, 5, 3, 32)
+    scaled = aux.clone()
+    scaled[:, :, 1] *= 100.0                                  # one aux layer 100x louder: normed away
+    torch.testing.assert_close(model.combine_aux(scaled), model.combine_aux(aux), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(model.combine_aux(aux.flatten(-2)), model.combine_aux(aux))
+    plain, _ = tiny_drafter()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("fc_norm")})
+    assert not torch.allclose(plain.combine_aux(scaled), model.combine_aux(scaled), atol=1e-2)
+
+    ids, pos = torch.randint(0, 100, (1, 5)), torch.arange(5)[None]
+    mask = causal_mask(torch.zeros(1, 5, dtype=torch.long))
+
+    def run(net):
+        logits, hidden = net(ids, net.combine_aux(aux[:1]), pos, mask, KVCache())
+        return logits, net(ids, hidden, pos + 1, mask, KVCache())[0]   # a second step: feedback used
+
+    model.eval()
+    save_drafter(model, tmp_path / "ours")
+    config = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert config["fc_norm"] is True and config["norm_output"] is True
+    for back in (load_drafter(tmp_path / "ours"),):
+        for a, b in zip(run(model), run(back)):
+            assert torch.equal(a, b)
+    # a speculators-trained file has no "specdraft" block: the top-level keys must carry the options
+    export(tmp_path / "ours", tmp_path / "exported", "speculators", dtype="float32")
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    del config["specdraft"]
+    (tmp_path / "exported" / "config.json").write_text(json.dumps(config))
+    foreign = load_drafter(tmp_path / "exported")
+    assert foreign.config.fc_norm and foreign.config.norm_output
+    for a, b in zip(run(model), run(foreign)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(SpecdraftError, match="fc_norm.*--format speculators"):
+        export(tmp_path / "ours", tmp_path / "sglang", "sglang", dtype="float32")
+    config["norm_before_fc"] = True
+    (tmp_path / "exported" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecdraftError, match="norm_before_fc"):
+        load_drafter(tmp_path / "exported")
+
+
+def test_init_layer_from_target_computes_the_targets_last_layer():
+    """With the embedding half of q/k/v at zero, the drafter's layer on hidden h is the target's
+    last decoder layer on h: the start `--init-layer target` promises."""
+    model, target = tiny_drafter()
+    model.init_layer_from_target(target)
+    H, T = 32, 6
+    q = model.layers[0].self_attn.q_proj.weight
+    assert torch.equal(q[:, :H], torch.zeros_like(q[:, :H]))
+    hidden = torch.randn(1, T, H)
+    pos = torch.arange(T)[None]
+    ours = model.decode(torch.randint(0, 100, (1, T)), hidden, pos,
+                        causal_mask(torch.zeros(1, T, dtype=torch.long)), KVCache())
+    rotary = target.model.rotary_emb(hidden, pos)
+    mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+    theirs = target.model.layers[-1](hidden, attention_mask=mask, position_ids=pos, position_embeddings=rotary)
+    theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)

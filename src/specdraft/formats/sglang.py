@@ -31,6 +31,10 @@ def build_config(cfg: DrafterConfig, dtype: str, where: str) -> dict:
     if cfg.norm_output:
         raise SpecdraftError(f"{where}: the drafter uses norm_output (post-norm hidden fed back), which SGLang "
                              "does not implement; export --format speculators (vLLM)")
+    if cfg.fc_norm:
+        raise SpecdraftError(f"{where}: the drafter uses fc_norm (EAGLE-3.1: a norm per aux chunk before fc), "
+                             "which SGLang's LlamaForCausalLMEagle3 does not implement; export --format "
+                             "speculators (vLLM)")
     config = llama_layer_dict(cfg, dtype)
     config.update({"architectures": [ARCHITECTURE], "draft_vocab_size": cfg.draft_vocab_size,
                    "tie_word_embeddings": False, "norm_before_residual": False,

@@ -2,10 +2,12 @@
 tensors under their canonical names (`layers.0.*`). vLLM recognises the layout by that key,
 reads `transformer_layer_config` as the draft's Llama config, and takes `draft_vocab_size`,
 `norm_before_residual` (vLLM assumes True when it is absent, so it is always written),
-`norm_output` and `eagle_aux_hidden_state_layer_ids` from the top level."""
+`norm_output`, `fc_norm` (EAGLE-3.1: tensors `fc_norm.{i}.weight`) and
+`eagle_aux_hidden_state_layer_ids` from the top level."""
 
 from __future__ import annotations
 
+from specdraft.errors import SpecdraftError
 from specdraft.formats.validate import require_keys
 from specdraft.model.config import DrafterConfig
 
@@ -48,7 +50,7 @@ def build_config(cfg: DrafterConfig, dtype: str, speculative_tokens: int,
         "norm_before_residual": bool(cfg.norm_before_residual),
         "norm_output": bool(cfg.norm_output),
         "norm_before_fc": False,
-        "fc_norm": False,
+        "fc_norm": bool(cfg.fc_norm),
         "embed_requires_grad": not cfg.tie_embeddings_to_target,
         "dtype": dtype,
         "torch_dtype": dtype,
@@ -87,6 +89,9 @@ def parse_config(config: dict, where: str) -> DrafterConfig:
     """DrafterConfig from a speculators config.json (ours round-trips through its "specdraft" block)."""
     require_keys(config, ["transformer_layer_config", "draft_vocab_size", "speculators_config"], where,
                  "re-export the drafter or fix config.json")
+    if config.get("norm_before_fc"):
+        raise SpecdraftError(f"{where}: norm_before_fc is true (one RMSNorm over all aux states before fc); "
+                             "specdraft implements fc_norm (a norm per aux chunk) but not this variant")
     block = config.get("specdraft") or {}
     if block.get("drafter_config"):
         return DrafterConfig.from_dict(block["drafter_config"])
@@ -97,5 +102,6 @@ def parse_config(config: dict, where: str) -> DrafterConfig:
         aux_layer_ids=list(config.get("eagle_aux_hidden_state_layer_ids") or []),
         norm_before_residual=bool(config.get("norm_before_residual", False)),
         norm_output=bool(config.get("norm_output", False)),
+        fc_norm=bool(config.get("fc_norm", False)),
         tie_embeddings_to_target=not config.get("embed_requires_grad", False),
         verifier=verifier)

@@ -25,7 +25,9 @@ def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
     q_out = cfg.num_attention_heads * cfg.head_dim
     kv_out = cfg.num_key_value_heads * cfg.head_dim
     n_aux = len(cfg.aux_layer_ids) or 3
+    fc_norms = {name: (H,) for name in fc_norm_names(cfg)}
     return {
+        **fc_norms,
         "embed_tokens.weight": (cfg.vocab_size, H),
         "fc.weight": (H, n_aux * H),
         f"{LAYER}self_attn.q_proj.weight": (q_out, 2 * H),
@@ -45,10 +47,15 @@ def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
+def fc_norm_names(cfg: DrafterConfig) -> list[str]:
+    """EAGLE-3.1's per-chunk norms before fc (vLLM's `fc_norm.{i}`), required when config.fc_norm."""
+    return [f"fc_norm.{i}.weight" for i in range(len(cfg.aux_layer_ids) or 3)] if cfg.fc_norm else []
+
+
 def validate(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, where: str) -> None:
     """Fail on the first missing, unknown or misshapen tensor, a bad mapping or bad aux ids."""
     shapes = expected_shapes(cfg)
-    missing = [k for k in REQUIRED if k not in tensors]
+    missing = [k for k in REQUIRED + fc_norm_names(cfg) if k not in tensors]
     if missing:
         raise SpecdraftError(f"{where}: missing tensor(s) {', '.join(missing)}; not a complete EAGLE-3 drafter")
     unknown = sorted(k for k in tensors if k not in shapes)

@@ -21,7 +21,8 @@ class DrafterConfig:
     rope_scaling: dict | None = None
     max_position_embeddings: int = 4096
     norm_before_residual: bool = False    # residual = hidden_norm(h) instead of h
-    norm_output: bool = False             # feed post-norm hidden back at TTT step k>0
+    norm_output: bool = False             # feed post-norm hidden back at TTT step k>0 (EAGLE-3.1)
+    fc_norm: bool = False                 # one RMSNorm per aux chunk before fc (EAGLE-3.1)
     hidden_act: str = "silu"
     tie_embeddings_to_target: bool = True  # embed_tokens copied from the target and frozen
     target_num_layers: int = 0

@@ -1,7 +1,7 @@
 """The EAGLE-3 drafter: fc over three aux hidden states, one Llama decoder layer whose attention
 takes [embed(token); hidden] (2H wide), a final norm, and an lm_head over the draft vocab.
 
-    aux [B,T,3H] --fc--> h [B,T,H]
+    aux [B,T,3H] --fc--> h [B,T,H]        (fc_norm: each H-wide aux chunk RMS-normed first)
     x = cat(input_layernorm(embed(tok)), hidden_norm(h))          [B,T,2H]
     h = residual + attn(x)        residual = h (or hidden_norm(h) with norm_before_residual)
     h = h + mlp(post_attention_layernorm(h))                      decode() -> out (pre-norm) [B,T,H]
@@ -27,7 +27,7 @@ from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, Ll
                                                       apply_rotary_pos_emb)
 
 from specdraft.model.config import DrafterConfig
-from specdraft.targets import final_norm
+from specdraft.targets import decoder_layers, final_norm
 
 
 @dataclass
@@ -115,7 +115,11 @@ class Eagle3Drafter(nn.Module):
         H = cfg.hidden_size
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
-        self.fc = nn.Linear(3 * H, H, bias=False)
+        n_aux = len(cfg.aux_layer_ids) or 3
+        self.fc = nn.Linear(n_aux * H, H, bias=False)
+        # EAGLE-3.1's fc_norm: the aux layers' scales differ by 10x and more; a norm per chunk evens them
+        self.fc_norm = (nn.ModuleList([LlamaRMSNorm(H, cfg.rms_norm_eps) for _ in range(n_aux)])
+                        if cfg.fc_norm else None)
         self.layers = nn.ModuleList([DrafterLayer(cfg)])
         self.norm = LlamaRMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
@@ -127,7 +131,10 @@ class Eagle3Drafter(nn.Module):
             self.embed_tokens.weight.requires_grad_(False)
 
     def combine_aux(self, aux: torch.Tensor) -> torch.Tensor:
-        """aux [B,T,3,H] or [B,T,3H] -> fc -> [B,T,H]."""
+        """aux [B,T,3,H] or [B,T,3H] -> (fc_norm per chunk) -> fc -> [B,T,H]."""
+        if self.fc_norm is not None:
+            chunks = aux.unbind(-2) if aux.dim() == 4 else aux.chunk(len(self.fc_norm), dim=-1)
+            return self.fc(torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1))
         return self.fc(aux.flatten(-2) if aux.dim() == 4 else aux)
 
     def decode(self, input_ids, hidden, position_ids, mask, cache: KVCache) -> torch.Tensor:
@@ -167,6 +174,22 @@ class Eagle3Drafter(nn.Module):
         draft_to_target = torch.arange(len(d2t)) + d2t
         self.lm_head.weight.copy_(target_model.get_output_embeddings().weight[draft_to_target].float())
         self.norm.weight.copy_(final_norm(target_model)[0].float())
+
+    @torch.no_grad()
+    def init_layer_from_target(self, target_model) -> None:
+        """Start the decoder layer from the target's last one: its q/k/v read the hidden-state half
+        of [embeds; hidden] (zeros on the embedding half, so at step 0 the layer computes what the
+        target's last layer computes on fc's output), o_proj, MLP and norms copied."""
+        last, mine = decoder_layers(target_model)[-1], self.layers[0]
+        H = self.config.hidden_size
+        for name in ("q_proj", "k_proj", "v_proj"):
+            weight = getattr(mine.self_attn, name).weight                        # [out, 2H]
+            weight.zero_()
+            weight[:, H:] = getattr(last.self_attn, name).weight.float()
+        mine.self_attn.o_proj.weight.copy_(last.self_attn.o_proj.weight.float())
+        mine.mlp.load_state_dict({k: v.float() for k, v in last.mlp.state_dict().items()})
+        mine.hidden_norm.weight.copy_(last.input_layernorm.weight.float())
+        mine.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight.float())
 
 
 def causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:

@@ -24,9 +24,12 @@ def fresh_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int]) -> Eagle3
     torch.manual_seed(cfg.seed)
     dcfg = DrafterConfig.from_target(target.config, draft_vocab_size=vocab.draft_vocab_size,
                                      aux_layer_ids=layer_ids, verifier=target.name,
-                                     norm_before_residual=cfg.norm_before_residual)
+                                     norm_before_residual=cfg.norm_before_residual, fc_norm=cfg.fc_norm,
+                                     norm_output=cfg.norm_output)
     drafter = Eagle3Drafter(dcfg)
     drafter.init_from_target(target.model, vocab.d2t, vocab.t2d)
+    if cfg.init_layer == "target":
+        drafter.init_layer_from_target(target.model)
     return drafter
 
 
