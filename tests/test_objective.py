@@ -168,3 +168,39 @@ def test_tiny_drafter_overfits_four_samples():
         _, sums = ttt_forward(drafter, teacher, batch, steps=2)
     m = finalize_metrics(sums)
     assert m["full_acc_0"] > 0.95, m
+
+
+@pytest.mark.parametrize("loss", ["tv", "jsd"])
+def test_acceptance_style_losses_are_zero_on_a_perfect_drafter_and_positive_otherwise(loss):
+    torch.manual_seed(0)
+    drafter, teacher = onehot_drafter()
+    ids = torch.randint(0, V, (2, 24))
+    perfect, _ = ttt_forward(drafter, teacher, batch_for(ids), steps=2, loss=loss)
+    assert perfect.item() == pytest.approx(0.0, abs=1e-5)
+    wrong, _ = ttt_forward(drafter, teacher, batch_for(ids, corrupt=[(0, t) for t in range(2, 20)]), steps=2,
+                           loss=loss)
+    assert wrong.item() > 0.1
+    p, q = torch.log_softmax(torch.randn(5, V), -1), torch.log_softmax(torch.randn(5, V), -1)
+    from specdraft.train.objective import position_loss
+    tv = position_loss(q, p, p.argmax(-1), "tv")
+    torch.testing.assert_close(tv, 1 - torch.minimum(p.exp(), q.exp()).sum(-1))   # 1 - acceptance chance
+    assert (position_loss(q, p, p.argmax(-1), "jsd") <= math.log(2) + 1e-6).all()
+
+
+def test_draft_inputs_feed_the_drafters_own_prediction_at_later_steps():
+    """ttt_inputs='draft': step 1 at position t reads what step 0 drafted there, not token t+2 of
+    the data. On data that follows the drafter's rule both feeds agree; on random data only the
+    teacher-forced feed keeps step 1 right (the drafter's own token is then wrong)."""
+    torch.manual_seed(0)
+    drafter, teacher = onehot_drafter()
+    chain = torch.zeros(1, 24, dtype=torch.long)
+    for t in range(1, 24):
+        chain[0, t] = f(chain[0, t - 1])
+    for inputs in ("data", "draft"):
+        m = finalize_metrics(ttt_forward(drafter, teacher, batch_for(chain), steps=3, inputs=inputs)[1])
+        assert m["full_acc_2"] == 1.0
+    ids = torch.randint(0, V, (2, 24))
+    data = finalize_metrics(ttt_forward(drafter, teacher, batch_for(ids), steps=2, inputs="data")[1])
+    drafted = finalize_metrics(ttt_forward(drafter, teacher, batch_for(ids), steps=2, inputs="draft")[1])
+    assert data["full_acc_0"] == drafted["full_acc_0"] == 1.0
+    assert data["cond_acc_1"] == 1.0 and drafted["cond_acc_1"] < 0.5

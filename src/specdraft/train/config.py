@@ -41,10 +41,18 @@ class RunConfig:
                               "journal) and start over (never saved as true).")
     # drafter
     norm_before_residual: bool = setting(False, "Drafter layout: norm the hidden state before the residual.")
+    fc_norm: bool = setting(False, "EAGLE-3.1: an RMSNorm on each aux layer's state before fc (vLLM serves it).")
+    norm_output: bool = setting(False, "EAGLE-3.1: feed the final-normed hidden state back to the next draft step.")
+    init_layer: Literal["fresh", "target"] = setting("fresh", "Decoder layer's start: fresh (random) or target "
+                                                     "(copied from the target's last layer, zeros on the "
+                                                     "embedding half of q/k/v).")
     # objective
     ttt_steps: int = setting(3, "Unrolled draft steps per position.", low=1, high=7)
     step_decay: float = setting(1.0, "Loss weight of TTT step k is step_decay**k.", low=0)
-    loss: Literal["kl", "ce"] = setting("kl", "kl (teacher over the draft vocab) or ce (teacher argmax).")
+    loss: Literal["kl", "ce", "tv", "jsd"] = setting("kl", "kl (teacher over the draft vocab), ce (teacher argmax), "
+                                                     "tv (total variation: 1 - acceptance chance) or jsd.")
+    ttt_inputs: Literal["data", "draft"] = setting("data", "Token fed at TTT step k>0: the data's (teacher forcing) "
+                                                   "or the drafter's own previous prediction.")
     aux_noise: float = setting(0.0, "Uniform noise U(-a, a) on the aux states while training.", low=0)
     train_on_prompts: bool = setting(False, "Train on every position (the teacher is the target there too), "
                                      "not only the loss mask; validation keeps the mask.")

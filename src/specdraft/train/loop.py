@@ -70,7 +70,7 @@ def start(cfg: RunConfig, runtime: Runtime, data: TrainData | None, target) -> T
     drafter.to(runtime.device).train()
     teacher = TeacherHead.from_target(target.model, vocab.d2t).to(runtime.device)
     objective = TTTObjective(drafter, teacher, cfg.ttt_steps, cfg.step_decay, cfg.loss, cfg.aux_noise,
-                             cfg.attention)
+                             cfg.attention, cfg.ttt_inputs)
     model = runtime.wrap_model(objective)     # before the optimizer: FSDP2 replaces the parameters
     batches_per_epoch = [data.train.num_batches(e) for e in range(cfg.epochs)]
     if sum(batches_per_epoch) == 0:

@@ -17,6 +17,8 @@ add them up (`add_sums`, or an all_reduce) and `finalize_metrics` turns them int
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,6 +28,8 @@ from specdraft.targets import final_norm
 
 MAX_TTT_STEPS = 7
 ATTENTION = ("sdpa", "flex")   # sdpa: boolean TTT mask (any device); flex: BlockMask + flex_attention (CUDA)
+LOSSES = ("kl", "ce", "tv", "jsd")
+TTT_INPUTS = ("data", "draft")  # the token step k>0 reads: the data's (teacher forcing) or the drafter's own
 
 
 class TeacherHead(nn.Module):
@@ -110,17 +114,18 @@ def finalize_metrics(sums: dict[str, torch.Tensor | float]) -> dict[str, float]:
 
 
 def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, torch.Tensor], steps: int = 3,
-                step_decay: float = 1.0, loss: str = "kl", aux_noise: float = 0.0, attention: str = "sdpa"
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                step_decay: float = 1.0, loss: str = "kl", aux_noise: float = 0.0, attention: str = "sdpa",
+                inputs: str = "data") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Unroll `steps` draft steps over a packed batch -> (loss, metric sums).
 
-    loss = sum_k step_decay**k * mean over trained positions of KL(teacher || draft) (or CE on the
-    teacher argmax with loss="ce"). As in speculators, a position is correct "through k" when it
+    loss = sum_k step_decay**k * mean over trained positions of `position_loss` (KL(teacher || draft)
+    by default). inputs="draft" feeds step k>0 the drafter's own step k-1 prediction (argmax, as a
+    chain drafts at serving time) instead of the data's token. As in speculators, a position is correct "through k" when it
     matched the teacher at every step 0..k, trained or not (a draft that misses a prompt token is
     rejected at serving time just the same); the rates count loss-masked positions only.
     attention="flex" builds flex-attention BlockMasks (same semantics) instead of boolean masks.
     """
-    check_ttt_settings(steps, loss, attention)
+    check_ttt_settings(steps, loss, attention, inputs)
     make_mask = ttt_block_mask if attention == "flex" else ttt_mask
     input_ids, doc_ids, loss_mask = batch["input_ids"], batch["doc_ids"], batch["loss_mask"]
     position_ids = batch["position_ids"]
@@ -136,8 +141,11 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
     total = hidden.new_zeros((), dtype=torch.float32)
     sums = {}
     through = torch.ones(B * T, dtype=torch.bool, device=input_ids.device)        # correct at every step so far
+    drafted = None                                                                # [B*T] step k-1's predictions
     for k in range(steps):
         tokens = shift_left(input_ids, k + 1, 0)                                  # token t+k+1 at position t
+        if drafted is not None:
+            tokens = drafted.view(B, T)
         mask = make_mask(doc_ids, k)                                              # [B,1,T,(k+1)T] (or BlockMask)
         out = drafter.decode(tokens, hidden, position_ids + k, mask, cache)       # [B,T,H] pre-norm
 
@@ -152,16 +160,21 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
         total = total + (step_decay ** k) * per_pos.sum() / max(per_pos.numel(), 1)
         add_step_sums(sums, k, per_pos, logp.argmax(-1) == t_top, through, rows, is_trained)
         hidden = drafter.feedback(out)
+        if inputs == "draft" and k + 1 < steps:                                   # token t+k+2 as drafted
+            drafted = shift_left(input_ids, k + 2, 0).flatten()
+            drafted[rows] = drafter.draft_to_target(logp.detach().argmax(-1))
     return total, sums
 
 
-def check_ttt_settings(steps: int, loss: str, attention: str) -> None:
+def check_ttt_settings(steps: int, loss: str, attention: str, inputs: str = "data") -> None:
     if not 1 <= steps <= MAX_TTT_STEPS:
         raise ValueError(f"ttt steps must be in 1..{MAX_TTT_STEPS}, got {steps}")
-    if loss not in ("kl", "ce"):
-        raise ValueError(f"loss must be 'kl' or 'ce', got {loss!r}")
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    if inputs not in TTT_INPUTS:
+        raise ValueError(f"ttt inputs must be one of {TTT_INPUTS}, got {inputs!r}")
 
 
 def teacher_targets(teacher: TeacherHead, batch: dict[str, torch.Tensor]):
@@ -176,9 +189,16 @@ def teacher_targets(teacher: TeacherHead, batch: dict[str, torch.Tensor]):
 
 
 def position_loss(logp: torch.Tensor, t_logp: torch.Tensor, t_top: torch.Tensor, loss: str) -> torch.Tensor:
-    """Per-position loss [R]: KL(teacher || draft) over the draft vocab, or CE on the teacher argmax."""
+    """Per-position loss [R] over the draft vocab, teacher p and draft q:
+    kl: KL(p || q); ce: -log q(argmax p); tv: total variation 1/2 sum |p - q| = 1 - sum min(p, q),
+    one minus the chance that speculative sampling accepts the draft; jsd: Jensen-Shannon."""
     if loss == "kl":
         return (t_logp.exp() * (t_logp - logp)).sum(-1)
+    if loss == "tv":
+        return 0.5 * (t_logp.exp() - logp.exp()).abs().sum(-1)
+    if loss == "jsd":
+        log_mid = torch.logaddexp(t_logp, logp) - math.log(2.0)                  # log of (p + q) / 2
+        return 0.5 * ((t_logp.exp() * (t_logp - log_mid)).sum(-1) + (logp.exp() * (logp - log_mid)).sum(-1))
     return -logp.gather(1, t_top[:, None]).squeeze(1)
 
 
@@ -199,12 +219,12 @@ class TTTObjective(nn.Module):
     FSDP can wrap the whole training computation as one module call."""
 
     def __init__(self, drafter: Eagle3Drafter, teacher: TeacherHead, steps: int = 3, step_decay: float = 1.0,
-                 loss: str = "kl", aux_noise: float = 0.0, attention: str = "sdpa"):
+                 loss: str = "kl", aux_noise: float = 0.0, attention: str = "sdpa", inputs: str = "data"):
         super().__init__()
         self.drafter, self.teacher = drafter, teacher
         self.steps, self.step_decay, self.loss, self.aux_noise = steps, step_decay, loss, aux_noise
-        self.attention = attention
+        self.attention, self.inputs = attention, inputs
 
     def forward(self, batch: dict[str, torch.Tensor]):
         return ttt_forward(self.drafter, self.teacher, batch, self.steps, self.step_decay, self.loss,
-                           self.aux_noise if self.training else 0.0, self.attention)
+                           self.aux_noise if self.training else 0.0, self.attention, self.inputs)

@@ -87,7 +87,10 @@ def start_summary(cfg: RunConfig, resume_from: Path | None, remap_report: dict |
         head = "started from scratch"
     text = (f"{head}: store {cfg.store}, vocab {cfg.vocab}, model {cfg.model}; {cfg.epochs} epochs = "
             f"{total_steps} steps, lr {cfg.lr:g} ({cfg.schedule}, warm-up {cfg.warmup_steps}), TTT {cfg.ttt_steps}, "
-            f"loss {cfg.loss}, aux_noise {cfg.aux_noise:g}, seed {cfg.seed}")
+            f"loss {cfg.loss}, TTT inputs {cfg.ttt_inputs}, aux_noise {cfg.aux_noise:g}, seed {cfg.seed}")
+    options = [name for name in ("fc_norm", "norm_output", "norm_before_residual") if getattr(cfg, name)]
+    if options or cfg.init_layer != "fresh":
+        text += f"; drafter {', '.join(options + [f'layer from {cfg.init_layer}'])}"
     if cfg.baseline:
         text += (f"; watching baseline {cfg.baseline} ({cfg.watch_split} {cfg.watch_metric}, margin "
                  f"{cfg.watch_margin:g}{', stop if behind' if cfg.stop_if_behind else ''})")
