@@ -170,6 +170,33 @@ def test_regeneration_resumes_after_a_kill(tiny_target, tmp_path):
     assert load_prepared(tmp_path / "out")[0].to_dict() == reference
 
 
+def test_self_written_questions_are_the_targets_own_and_resume(tiny_target, tmp_path):
+    """--conversations self:N: the target samples N user turns from the template's opening of a
+    user turn, then answers them; a re-run (or a kill mid-way) reuses the questions written."""
+    from specdraft.data.self_prompts import QUESTIONS_FILE, user_turn_opening
+
+    kw = dict(regenerate=True, batch_size=4, max_new_tokens=6)
+    first = prepare(str(tiny_target), "self:5", tmp_path / "out", **kw)
+    assert first["source_kind"] == "self" and first["counts"]["samples"] == 5
+    questions = tmp_path / "out" / QUESTIONS_FILE
+    written = [q for line in questions.read_text().splitlines() for q in json.loads(line)["questions"]]
+    prepared = load_prepared(tmp_path / "out")[0].to_dict()
+    tok = load_target(str(tiny_target)).tokenizer
+    opening = tok(user_turn_opening(tok), add_special_tokens=False)["input_ids"]
+    assert all(ids[:len(opening)] == opening for ids in prepared["input_ids"])
+    assert len(set(written)) >= 5
+
+    lines = questions.read_text().splitlines(keepends=True)
+    questions.write_text("".join(lines[:1]) + lines[1][:20] if len(lines) > 1 else lines[0])   # killed mid-line
+    second = prepare(str(tiny_target), "self:5", tmp_path / "out", **kw)
+    assert second["counts"]["samples"] == 5
+    assert load_prepared(tmp_path / "out")[0].to_dict() == prepared
+    for source, options, error in [("self:0", kw, "self:N"), ("self", {}, "--regenerate"),
+                                   ("self:3", dict(kw, engine="vllm"), "--engine hf")]:
+        with pytest.raises(SpecdraftError, match=error):
+            prepare(str(tiny_target), source, tmp_path / "bad", **options)
+
+
 # bad input through the CLI: one line on stderr, exit 2 ---------------------------------------------
 
 def bad_inputs(tmp_path, tiny_target):

@@ -31,13 +31,25 @@ class Conversation:
 
 
 def source_kind(source: str) -> str:
-    """'builtin', 'file' or 'hub' (a dataset id such as org/name)."""
+    """'builtin', 'self' (the target writes the questions), 'file' or 'hub' (a dataset id such as org/name)."""
     if source == "builtin":
         return "builtin"
+    if source == "self" or source.startswith("self:"):
+        return "self"
     path = Path(source)
     if path.exists() or path.suffix in FILE_SUFFIXES or source.startswith((".", "/", "~")):
         return "file"
     return "hub"
+
+
+def self_question_count(source: str) -> int | None:
+    """'self' or 'self:N' -> N, the questions the target writes (None: as many as --limit asks)."""
+    if source == "self":
+        return None
+    count = source.removeprefix("self:")
+    if not count.isdigit() or int(count) < 1:
+        raise SpecdraftError(f"--conversations {source}: use self or self:N (N >= 1 questions the target writes)")
+    return int(count)
 
 
 def read_records(source: str, split: str = "train") -> Iterator[tuple[Any, str]]:
@@ -182,6 +194,11 @@ def load_conversations(source: str, split: str = "train", seed: int = 0, limit: 
 
         for i, prompt in enumerate(builtin_prompts(limit, seed=seed, split="train")):
             yield Conversation(messages=[{"role": "user", "content": prompt}], where=f"builtin prompt {i}")
+        return
+    if source_kind(source) == "self":   # written by the target once it is loaded (data/self_prompts.py)
+        if not regenerate:
+            raise SpecdraftError(f"--conversations {source}: the target writes these questions; pass --regenerate "
+                                 "so it answers them too")
         return
     for record, where in read_records(source, split):
         yield normalize(record, where, allow_empty_assistant=regenerate)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from specdraft.data.conversations import Conversation, load_conversations, source_kind
+from specdraft.data.conversations import Conversation, load_conversations, self_question_count, source_kind
 from specdraft.data.prepared import save_prepared
 from specdraft.data.render import end_of_turn_ids, render, require_chat_template, template_sha256
 from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
@@ -57,7 +57,8 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
         raise SpecdraftError("--endpoint: only regeneration runs on a server; add --regenerate or drop --endpoint")
     kind = source_kind(source)
     conversations = list(load_conversations(source, split=split, seed=seed, limit=limit, regenerate=regenerate))
-    if not conversations:
+    question_count = self_question_count(source) if kind == "self" else None
+    if not conversations and kind != "self":
         raise SpecdraftError(f"--conversations {source}: no conversations found; the file or split is empty")
     records = len(conversations)
     out = ensure_writable_dir(out)
@@ -65,6 +66,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     # torch and transformers load only now: bad data is reported in a fraction of a second.
     import torch
 
+    from specdraft.data import self_prompts
     from specdraft.data.regenerate import RegenSettings, answer_engine, regenerate as regenerate_all
     from specdraft.targets import describe_target, generation_config, load_target, load_tokenizer
 
@@ -73,6 +75,9 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     engine_name = "hf"
     if regenerate:
         engine_name = "endpoint" if opts.endpoint else choose_engine(opts, model, trust_remote_code)
+    if kind == "self" and engine_name != "hf":
+        raise SpecdraftError(f"--conversations {source}: the target writes its questions in this process; "
+                             "use --engine hf (the answers are then regenerated in-process too)")
     if engine_name == "hf":
         cuda = torch.cuda.is_available() and regenerate
         target = load_target(model, dtype="bfloat16" if cuda else "float32", device="cuda" if cuda else "cpu",
@@ -84,6 +89,12 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     tok = target.tokenizer
     end_ids = end_of_turn_ids(tok, gen_config)
 
+    if kind == "self":
+        count = question_count or limit or 256
+        conversations = [Conversation(messages=m, where=f"self-written question {i}") for i, m in enumerate(
+            self_prompts.write_questions(target, count, out, end_ids, seed=seed, batch_size=batch_size,
+                                         console=console))]
+        records = len(conversations)
     dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "over_limit": 0}
     regeneration = None
     if regenerate:
@@ -121,6 +132,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
         "source": source,
         "source_kind": kind,
         "split": split if kind == "hub" else ("train" if kind == "builtin" else None),
+        "questions": str(Path(out) / self_prompts.QUESTIONS_FILE) if kind == "self" else None,
         "seed": seed,
         "target": target.identity,
         "tokenizer": target.path,

@@ -1,0 +1,86 @@
+"""`--conversations self:N`: the target writes its own questions.
+
+The chat template is rendered up to the opening of a user turn (system prompt and role header,
+no content) and the target samples what a user would ask there; regeneration then answers each
+question as usual. Prompts written this way follow the target's own idea of a user, not the
+templates of a fixed prompt pool, which is what a drafter meets on unseen prompts.
+
+Resumable like regeneration: every batch of questions is appended to OUT/questions.jsonl (fsync'ed)
+and a re-run reuses what is there; each batch is sampled with its own seed, so a re-run writes
+the same questions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from specdraft.data.regenerate import append_progress, load_progress
+from specdraft.data.render import answer_from_ids, encode, render_text
+from specdraft.errors import SpecdraftError
+from specdraft.progress import progress as progress_of
+
+QUESTIONS_FILE = "questions.jsonl"
+MARK = "\u0000SPECDRAFT_QUESTION\u0000"
+MIN_WORDS = 3                  # shorter outputs are openings the target abandoned, not questions
+
+
+def user_turn_opening(tok) -> str:
+    """The template's text up to where a user turn's content starts (system prompt included)."""
+    text = render_text(tok, [{"role": "user", "content": MARK}], add_generation_prompt=False,
+                       where="--conversations self")
+    if MARK not in text:
+        raise SpecdraftError("--conversations self: the chat template does not render the user's text verbatim; "
+                             "pass conversations (a file or dataset) instead")
+    return text[:text.index(MARK)]
+
+
+@torch.no_grad()
+def sample_questions(target, rows: int, seed: int, max_new_tokens: int, temperature: float,
+                     end_ids: list[int]) -> list[str]:
+    """`rows` questions sampled from the user-turn opening (all rows share it: no padding)."""
+    tok = target.tokenizer
+    device = next(target.model.parameters()).device
+    opening = torch.tensor([encode(tok, user_turn_opening(tok))] * rows, device=device)   # [rows, T]
+    torch.manual_seed(seed)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else end_ids[0]
+    output = target.model.generate(input_ids=opening, attention_mask=torch.ones_like(opening), do_sample=True,
+                                   temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                                   eos_token_id=list(end_ids), pad_token_id=pad_id)
+    texts = [answer_from_ids(tok, ids, True, end_ids) for ids in output[:, opening.shape[1]:].tolist()]
+    return [text for text, truncated, _ in texts if not truncated and len(text.split()) >= MIN_WORDS]
+
+
+def batch_seed(seed: int, batch: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:questions:{batch}".encode()).digest()[:8], "big") % (2**63)
+
+
+def write_questions(target, count: int, out: Path, end_ids: list[int], seed: int = 0, batch_size: int = 64,
+                    max_new_tokens: int = 96, temperature: float = 1.0, console=None) -> list[list[dict]]:
+    """`count` distinct questions the target wrote, as one-user-turn conversations (resumable)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / QUESTIONS_FILE
+    batches = sorted(load_progress(path).values(), key=lambda r: r["batch"])
+    written = list(dict.fromkeys(q for r in batches for q in r["questions"]))
+    settings = {"seed": seed, "max_new_tokens": max_new_tokens, "temperature": temperature,
+                "target": target.identity["fingerprint"]}
+    if batches and batches[0].get("settings") != settings:
+        raise SpecdraftError(f"{path}: written with other settings ({batches[0].get('settings')}); "
+                             "delete it or use another --out")
+    with progress_of("writing questions", count, min(len(written), count), "questions", console=console) as tracker:
+        batch, empty_batches = len(batches), 0
+        while len(written) < count:
+            new = sample_questions(target, batch_size, batch_seed(seed, batch), max_new_tokens, temperature, end_ids)
+            append_progress(path, [{"key": f"batch-{batch}", "batch": batch, "settings": settings,
+                                    "questions": new}])
+            before = len(written)
+            written = list(dict.fromkeys(written + new))
+            tracker.advance(min(len(written), count) - min(before, count))
+            empty_batches = empty_batches + 1 if len(written) == before else 0
+            if empty_batches >= 3:
+                raise SpecdraftError(f"--conversations self: the target wrote no new usable question in 3 batches "
+                                     f"({len(written)} so far); use a chat model or pass conversations")
+            batch += 1
+    return [[{"role": "user", "content": q}] for q in written[:count]]
