@@ -78,7 +78,7 @@ def info(model: str = MODEL, trust_remote_code: bool = TRUST,
 
 @app.command()
 def prepare(
-    conversations: Optional[str] = typer.Option(None, "--conversations", help="Conversations: jsonl/json/parquet file, a Hugging Face dataset id, or 'builtin'."),
+    conversations: Optional[str] = typer.Option(None, "--conversations", help="Conversations: jsonl/json/parquet file, a Hugging Face dataset id, 'builtin', or 'self:N' (the target writes N questions)."),
     out: Path = typer.Option(..., "--out", help="Output folder, e.g. WS/data."),
     model: str = MODEL,
     regenerate: bool = typer.Option(False, "--regenerate", help="Replace assistant turns with the target's own answers."),
@@ -232,7 +232,7 @@ def recipe(model: str = typer.Argument(..., help="smollm2 (the embedded default)
                                                  "(copy src/specdraft/recipes/quick.yaml)."),
            workspace: Optional[Path] = typer.Option(None, "--workspace", help="Default: ws/<model>-<recipe name>."),
            conversations: Optional[str] = typer.Option(None, "--conversations", help="Conversations to regenerate "
-                                                       "(file, hub dataset, builtin; default builtin)."),
+                                                       "(file, hub dataset, builtin, self:N; default builtin)."),
            engine: str = ENGINE,
            data: Optional[str] = old_name("--data"),
            ):
