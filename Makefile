@@ -51,3 +51,18 @@ clean:
 INTEROP_ARGS ?=
 interop: venv
 	scripts/interop.sh $(INTEROP_ARGS)
+
+.PHONY: vs-speculators
+# Opt-in: our trainer vs speculators 0.9's on the same store (docs/vs_speculators.md). speculators is
+# installed only into benchmarks/.venv-speculators (torch pinned in the same pip call), never into .venv.
+# The demo workspace by default: make demo first, or VS_ARGS="--store ... --vocab ... --model ...".
+SPEC_VENV := benchmarks/.venv-speculators
+VS_ARGS ?=
+$(SPEC_VENV)/.installed:
+	test -x $(SPEC_VENV)/bin/python || $(PY) -m venv $(SPEC_VENV)
+	$(SPEC_VENV)/bin/pip install -q "$(TORCH)" "speculators==0.9.*"
+	$(SPEC_VENV)/bin/pip uninstall -y -q torchvision torchaudio || true
+	$(SPEC_VENV)/bin/python -c "import importlib.metadata as m, speculators.train.cli; print('speculators', m.version('speculators'))"
+	touch $@
+vs-speculators: venv $(SPEC_VENV)/.installed
+	$(BIN)/python benchmarks/vs_speculators.py $(VS_ARGS)
