@@ -1,0 +1,86 @@
+"""Honest timing on a shared machine: repeat, interleave, report the median and the spread.
+
+Load that changes while methods run one after another goes straight into their ratio (one bench on
+a busy machine once reported 3.17x at τ 1.37). So every measurement here runs in rounds: round r
+times every item once (or `repeats` times), in an order rotated by r, and ratios are taken between
+medians measured in the same rounds. Each command warns in one line when the machine was busy
+(1-minute load average above the core count) at its start or end.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def rotated(items: Sequence[T], r: int) -> list[T]:
+    """Round r's order: `items` rotated left by r (every item leads once every len(items) rounds)."""
+    items = list(items)
+    if not items:
+        return items
+    r %= len(items)
+    return items[r:] + items[:r]
+
+
+def spread(values: Sequence[float]) -> dict:
+    """{"median", "min", "max"} of the per-round values."""
+    values = list(values)
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def machine_load() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_warning(what: str, start: float | None, end: float | None) -> str | None:
+    """One line when the load average exceeded the core count at the start or the end of `what`."""
+    cores = os.cpu_count() or 1
+    busy = [f"{when} {load:.1f}" for when, load in (("start", start), ("end", end)) if load is not None and load > cores]
+    if not busy:
+        return None
+    return (f"warning: {what}: the machine was busy (load average {', '.join(busy)} > {cores} cores); "
+            "speeds are noisy, compare only ratios measured in the same rounds")
+
+
+def monotonic_warning(verify_ms: Sequence[float], tolerance: float = 0.03) -> str | None:
+    """One line when verifying n+1 tokens measured cheaper than n (beyond `tolerance`, noise)."""
+    drops = [n + 1 for n in range(1, len(verify_ms)) if verify_ms[n] < verify_ms[n - 1] * (1 - tolerance)]
+    if not drops:
+        return None
+    shown = " ".join(f"{v:.1f}" for v in verify_ms)
+    return (f"warning: verify cost is not monotonic in n (n={', '.join(map(str, drops))} cheaper than n-1 by "
+            f"> {tolerance:.0%}; medians {shown} ms): timing noise, re-run with more --rounds on a quieter machine")
+
+
+def interleaved_ms(steps: dict[str, Callable[[], None]], rounds: int, repeats: int = 1,
+                   on_round: Callable[[int], None] | None = None) -> dict:
+    """Time each step `repeats` times per round, rounds in rotated order, after one warm-up call each.
+
+    -> {"samples": {name: [[ms] * repeats] * rounds}, "order": [[names] * rounds],
+        "stats": {name: {"median", "min", "max"} of its per-round medians}}."""
+    names = list(steps)
+    for name in names:
+        steps[name]()                                                   # warm-up
+    samples: dict[str, list[list[float]]] = {name: [] for name in names}
+    order = []
+    for r in range(rounds):
+        order.append(rotated(names, r))
+        for name in order[-1]:
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                steps[name]()
+                times.append(1000.0 * (time.perf_counter() - start))
+            samples[name].append(times)
+        if on_round:
+            on_round(r)
+    stats = {name: spread([statistics.median(t) for t in samples[name]]) for name in names}
+    return {"samples": samples, "order": order, "stats": stats}
