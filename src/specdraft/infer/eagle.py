@@ -8,13 +8,14 @@ the token just drafted, at position t+k. The drafter's KVCache keeps one entry p
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from specdraft.errors import SpecdraftError
 from specdraft.infer.sampling import Sampling, probabilities, sample
-from specdraft.infer.speculative import Profile
+from specdraft.infer.speculative import Profile, few_row_matmul, target_linears
 from specdraft.infer.tree import Draft
 from specdraft.model.drafter import Eagle3Drafter, KVCache
 
@@ -66,28 +67,79 @@ def causal_chunk_mask(cached: int, new: int, device) -> torch.Tensor | None:
                       torch.ones(new, new, dtype=torch.bool, device=device).tril()], dim=1)[None, None]
 
 
+class GrowingKVCache(KVCache):
+    """The drafter's KVCache over preallocated buffers: append writes in place (capacity doubles when
+    full) and crop moves the end, instead of a torch.cat of the whole cache at every draft step."""
+
+    def __init__(self):
+        super().__init__()
+        self.length = 0
+        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        need = self.length + k.shape[2]
+        if self.buffers is None or need > self.buffers[0].shape[2]:
+            capacity = max(need, 256, 2 * (self.buffers[0].shape[2] if self.buffers else 0))
+            grown = tuple(x.new_empty(*x.shape[:2], capacity, x.shape[3]) for x in (k, v))
+            if self.buffers is not None:
+                for new, old in zip(grown, self.buffers):
+                    new[:, :, :self.length] = old[:, :, :self.length]
+            self.buffers = grown
+        self.buffers[0][:, :, self.length:need] = k
+        self.buffers[1][:, :, self.length:need] = v
+        self.length = need
+        self.key, self.value = (x[:, :, :need] for x in self.buffers)
+        return self.key, self.value
+
+    def __len__(self) -> int:
+        return self.length
+
+    def crop(self, n: int) -> None:
+        if self.buffers is not None and n < self.length:
+            self.length = max(n, 0)
+            self.key, self.value = (x[:, :, :self.length] for x in self.buffers)
+
+
 class EagleProposer:
-    def __init__(self, drafter: Eagle3Drafter, k: int = 4, tree: TreeShape | None = None):
+    """EAGLE-3 drafting: a chain of up to `k` tokens (optionally cut by a confidence stop), or an
+    EAGLE-2 tree. `stop` P: end the chain when the drafter's confidence that the chain so far is
+    accepted (the product of its probabilities of the drafted tokens) falls below P; the token that
+    crossed it is not drafted. The stop only shortens drafts, so the output never changes."""
+
+    def __init__(self, drafter: Eagle3Drafter, k: int = 4, tree: TreeShape | None = None,
+                 stop: float | None = None):
+        if stop is not None and not 0.0 <= stop <= 1.0:
+            raise SpecdraftError(f"--draft-stop {stop}: must lie in [0, 1] (a probability), or auto")
         self.drafter = drafter.eval()
         self.k = k
         self.tree = tree
+        self.stop = stop
         self.aux_layer_ids = list(drafter.config.aux_layer_ids)
         self.profile = Profile()
         self.param = next(drafter.parameters())
+        self.linears = target_linears(drafter)
         self.draft_target_ids = drafter.draft_to_target(torch.arange(drafter.config.draft_vocab_size,
                                                                      device=self.param.device))
+        self.position_ids = torch.arange(1024, device=self.param.device)[None]  # [1, N], sliced per step
         self.reset()
 
     def reset(self) -> None:
-        self.cache = KVCache()
+        self.cache = GrowingKVCache()
         self.pending: list[torch.Tensor] = []     # aux [T,3,H] chunks not yet run through the drafter
+        self.drafts_cut = 0                       # chains the confidence stop ended before k
 
     def observe(self, aux: torch.Tensor | None) -> None:
         self.pending.append(aux)
 
+    def positions(self, start: int, n: int) -> torch.Tensor:
+        """[1, n] position ids start..start+n-1: a view of one preallocated arange."""
+        if start + n > self.position_ids.shape[1]:
+            self.position_ids = torch.arange(2 * (start + n), device=self.param.device)[None]
+        return self.position_ids[:, start:start + n]
+
     def run(self, target_ids: list[int] | torch.Tensor, hidden: torch.Tensor, positions: list[int],
             mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One drafter forward over T tokens: -> logits [T, Vd], hidden_out [T, H]."""
+        """One drafter forward over T tokens (tree nodes): -> logits [T, Vd], hidden_out [T, H]."""
         dev = self.param.device
         ids = torch.as_tensor(target_ids, device=dev).view(1, -1)                  # [1, T]
         pos = torch.tensor([positions], device=dev)                               # [1, T]
@@ -95,18 +147,30 @@ class EagleProposer:
             logits, hidden_out = self.drafter(ids, hidden.view(1, len(positions), -1), pos, mask, self.cache)
         return logits[0], hidden_out[0]
 
-    def catch_up(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the drafter over the positions the target just accepted; the last one predicts the
-        first draft. -> (logits [Vd], hidden_out [1, H]) at the last real position t."""
-        aux = torch.cat(self.pending).to(self.param.dtype)                        # [P, 3, H]
-        self.pending = []
-        start = len(self.cache)
-        positions = list(range(start, start + aux.shape[0]))
+    def step(self, target_id: torch.Tensor, hidden: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chain draft step: target id (a tensor, no host round trip), hidden [1, H] at `position`
+        -> (logits [Vd], hidden_out [1, H])."""
         with self.profile.timed("draft_s"):
+            logits, hidden_out = self.drafter(target_id.view(1, 1), hidden.view(1, 1, -1),
+                                              self.positions(position, 1), None, self.cache)
+        return logits[0, -1], hidden_out[0]
+
+    def catch_up(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward (fc, decoder layer, and the final norm and lm_head on the last row only) over
+        the positions the target just accepted; the last one predicts the first draft.
+        -> (logits [Vd], hidden_out [1, H]) at the last real position t."""
+        aux = (self.pending[0] if len(self.pending) == 1 else torch.cat(self.pending)).to(self.param.dtype)
+        self.pending = []                                                          # aux [P, 3, H]
+        start, n = len(self.cache), aux.shape[0]
+        ids = torch.tensor(tokens[start + 1:start + 1 + n], device=self.param.device).view(1, -1)   # [1, P]
+        rows = few_row_matmul(self.drafter, self.linears) if n > 1 else nullcontext()   # mm(W, x^T) on 2-32 rows
+        with self.profile.timed("draft_s"), rows:
             hidden = self.drafter.combine_aux(aux.flatten(-2))                     # [P, 3H] -> [P, H]
-        logits, hidden_out = self.run(tokens[start + 1:start + 1 + len(positions)], hidden, positions,
-                                      causal_chunk_mask(start, len(positions), self.param.device))
-        return logits[-1], hidden_out[-1:]
+            out = self.drafter.decode(ids, hidden[None], self.positions(start, n),
+                                      causal_chunk_mask(start, n, self.param.device), self.cache)[:, -1:]
+            logits = self.drafter.compute_logits(out)                              # [1, 1, Vd]
+            hidden_out = self.drafter.feedback(out)
+        return logits[0, -1], hidden_out[0]
 
     @torch.no_grad()
     def propose(self, tokens: list[int], budget: int, sampling: Sampling,
@@ -122,20 +186,28 @@ class EagleProposer:
 
     def draft_chain(self, logits, hidden, t: int, k: int, sampling: Sampling,
                     generator: torch.Generator) -> Draft:
-        tokens, qs = [], [] if not sampling.greedy else None
+        ids, qs = [], [] if not sampling.greedy else None
+        confidence = 1.0
         for step in range(k):
-            if sampling.greedy:
-                draft_id = int(logits.argmax())
+            if sampling.greedy and self.stop is None:
+                draft_id = logits.argmax()
+            elif sampling.greedy:
+                p, draft_id = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+                confidence *= float(p)
             else:
                 q_draft = probabilities(logits, sampling)                          # [Vd]
                 draft_id = sample(q_draft, generator)
+                confidence *= float(q_draft[draft_id])
+            if self.stop is not None and confidence < self.stop:
+                self.drafts_cut += 1
+                break
+            if qs is not None:
                 q = torch.zeros(self.drafter.config.vocab_size, device=q_draft.device)
                 qs.append(q.index_copy_(0, self.draft_target_ids, q_draft))       # [V] target ids
-            tokens.append(int(self.draft_target_ids[draft_id]))
+            ids.append(self.draft_target_ids[draft_id])
             if step + 1 < k:
-                logits, hidden = self.run([tokens[-1]], hidden, [t + step + 1], None)
-                logits = logits[-1]
-        return Draft.chain(tokens, qs)
+                logits, hidden = self.step(ids[-1], hidden, t + step + 1)
+        return Draft.chain(torch.stack(ids).tolist() if ids else [], qs)
 
     def draft_tree(self, logits, hidden, t: int, depth: int) -> Draft:
         """EAGLE-2 dynamic tree (greedy verification). Nodes are kept in creation order, so a

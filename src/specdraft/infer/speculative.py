@@ -89,6 +89,7 @@ class Generation:
     accepted: list[int] = field(default_factory=list)   # drafts accepted per verify round
     proposed: list[int] = field(default_factory=list)   # draft depth offered per verify round
     profile: Profile = field(default_factory=Profile)
+    drafts_cut: int = 0                    # rounds whose chain a confidence stop ended before K
 
     @property
     def tokens_per_s(self) -> float:
@@ -289,4 +290,5 @@ def generate(model, prompt_ids: list[int], proposer: Proposer | None = None, max
         done = emit([draft.tokens[i - 1] for i in path[1:]] + [bonus])
     result.seconds = time.perf_counter() - start
     profile.total_s = result.seconds
+    result.drafts_cut = getattr(proposer, "drafts_cut", 0)
     return result
