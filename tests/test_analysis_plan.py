@@ -159,6 +159,16 @@ def test_plan_measures_latencies_on_tiny_target(tmp_path, tiny_target, drafter_d
     assert result["draft_ms"] > 0 and set(result["measured"]) == {"verify", "draft"}
     assert json.loads((tmp_path / "plan.json").read_text())["best"] == result["best"]
     assert "tok/cycle" in plan.format_plan(result)
+    # interleaved rounds (3 by default): verify(n) and the draft step each round, order rotated, the
+    # per-round samples and the spread kept; the plan ranks the medians
+    timing = result["timing"]
+    assert timing["rounds"] == 3 and len(timing["order"]) == 3 and len({tuple(o) for o in timing["order"]}) == 3
+    assert set(timing["samples"]) == {"verify_1", "verify_2", "verify_3", "draft"}
+    assert all(len(rounds) == 3 for rounds in timing["samples"].values())
+    assert result["verify_ms"][0] == timing["stats"]["verify_1"]["median"] and result["draft_ms"] == timing["draft_ms"]
+    assert isinstance(result["warnings"], list) and "interleaved rounds" in plan.format_plan(result)
+    with pytest.raises(SpecdraftError, match="--rounds 0"):
+        plan.run(drafter=drafter_dir, model=str(tiny_target), accept="0.6", k_max=2, rounds=0)
 
 
 def test_rates_from_a_bench_json():

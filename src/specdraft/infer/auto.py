@@ -1,0 +1,184 @@
+"""`-k auto` and `--draft-stop auto` for generate and bench, and the cost measurements `plan` makes.
+
+The chain length K and the confidence stop come from the cost model of infer/costmodel.py (the one
+`specdraft plan` ranks with) fed with this machine's measured costs, the target's verify latency
+for n = 1..k_max+1 tokens and one drafter step, timed in interleaved rounds, and the drafter's
+per-position acceptance: its checkpoint's validation metrics (val.json, else the run's
+metrics.jsonl), with a short warm-up generation measuring the positions those do not cover (TTT
+trains only the first few) or all of them when there are none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.formats import resolve_checkpoint
+from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from, conditional,
+                                       stop_threshold)
+from specdraft.infer.eagle import EagleProposer
+from specdraft.infer.speculative import cache_kwarg, few_row_matmul, generate, per_position_accept, target_linears
+from specdraft.infer.timing import interleaved_ms
+from specdraft.io import read_json
+from specdraft.metrics import load_run
+from specdraft.progress import progress
+
+K_MAX = 8                  # the longest chain -k auto considers
+WARMUP_TOKENS = 48         # new tokens of the warm-up generation that measures acceptance
+
+
+# ----------------------------------------------------------------------------- costs
+
+def verify_timers(target_model, n_max: int, context: int) -> dict[str, Callable[[], None]]:
+    """verify_n -> one target forward over n new tokens on a KV cache of `context` random tokens
+    (cropped back after each), as generate() runs it (few_row_matmul)."""
+    from transformers import DynamicCache
+
+    linears = target_linears(target_model)
+    vocab = target_model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    cache = DynamicCache(config=target_model.config)
+    with_cache = {cache_kwarg(target_model): cache}
+    device = next(target_model.parameters()).device
+    target_model(input_ids=torch.randint(0, vocab, (1, context), generator=g).to(device), use_cache=True,
+                 logits_to_keep=1, **with_cache)
+
+    def timer(n: int) -> Callable[[], None]:
+        ids = torch.randint(0, vocab, (1, n), generator=g).to(device)                 # [1, n]
+        pos = torch.arange(context, context + n, device=device)[None]
+
+        def step():
+            with few_row_matmul(target_model, linears):
+                target_model(input_ids=ids, position_ids=pos, use_cache=True, **with_cache)   # logits [1, n, V]
+            cache.crop(context)
+        return step
+    return {f"verify_{n}": timer(n) for n in range(1, n_max + 1)}
+
+
+def draft_timer(drafter, context: int) -> Callable[[], None]:
+    """One chain draft step (EagleProposer.step, the loop's own path) on a drafter cache of `context`."""
+    proposer = EagleProposer(drafter, k=1)
+    H, dev = drafter.config.hidden_size, proposer.param.device
+    g = torch.Generator().manual_seed(0)
+    proposer.pending = [torch.randn(context, 3, H, generator=g).to(dev, proposer.param.dtype)]
+    proposer.catch_up([0] * (context + 1))
+    token, hidden = torch.tensor(0, device=dev), torch.randn(1, H, generator=g).to(dev, proposer.param.dtype)
+
+    def step():
+        proposer.step(token, hidden, context)
+        proposer.cache.crop(context)
+    return step
+
+
+@torch.inference_mode()
+def measure_costs(target_model, drafter, n_max: int, context: int, rounds: int = 3, repeats: int = 5,
+                  label: str = "plan: timing") -> dict:
+    """Verify latency for n = 1..n_max and one drafter step (when `drafter`), interleaved in rounds.
+    -> {"verify_ms": [median per n], "draft_ms": median | None, "stats", "samples", "order", ...}."""
+    if rounds < 1:
+        raise SpecdraftError(f"--rounds {rounds}: must be >= 1 (3 or more to see the spread)")
+    timers = verify_timers(target_model, n_max, context)
+    if drafter is not None:
+        timers["draft"] = draft_timer(drafter, context)
+    with progress(label, rounds, 0, "rounds") as tracker:
+        timed = interleaved_ms(timers, rounds, repeats, on_round=lambda r: tracker.advance(1))
+    stats = timed["stats"]
+    return {"verify_ms": [stats[f"verify_{n}"]["median"] for n in range(1, n_max + 1)],
+            "draft_ms": stats["draft"]["median"] if drafter is not None else None,
+            "context": context, "rounds": rounds, "repeats": repeats, "stats": stats,
+            "order": timed["order"], "samples": timed["samples"]}
+
+
+# ----------------------------------------------------------------------------- acceptance
+
+def checkpoint_accept(spec: str | Path | None) -> tuple[list[float], str] | None:
+    """The drafter's validation acceptance per position: CHECKPOINT/val.json, else the last val record
+    of the run's metrics.jsonl (beside or above the checkpoint); None when there is neither."""
+    if spec is None or str(spec).startswith("untrained"):
+        return None
+    folder = resolve_checkpoint(spec)
+    if (folder / "val.json").is_file():
+        rates = cond_rates_from(read_json(folder / "val.json", "validation metrics"))
+        if rates:
+            return rates, str(folder / "val.json")
+    for run in (folder, folder.parent, folder.parent.parent):
+        if (run / "metrics.jsonl").is_file():
+            val = load_run(run / "metrics.jsonl").split("val")
+            rates = cond_rates_from(val[-1]) if val else None
+            if rates:
+                return rates, f"{run / 'metrics.jsonl'} (last val record)"
+    return None
+
+
+def warmup_accept(target_model, drafter, ids: list[int], k_max: int, max_new_tokens: int = WARMUP_TOKENS) -> list[float]:
+    """Conditional acceptance per position 1..k_max from one greedy generation with a k_max chain."""
+    out = generate(target_model, ids, EagleProposer(drafter, k=k_max), max_new_tokens)
+    return conditional(per_position_accept(out.accepted, out.proposed))
+
+
+def gather_accept(target_model, drafter, spec, ids: list[int], k_max: int) -> tuple[list[float], str]:
+    """Validation rates for the positions they cover; the warm-up's for the rest (or all)."""
+    found = checkpoint_accept(spec)
+    rates, source = found if found else ([], "")
+    if len(rates) < k_max:
+        measured = warmup_accept(target_model, drafter, ids, k_max)
+        if len(measured) > len(rates):
+            warm = f"a {WARMUP_TOKENS}-token warm-up generation"
+            source = f"{source} + positions {len(rates) + 1}.. from {warm}" if rates else warm
+            rates = rates + measured[len(rates):]
+    if not rates:
+        raise SpecdraftError("-k auto: no acceptance measured (the warm-up generation drafted nothing); "
+                             "pass -k N")
+    return rates[:k_max], source
+
+
+# ----------------------------------------------------------------------------- the choice
+
+@dataclass
+class AutoChoice:
+    k: int
+    stop: float | None
+    option: ChainOption          # the cost model's prediction at k
+    rates: list[float]
+    source: str
+    verify_ms: list[float]
+    draft_ms: float
+    k_auto: bool
+    stop_auto: bool
+
+    def line(self) -> str:
+        o = self.option
+        what = (f"-k auto: K={self.k}" if self.k_auto else f"K={self.k}")
+        stop = f"; --draft-stop auto: {self.stop:.2f}" if self.stop_auto else ""
+        return (f"{what} (expected {o.tokens_per_cycle:.2f} tokens/round, predicted {o.speedup:.2f}x over plain "
+                f"decoding; acceptance {' '.join(f'{a:.2f}' for a in self.rates)} from {self.source}; draft step "
+                f"{self.draft_ms:.1f} ms, verify 1..{len(self.verify_ms)} tokens {self.verify_ms[0]:.1f}.."
+                f"{self.verify_ms[-1]:.1f} ms){stop}")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "option": asdict(self.option)}
+
+
+def decide(rates: list[float], verify_ms: list[float], draft_ms: float, k: int | None, stop_auto: bool,
+           k_max: int = K_MAX) -> tuple[ChainOption, float | None]:
+    """The cost model's choice: K (best predicted throughput among 1..k_max, or the given k) and the
+    confidence threshold (with stop_auto). Pure: tests check it against a brute-force sweep."""
+    options = chain_options(rates, verify_ms, draft_ms, max(k_max, k or 0))
+    option = best_option(options, k_min=1) if k is None else options[k]
+    return option, stop_threshold(option, verify_ms, draft_ms) if stop_auto else None
+
+
+def choose(target_model, drafter, spec, ids: list[int], k: int | None, stop: float | None, stop_auto: bool,
+           k_max: int = K_MAX) -> AutoChoice:
+    """Measure what the model needs and decide; k None = auto."""
+    n_max = max(k_max, k or 0)
+    rates, source = gather_accept(target_model, drafter, spec, ids, n_max)
+    costs = measure_costs(target_model, drafter, n_max + 1, max(len(ids), 16), rounds=3, repeats=2,
+                          label="-k auto: timing")
+    option, threshold = decide(rates, costs["verify_ms"], costs["draft_ms"], k, stop_auto, k_max)
+    return AutoChoice(option.k, threshold if stop_auto else stop, option, rates, source, costs["verify_ms"],
+                      costs["draft_ms"], k is None, stop_auto)

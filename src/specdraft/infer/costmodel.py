@@ -1,0 +1,123 @@
+"""The draft-length cost model that `specdraft plan`, `generate/bench -k auto` and `--draft-stop auto`
+share (one function ranks the options, so a choice made in the loop is the one plan prints).
+
+For a chain of K drafts with conditional acceptance a_1..a_K (a_k = P(draft k accepted | drafts
+1..k-1 accepted), the cond_acc_{k-1} of training), one cycle yields
+    tokens(K) = 1 + sum_{k=1..K} prod_{i<=k} a_i        (the target's own token included)
+and costs
+    cycle(K)  = K * draft + verify(K+1)                 (verify K drafts + the bonus position)
+so throughput is tokens(K) / cycle(K). Why measure verify(n) per n: on one GPU verify is nearly
+flat in n, but on 8 GPUs with tensor parallelism (the seed: ~30 ms verify, ~25 ms of it all-reduce)
+the fixed cost dominates and longer chains pay off; on a CPU verify grows with n.
+
+The confidence stop asks the same model a marginal question: one more draft position costs a
+drafter step plus one more verify row, and earns a token (worth the time a token costs at the
+chosen K) with the probability that the chain so far is accepted; drafting stops when the
+drafter's own estimate of that probability falls below cost / value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdraft.errors import SpecdraftError
+
+
+@dataclass
+class ChainOption:
+    k: int                    # draft tokens per cycle
+    tokens_per_cycle: float
+    cycle_ms: float
+    tokens_per_s: float
+    speedup: float            # over plain decoding, 1 token per verify(1)
+    draft_share: float        # fraction of the cycle spent drafting
+    verify_share: float
+
+
+def expected_tokens(rates: list[float], k: int) -> float:
+    """1 + sum_{j=1..k} prod_{i<=j} a_i; positions past the measured ones repeat the last rate."""
+    total, prod = 1.0, 1.0
+    for j in range(k):
+        prod *= rates[min(j, len(rates) - 1)] if rates else 0.0
+        total += prod
+    return total
+
+
+def extend(values: list[float], n: int) -> list[float]:
+    """values[0..n-1], repeating the last one (a single verify time means flat in n)."""
+    return [values[min(i, len(values) - 1)] for i in range(n)]
+
+
+def chain_options(rates: list[float], verify_ms: list[float], draft_ms: float, k_max: int) -> list[ChainOption]:
+    """Expected throughput for K = 0..k_max; verify_ms[n-1] is the latency of verifying n tokens."""
+    if not verify_ms or min(verify_ms) <= 0:
+        raise SpecdraftError("--verify-ms: need positive latencies (ms) for 1..K+1 tokens")
+    if draft_ms < 0:
+        raise SpecdraftError("--draft-ms: must be >= 0")
+    if any(not 0.0 <= a <= 1.0 for a in rates):
+        raise SpecdraftError(f"--accept {rates}: acceptance rates must lie in [0, 1]")
+    verify = extend(verify_ms, k_max + 1)
+    plain = 1000.0 / verify[0]
+    options = []
+    for k in range(k_max + 1):
+        tokens = expected_tokens(rates, k)
+        cycle = k * draft_ms + verify[k]
+        tps = 1000.0 * tokens / cycle
+        options.append(ChainOption(k, tokens, cycle, tps, tps / plain, k * draft_ms / cycle, verify[k] / cycle))
+    return options
+
+
+def best_option(options: list[ChainOption], k_min: int = 0) -> ChainOption:
+    """The highest predicted throughput among K >= k_min (ties: the shorter chain)."""
+    candidates = [o for o in options if o.k >= k_min]
+    if not candidates:
+        raise SpecdraftError(f"no chain length >= {k_min} to choose from")
+    return max(candidates, key=lambda o: (o.tokens_per_s, -o.k))
+
+
+def stop_threshold(option: ChainOption, verify_ms: list[float], draft_ms: float) -> float:
+    """--draft-stop auto: the chain confidence below which one more draft costs more than it earns.
+
+    One more position costs a drafter step plus one verify row (the mean marginal row cost up to
+    `option.k`, at least one row's worth of the slope seen); it earns one token, worth what a token
+    costs at `option` (cycle_ms / tokens_per_cycle), with probability = the chain's confidence."""
+    verify = extend(verify_ms, max(option.k, 1) + 1)
+    k = max(option.k, 1)
+    row_ms = max((verify[k] - verify[0]) / k, 0.0)
+    value_ms = option.cycle_ms / option.tokens_per_cycle
+    return min(max((draft_ms + row_ms) / value_ms, 0.0), 1.0)
+
+
+# ----------------------------------------------------------------------------- acceptance sources
+
+def cond_rates_from(obj) -> list[float] | None:
+    """Conditional per-position rates from a metrics/eval/bench dict: cond_acc list or cond_acc_k keys,
+    or bench's per_position_accept (P(position i accepted | offered), cumulative: a_i = r_i / r_{i-1})."""
+    if not isinstance(obj, dict):
+        return None
+    for key in ("metrics", "acceptance", "eval", "simulated", "result"):
+        if isinstance(obj.get(key), dict) and (found := cond_rates_from(obj[key])):
+            return found
+    methods = obj.get("methods")                     # a bench JSON: the EAGLE-3 chain's rates
+    if isinstance(methods, dict):
+        for name in ("eagle3", *methods):
+            if (found := cond_rates_from(methods.get(name))):
+                return found
+    if isinstance(obj.get("cond_acc"), list):
+        return [float(a) for a in obj["cond_acc"]]
+    ks = sorted(int(k.rsplit("_", 1)[1]) for k in obj if k.startswith("cond_acc_") and k.rsplit("_", 1)[1].isdigit())
+    if ks:
+        return [float(obj[f"cond_acc_{k}"]) for k in ks]
+    cumulative = obj.get("per_position_accept")
+    if isinstance(cumulative, list) and cumulative:
+        return conditional(cumulative)
+    return None
+
+
+def conditional(cumulative: list[float]) -> list[float]:
+    """Per-position acceptance over rounds that offered it (r_i) -> conditional a_i = r_i / r_{i-1}."""
+    rates, prev = [], 1.0
+    for r in map(float, cumulative):
+        rates.append(min(r / prev, 1.0) if prev > 0 else 0.0)
+        prev = r
+    return rates
