@@ -368,6 +368,33 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
     assert report["methods"]["eagle3"]["profile"]["total_s"] > 0
     assert report["config"]["num_prompts"] == 3
     assert out.with_suffix(".png").stat().st_size > 1000
+    # interleaved rounds (3 by default): the order rotates, every method keeps its per-round samples,
+    # speedup is the ratio of medians against greedy from the same rounds
+    assert report["rounds"] == 3 and len({tuple(o) for o in report["order"]}) == 3
+    assert all(sorted(o) == sorted(report["methods"]) for o in report["order"])
+    for name, m in report["methods"].items():
+        assert len(m["rounds"]) == 3 and m["same_in_every_round"] is True, name
+        tps = [r["tokens_per_s"] for r in m["rounds"]]
+        assert m["tokens_per_s"] == sorted(tps)[1] and m["tokens_per_s_spread"]["min"] == min(tps)
+        greedy = report["methods"]["greedy"]["tokens_per_s"]
+        assert m["speedup"] == pytest.approx(m["tokens_per_s"] / greedy)
+        assert m["speedup_spread"]["min"] <= m["speedup_spread"]["max"]
+    assert set(report["load"]) == {"start", "end", "cores"} and isinstance(report["warnings"], list)
+
+    # -k auto and the confidence stop: one line with the choice, the output still greedy's
+    res = runner.invoke(app, ["bench", "--model", str(tiny_target), "--drafter", "untrained:64", "--prompts",
+                              str(prompts_file), "--methods", "greedy,eagle3", "--max-new-tokens", "12",
+                              "-k", "auto", "--draft-stop", "auto", "--rounds", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert sum("-k auto: K=" in line for line in res.stderr.splitlines()) == 1, res.stderr
+    report = json.loads(out.read_text())
+    cfg = report["config"]
+    assert cfg["k"] == cfg["k_auto"]["k"] >= 1 and cfg["draft_stop"] == cfg["k_auto"]["stop"] and cfg["rounds"] == 2
+    assert report["methods"]["eagle3"]["identical_to_greedy"] is True
+    assert report["methods"]["eagle3"]["drafts_cut"] >= 0
+    res = runner.invoke(app, ["generate", "--model", str(tiny_target), "--drafter", "untrained:64", "--prompt",
+                              "hello", "--max-new-tokens", "8", "-k", "auto", "--draft-stop", "0.2", "--json"])
+    assert res.exit_code == 0 and "-k auto: K=" in res.stderr, res.output
 
 
 @pytest.mark.integration

@@ -26,6 +26,10 @@ TP = typer.Option(1, "--tensor-parallel-size", help="vLLM tensor parallelism (GP
 ENGINE_ARGS = typer.Option(None, "--engine-args", help="""JSON object passed to vllm.LLM(...), e.g. '{"max_model_len": 4096, "gpu_memory_utilization": 0.85}'.""")
 AS_JSON = typer.Option(False, "--json", help="Print JSON to stdout (files are written with --out).")
 NUM_SPEC = "--num-speculative-tokens"   # vLLM's num_speculative_tokens: the draft length, everywhere
+DRAFT_STOP_HELP = ("Confidence stop for the eagle3 chain: end a draft when the drafter's confidence in it (the "
+                   "product of its top-1 probabilities) falls below P in [0, 1]; auto = the threshold where one "
+                   "more draft costs more than it is expected to earn (cost model). Never changes the output.")
+
 
 
 def old_name(name: str):
@@ -385,6 +389,8 @@ def plan_cmd(drafter: Optional[Path] = typer.Option(None, "--drafter", help="Dra
              num_speculative_tokens: Optional[int] = typer.Option(None, NUM_SPEC, "-k", help="Longest draft chain "
                                                                   "considered (default 8)."),
              context: int = typer.Option(512, help="KV cache length for the verify measurement."),
+             rounds: int = typer.Option(3, "--rounds", help="Timing rounds: each times every verify length and the "
+                                        "draft step, in an order rotated per round; the plan ranks the medians."),
              run: Optional[Path] = typer.Option(None, "--run", help="Run folder: write RUN/plan.json and a journal entry."),
              out: Optional[Path] = typer.Option(None, "--out", help="Write the plan JSON here."),
              as_json: bool = AS_JSON,
@@ -399,7 +405,9 @@ def plan_cmd(drafter: Optional[Path] = typer.Option(None, "--drafter", help="Dra
     k_max = 8 if k_max is None else k_max
     result = plan.run(drafter=drafter, model=model, accept=accept, data=data,
                       verify_ms=parse_floats(verify_ms, "--verify-ms"), draft_ms=draft_ms, k_max=k_max,
-                      context=context, run=run, out=out, trust_remote_code=trust_remote_code)
+                      context=context, run=run, out=out, trust_remote_code=trust_remote_code, rounds=rounds)
+    for warning in result.get("warnings", []):
+        console.print(warning, highlight=False, soft_wrap=True)
     print(json.dumps(result, indent=2) if as_json else plan.format_plan(result))
 
 
@@ -425,8 +433,10 @@ def generate(
     model: str = MODEL,
     drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter checkpoint or run folder; 'untrained[:N]' = random (timing only)."),
     method: str = typer.Option("eagle3", "--method", help="greedy (no drafting), ngram or eagle3."),
-    num_speculative_tokens: Optional[int] = typer.Option(None, NUM_SPEC, "-k", help="Draft tokens per round "
-                                                         "(chain; default 4)."),
+    num_speculative_tokens: Optional[str] = typer.Option(None, NUM_SPEC, "-k", help="Draft tokens per round "
+                                                         "(chain; default 4), or auto: chosen from measured "
+                                                         "verify/draft costs and the drafter's acceptance."),
+    draft_stop: Optional[str] = typer.Option(None, "--draft-stop", help=DRAFT_STOP_HELP),
     tree: Optional[str] = typer.Option(None, "--tree", help="EAGLE-2 tree depth,topk,total, e.g. 4,4,16 (greedy only)."),
     temperature: float = typer.Option(0.0, help="0 = greedy; >0 samples (rejection sampling keeps the target's distribution)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
@@ -438,7 +448,7 @@ def generate(
     dtype: str = typer.Option("float32", help="Target/drafter dtype: float32, bfloat16 or float16."),
     as_json: bool = typer.Option(False, "--json", help="Print {text, token_ids, tokens_per_s, accept_len, new_tokens}."),
     trust_remote_code: bool = TRUST,
-    k: Optional[int] = old_name("--k"),
+    k: Optional[str] = old_name("--k"),
 ):
     """Speculative generation for one prompt: streams the answer, then tokens/s and acceptance length."""
     from specdraft.infer import bench as B
@@ -447,12 +457,12 @@ def generate(
     from specdraft.infer.speculative import eos_ids_of
     from specdraft.targets import DTYPES, load_target
 
-    k = renamed(num_speculative_tokens, k, "--k", NUM_SPEC)
-    k = 4 if k is None else k
+    k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC))
+    stop = parse_draft_stop(draft_stop)
     if method not in ("greedy", "ngram", "eagle3"):
         raise SpecdraftError(f"--method {method}: unknown; choose greedy, ngram or eagle3")
-    if k < 1:
-        raise SpecdraftError(f"{NUM_SPEC} {k}: must be >= 1")
+    if (k is None or stop is not None) and (method != "eagle3" or tree):
+        raise SpecdraftError(f"{NUM_SPEC} auto and --draft-stop: only with --method eagle3 (a chain, no --tree)")
     if max_new_tokens < 1:
         raise SpecdraftError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
     if dtype not in DTYPES:
@@ -467,9 +477,10 @@ def generate(
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     draft_model = B.load_drafter_for(drafter, target, dev, DTYPES[dtype]) if method == "eagle3" else None
     names = {"greedy": "greedy", "ngram": "ngram", "eagle3": "eagle3-tree" if shape else "eagle3"}
-    m = B.build_methods([names[method]], draft_model, k, shape, ngram_max, ngram_min)[0]
     tok = target.tokenizer
     ids = B.prompt_ids(tok, [{"role": "user", "content": prompt}])
+    k, stop, _ = auto_settings(target, draft_model, drafter, ids, k, stop)
+    m = B.build_methods([names[method]], draft_model, k, shape, ngram_max, ngram_min, stop)[0]
     shown = {"ids": [], "text": ""}
 
     def stream(new):
@@ -502,8 +513,13 @@ def bench(
     prompts: str = typer.Option("builtin-holdout", "--prompts", help="jsonl with `messages` (user turns = prompt), or builtin-holdout."),
     methods: str = typer.Option("greedy,ngram,eagle3", "--methods", help="Comma list of greedy, ngram, eagle3, eagle3-tree."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
-    num_speculative_tokens: Optional[int] = typer.Option(None, NUM_SPEC, "-k", help="Draft tokens per round "
-                                                         "(chain, n-gram; default 4)."),
+    num_speculative_tokens: Optional[str] = typer.Option(None, NUM_SPEC, "-k", help="Draft tokens per round "
+                                                         "(chain, n-gram; default 4), or auto: the eagle3 chain's K "
+                                                         "chosen from measured costs and acceptance (n-gram keeps 4)."),
+    draft_stop: Optional[str] = typer.Option(None, "--draft-stop", help=DRAFT_STOP_HELP),
+    rounds: int = typer.Option(3, "--rounds", help="Rounds: each runs every method on every prompt, the method "
+                               "order rotated per round; tok/s is the median over rounds, speedup the ratio of "
+                               "medians."),
     tree: Optional[str] = typer.Option(None, "--tree", help="Tree for eagle3-tree: depth,topk,total (default 4,4,16)."),
     ngram_max: int = typer.Option(3, "--ngram-max"),
     ngram_min: int = typer.Option(1, "--ngram-min"),
@@ -514,11 +530,10 @@ def bench(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
     trust_remote_code: bool = TRUST,
-    k: Optional[int] = old_name("--k"),
+    k: Optional[str] = old_name("--k"),
 ):
-    """Wall-clock speed of greedy (transformers generate), n-gram and EAGLE-3 on the same prompts."""
-    from rich.table import Table
-
+    """Wall-clock speed of greedy (transformers generate), n-gram and EAGLE-3 on the same prompts,
+    in interleaved rounds (median and spread per method)."""
     from specdraft.infer import bench as B
     from specdraft.infer.eagle import TreeShape
     from specdraft.io import write_json
@@ -526,16 +541,18 @@ def bench(
     from specdraft.targets import DTYPES, load_target
 
     as_json, out = json_or_out(ctx, as_json, out)
-    k = renamed(num_speculative_tokens, k, "--k", NUM_SPEC)
-    k = 4 if k is None else k
+    k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC))
+    stop = parse_draft_stop(draft_stop)
     names = [n.strip() for n in methods.split(",") if n.strip()]
     bad = [n for n in names if n not in B.METHODS]
     if bad or not names:
         raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(B.METHODS)}")
-    if k < 1 or max_new_tokens < 1:
-        raise SpecdraftError(f"{NUM_SPEC} {k} --max-new-tokens {max_new_tokens}: each must be >= 1")
+    if max_new_tokens < 1 or rounds < 1:
+        raise SpecdraftError(f"--max-new-tokens {max_new_tokens} --rounds {rounds}: each must be >= 1")
     if dtype not in DTYPES:
         raise SpecdraftError(f"--dtype {dtype}: choose float32, bfloat16 or float16")
+    if (k is None or stop is not None) and "eagle3" not in names:
+        raise SpecdraftError(f"{NUM_SPEC} auto and --draft-stop: for the eagle3 chain; add eagle3 to --methods")
     shape = TreeShape.parse(tree or B.DEFAULT_TREE)
     if any(n.startswith("eagle3") for n in names) and drafter is None:
         raise SpecdraftError("--methods eagle3: needs --drafter (a checkpoint, a run folder, or untrained)")
@@ -544,25 +561,25 @@ def bench(
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     draft_model = (B.load_drafter_for(drafter, target, dev, DTYPES[dtype])
                    if any(n.startswith("eagle3") for n in names) else None)
-    total = len(conversations) * len(set(names) | {"greedy"})
+    ids = B.prompt_ids(target.tokenizer, conversations[0])
+    k, stop, choice = auto_settings(target, draft_model, drafter, ids, k, stop)
+    total = len(conversations) * len(set(names) | {"greedy"}) * rounds
     with progress_of("bench", total, 0, "runs", console=console) as tracker:
         report = B.bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram_max, ngram_min,
-                         progress=lambda name: tracker.advance(1, method=name))
+                         progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
+                         ngram_k=4 if choice and choice.k_auto else None)
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
+                        "k_auto": choice.to_dict() if choice else None, "draft_stop": stop, "rounds": rounds,
                         "tree": [shape.depth, shape.topk, shape.total] if "eagle3-tree" in names else None,
                         "ngram": [ngram_min, ngram_max], **B.environment(dev, dtype)}
-    table = Table(title=f"bench: {target.name}, {len(conversations)} prompts x {max_new_tokens} tokens")
-    for col in ("method", "tokens/s", "speedup", "accept len", "per-position accept", "= greedy"):
-        table.add_column(col)
-    for name, r in report["methods"].items():
-        pos = " ".join(f"{a:.2f}" for a in r["per_position_accept"]) or "-"
-        table.add_row(name, f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['accept_len']:.2f}", pos,
-                      "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']}/{len(conversations)})")
+    for warning in report["warnings"]:
+        console.print(warning, highlight=False, soft_wrap=True)
     if as_json:
         print(json.dumps(report, indent=2))
     else:
-        Console().print(table)
+        Console().print(bench_table(report, f"bench: {target.name}, {len(conversations)} prompts x {max_new_tokens} "
+                                    f"tokens, median of {rounds} interleaved rounds (min-max)"))
     if profile:
         for name, r in report["methods"].items():
             p = r.get("profile")
@@ -573,6 +590,69 @@ def bench(
         write_json(out, report)
         B.plot(report, out.with_suffix(".png"))
         console.print(f"[green]bench[/] -> {out}, {out.with_suffix('.png')}")
+
+
+
+def parse_k(text: Optional[str]) -> Optional[int]:
+    """-k: a whole number >= 1 (default 4), or auto (None: chosen by the cost model)."""
+    if text is None:
+        return 4
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        raise SpecdraftError(f"{NUM_SPEC} {text}: expected a whole number >= 1 or auto") from None
+    if k < 1:
+        raise SpecdraftError(f"{NUM_SPEC} {k}: must be >= 1 (or auto)")
+    return k
+
+
+def parse_draft_stop(text: Optional[str]):
+    """--draft-stop: None (off), a probability in [0, 1], or "auto"."""
+    if text is None or text.strip().lower() == "auto":
+        return None if text is None else "auto"
+    try:
+        p = float(text)
+    except ValueError:
+        raise SpecdraftError(f"--draft-stop {text}: expected a probability in [0, 1] or auto") from None
+    if not 0.0 <= p <= 1.0:
+        raise SpecdraftError(f"--draft-stop {text}: must lie in [0, 1] (a probability), or auto")
+    return p
+
+
+def auto_settings(target, draft_model, drafter: Optional[str], ids: list[int], k: Optional[int], stop):
+    """Resolve -k auto / --draft-stop auto with the cost model (one line on stderr with the choice and
+    its prediction). -> (k, stop threshold or None, the AutoChoice or None)."""
+    if k is not None and stop != "auto":
+        return k, stop, None
+    from specdraft.infer import auto
+
+    choice = auto.choose(target.model, draft_model, drafter, ids, k, None if stop == "auto" else stop,
+                         stop_auto=stop == "auto")
+    console.print(choice.line(), highlight=False, soft_wrap=True)
+    return choice.k, choice.stop, choice
+
+
+def bench_table(report: dict, title: str):
+    """bench's human table: median tok/s and speedup with their min-max over the rounds."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    cut = any(r.get("drafts_cut") for r in report["methods"].values())
+    for col in ("method", "tokens/s", "speedup", "accept len", "per-position accept", "= greedy") + (
+            ("drafts cut",) if cut else ()):
+        table.add_column(col)
+    n = report["config"]["num_prompts"]
+    for name, r in report["methods"].items():
+        pos = " ".join(f"{a:.2f}" for a in r["per_position_accept"]) or "-"
+        tps, up = r.get("tokens_per_s_spread"), r.get("speedup_spread")
+        row = [name, f"{r['tokens_per_s']:.1f}" + (f" ({tps['min']:.1f}-{tps['max']:.1f})" if tps else ""),
+               f"{r['speedup']:.2f}x" + (f" ({up['min']:.2f}-{up['max']:.2f})" if up and name != "greedy" else ""),
+               f"{r['accept_len']:.2f}", pos,
+               "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']}/{n})"]
+        table.add_row(*row, *((str(r.get("drafts_cut", 0)),) if cut else ()))
+    return table
 
 
 @app.command("eval", context_settings={"allow_extra_args": True})

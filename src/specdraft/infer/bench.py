@@ -4,7 +4,9 @@ run speculative generation against plain greedy decoding, report speed and accep
 from __future__ import annotations
 
 import json
+import os
 import platform
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from specdraft.infer.eagle import EagleProposer, TreeShape, check_drafter_fits
 from specdraft.infer.ngram import NgramProposer
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import Generation, Profile, eos_ids_of, generate, per_position_accept
+from specdraft.infer.timing import busy_warning, machine_load, rotated, spread
 from specdraft.io import atomic_path
 from specdraft.model.config import DrafterConfig
 from specdraft.model.drafter import Eagle3Drafter
@@ -143,7 +146,7 @@ class Method:
 
 
 def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngram_max: int,
-                  ngram_min: int) -> list[Method]:
+                  ngram_min: int, draft_stop: float | None = None, ngram_k: int | None = None) -> list[Method]:
     methods = []
     for name in names:
         if name not in METHODS:
@@ -153,9 +156,9 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
         if name == "greedy":
             methods.append(Method(name, None))
         elif name == "ngram":
-            methods.append(Method(name, NgramProposer(k, ngram_max, ngram_min)))
+            methods.append(Method(name, NgramProposer(ngram_k or k, ngram_max, ngram_min)))
         elif name == "eagle3":
-            methods.append(Method(name, EagleProposer(drafter, k=k)))
+            methods.append(Method(name, EagleProposer(drafter, k=k, stop=draft_stop)))
         else:
             methods.append(Method(name, EagleProposer(drafter, tree=tree or TreeShape.parse(DEFAULT_TREE))))
     return methods
@@ -170,6 +173,7 @@ def run_one(model, method: Method, ids: list[int], max_new_tokens: int, eos: set
 
 
 def summarize(name: str, runs: list[Generation], reference: list[list[int]] | None) -> dict:
+    """Speed and acceptance of one pass over the prompts (acceptance is deterministic under greedy)."""
     tokens = sum(len(r.token_ids) for r in runs)
     seconds = sum(r.seconds for r in runs)
     accepted = [a for r in runs for a in r.accepted]
@@ -188,34 +192,75 @@ def summarize(name: str, runs: list[Generation], reference: list[list[int]] | No
         "new_tokens": tokens,
         "seconds": seconds,
         "target_forwards": sum(r.target_forwards for r in runs),
+        "drafts_cut": sum(r.drafts_cut for r in runs),
         "profile": profile.to_dict() if name != "greedy" else None,
     }
 
 
+def summarize_rounds(name: str, rounds: list[list[Generation]], reference: list[list[int]],
+                     greedy_tps: list[float]) -> dict:
+    """One method over every round: acceptance from round 1 (checked equal in every round), tokens/s
+    as the median of the rounds with its spread, speedup as the ratio of medians against greedy in
+    the same rounds, and the per-round samples."""
+    per_round = [summarize(name, runs, reference) for runs in rounds]
+    result = dict(per_round[0])
+    tps = [r["tokens_per_s"] for r in per_round]
+    ratios = [t / g if g else 0.0 for t, g in zip(tps, greedy_tps)]
+    base = statistics.median(greedy_tps)
+    profile = Profile()
+    for runs in rounds:
+        for r in runs:
+            profile.add(r.profile)
+    result.update({
+        "tokens_per_s": statistics.median(tps), "tokens_per_s_spread": spread(tps),
+        "speedup": statistics.median(tps) / base if base else 0.0, "speedup_spread": spread(ratios),
+        "identical_to_greedy": all(r["identical_to_greedy"] for r in per_round),
+        "same_in_every_round": all([g.token_ids for g in runs] == [g.token_ids for g in rounds[0]]
+                                   and [g.accepted for g in runs] == [g.accepted for g in rounds[0]]
+                                   for runs in rounds),
+        "seconds": sum(r["seconds"] for r in per_round),
+        "profile": profile.to_dict() if name != "greedy" else None,
+        "rounds": [{"tokens_per_s": t, "speedup": q, "seconds": r["seconds"], "new_tokens": r["new_tokens"]}
+                   for t, q, r in zip(tps, ratios, per_round)],
+    })
+    return result
+
+
 def bench(target, drafter, conversations: list[list[dict]], method_names: list[str], max_new_tokens: int,
-          k: int, tree: TreeShape | None, ngram_max: int = 3, ngram_min: int = 1, progress=None) -> dict:
-    """Same prompts for every method, batch 1, one warm-up generation per method first."""
+          k: int, tree: TreeShape | None, ngram_max: int = 3, ngram_min: int = 1, progress=None,
+          rounds: int = 3, draft_stop: float | None = None, ngram_k: int | None = None) -> dict:
+    """Same prompts for every method, batch 1, one warm-up generation per method first; then
+    `rounds` rounds, each running every method on every prompt, the method order rotated per round."""
+    if rounds < 1:
+        raise SpecdraftError(f"--rounds {rounds}: must be >= 1 (3 or more to see the spread)")
     model, tok = target.model, target.tokenizer
     eos = eos_ids_of(model, tok)
     prompts = [prompt_ids(tok, c) for c in conversations]
     names = ["greedy"] + [n for n in method_names if n != "greedy"]   # greedy is the reference
-    methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min)
+    methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min, draft_stop, ngram_k)
     for m in methods:                                                 # warm-up
         run_one(model, m, prompts[0], min(8, max_new_tokens), eos)
-    results, reference = {}, None
-    for m in methods:
-        runs = []
-        for ids in prompts:
-            runs.append(run_one(model, m, ids, max_new_tokens, eos))
-            if progress:
-                progress(m.name)
-        if m.name == "greedy":
-            reference = [r.token_ids for r in runs]
-        results[m.name] = summarize(m.name, runs, reference)
-    base = results["greedy"]["tokens_per_s"]
-    for r in results.values():
-        r["speedup"] = r["tokens_per_s"] / base if base else 0.0
-    return {"methods": {n: results[n] for n in names if n in method_names or n == "greedy"}}
+    load_start = machine_load()
+    runs: dict[str, list[list[Generation]]] = {m.name: [] for m in methods}
+    order = []
+    for r in range(rounds):
+        order.append([m.name for m in rotated(methods, r)])
+        for m in rotated(methods, r):
+            runs[m.name].append([])
+            for ids in prompts:
+                runs[m.name][-1].append(run_one(model, m, ids, max_new_tokens, eos))
+                if progress:
+                    progress(m.name)
+    load_end = machine_load()
+    reference = [g.token_ids for g in runs["greedy"][0]]
+    greedy_tps = [summarize("greedy", rs, None)["tokens_per_s"] for rs in runs["greedy"]]
+    results = {n: summarize_rounds(n, runs[n], reference, greedy_tps) for n in names
+               if n in method_names or n == "greedy"}
+    warnings = [w for w in [busy_warning("bench", load_start, load_end)] if w]
+    warnings += [f"warning: bench: {n} gave different tokens or acceptance in different rounds (greedy decoding "
+                 "should be deterministic)" for n, r in results.items() if not r["same_in_every_round"]]
+    return {"methods": results, "rounds": rounds, "order": order,
+            "load": {"start": load_start, "end": load_end, "cores": os.cpu_count()}, "warnings": warnings}
 
 
 def environment(device: str, dtype: str) -> dict:
