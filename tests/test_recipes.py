@@ -16,7 +16,8 @@ lr: 1.0e-3
 max_tokens: 256
 warmup_steps: 1
 train_on_prompts: true
-recipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64, bench_prompts: 2, bench_tokens: 10, k: 2}
+recipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64, bench_prompts: 2, bench_tokens: 10, k: 2,
+         bench_rounds: 2}
 """
 
 
@@ -38,9 +39,10 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
                  ws / "export" / "speculators" / "config.json", run / "report.html"):
         assert path.exists(), path
     bench = json.loads((run / "bench.json").read_text())
-    assert set(bench["methods"]) == {"greedy", "ngram", "eagle3"}
+    assert set(bench["methods"]) == {"greedy", "ngram", "eagle3", "eagle3-tree"}   # the tree beside the chain
+    assert bench["rounds"] == 2 and len(bench["methods"]["eagle3"]["rounds"]) == 2
     # the summary is the bench's numbers, and every method reproduced greedy exactly
-    assert summary["identical_to_greedy"] == {"greedy": True, "ngram": True, "eagle3": True}
+    assert summary["identical_to_greedy"] == {"greedy": True, "ngram": True, "eagle3": True, "eagle3-tree": True}
     assert summary["accept_len"] == bench["methods"]["eagle3"]["accept_len"] >= 1.0
     assert summary["tokens_per_s"]["eagle3"] == bench["methods"]["eagle3"]["tokens_per_s"] > 0
     log = (ws / "recipe.log").read_text()
@@ -108,7 +110,7 @@ def test_recipe_through_the_vllm_engine(tmp_path):
     summary = run_recipe(str(target), ws, recipe=recipe, engine="vllm")
     assert json.loads((ws / "data" / "prepare.json").read_text())["regeneration"]["engine"]["name"] == "vllm"
     assert json.loads((ws / "hidden" / "manifest.json").read_text())["engine"]["name"] == "vllm"
-    assert summary["identical_to_greedy"] == {"greedy": True, "ngram": True, "eagle3": True}
+    assert summary["identical_to_greedy"] == {"greedy": True, "ngram": True, "eagle3": True, "eagle3-tree": True}
     assert "--engine vllm" in (ws / "recipe.log").read_text()
 
 

@@ -31,6 +31,7 @@ from specdraft.io import own_folder, write_json
 from specdraft.train.config import resolve_config
 
 RECIPES = Path(__file__).with_name("recipes")       # the shipped recipe files (package data)
+BENCH_METHODS = ("greedy", "ngram", "eagle3", "eagle3-tree")   # the tree measured next to the chain
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Recipe:
     bench_prompts: int = 8       # held-out prompts for bench
     bench_tokens: int = 128
     k: int = 4                   # draft tokens per round in bench
+    bench_rounds: int = 3        # bench rounds: every method on every prompt, order rotated (median, spread)
 
 
 def recipe_file(profile: str) -> Path:
@@ -175,9 +177,9 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     run_stage(console, ["eval", "--model", model, "--drafter", str(drafter), "--store", str(ws / "hidden"),
                         "--out", str(run / "eval.json")], log)
     run_stage(console, ["bench", "--model", model, "--drafter", str(drafter), "--prompts", "builtin-holdout",
-                        "--methods", "greedy,ngram,eagle3", "--limit", str(recipe.bench_prompts),
+                        "--methods", ",".join(BENCH_METHODS), "--limit", str(recipe.bench_prompts),
                         "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(recipe.k),
-                        "--out", str(run / "bench.json")], log)
+                        "--rounds", str(recipe.bench_rounds), "--out", str(run / "bench.json")], log)
     run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(ws / "export" / "speculators")], log)
     run_stage(console, ["report", str(run)], log)     # -> RUN/report.html
 
