@@ -8,7 +8,6 @@ medians and keeps the spread and the per-round samples in its JSON.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -65,19 +64,6 @@ def accept_from_store(drafter, model: str, store: str | Path, samples: int = 64,
     batches = track(batches, "plan: acceptance", n, "samples", tokens=lambda b: int(b["loss_mask"].numel()))
     m = drafter_metrics(net, target.model, batches, steps)
     return [m[f"cond_acc_{k}"] for k in range(steps)]
-
-
-# ----------------------------------------------------------------------------- timing
-
-def measure_verify_ms(target_model, n_max: int, context: int, repeats: int = 5, rounds: int = 1) -> list[float]:
-    """Latency of one target forward over n = 1..n_max new tokens on top of a KV cache of `context`."""
-    return measure_costs(target_model, None, n_max, context, rounds, repeats)["verify_ms"]
-
-
-def measure_draft_ms(net, context: int, repeats: int = 10) -> float:
-    """Latency of one drafter step (1 token) with a drafter KV cache of `context` positions."""
-    with torch.inference_mode():
-        return interleaved_ms({"draft": draft_timer(net, context)}, 1, repeats)["stats"]["draft"]["median"]
 
 
 # ----------------------------------------------------------------------------- command
