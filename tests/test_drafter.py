@@ -121,8 +121,12 @@ def test_fc_norm_norms_each_aux_chunk_and_round_trips_through_both_layouts(tmp_p
 def test_init_layer_from_target_computes_the_targets_last_layer():
     """With the embedding half of q/k/v at zero, the drafter's layer on hidden h is the target's
     last decoder layer on h: the start `--init-layer target` promises."""
+    from types import SimpleNamespace
+
+    from specdraft.targets import last_layer_tensors
+
     model, target = tiny_drafter()
-    model.init_layer_from_target(target)
+    model.init_layer_from_target(last_layer_tensors(SimpleNamespace(model=target)))
     H, T = 32, 6
     q = model.layers[0].self_attn.q_proj.weight
     assert torch.equal(q[:, :H], torch.zeros_like(q[:, :H]))
@@ -135,3 +139,25 @@ def test_init_layer_from_target_computes_the_targets_last_layer():
     theirs = target.model.layers[-1](hidden, attention_mask=mask, position_ids=pos, position_embeddings=rotary)
     theirs = theirs[0] if isinstance(theirs, tuple) else theirs
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_init_layer_target_reads_the_last_layer_from_the_checkpoint_when_training_holds_only_the_head(tiny_target):
+    """Training loads a TargetHead (no layers): `--init-layer target` reads the last layer's tensors
+    from the checkpoint files and starts from the same weights as with the whole model loaded."""
+    from specdraft.targets import load_target, load_target_head
+    from specdraft.train.config import RunConfig
+    from specdraft.train.drafters import fresh_drafter
+    from specdraft.vocab import Vocab
+
+    head, whole = load_target_head(str(tiny_target)), load_target(str(tiny_target))
+    t2d = torch.zeros(whole.vocab_size, dtype=torch.bool)
+    t2d[:40] = True
+    vocab = Vocab(torch.zeros(40, dtype=torch.long), t2d)
+    cfg = RunConfig(init_layer="target")
+    a = fresh_drafter(cfg, head, vocab, [2, 4, 5]).state_dict()
+    b = fresh_drafter(cfg, whole, vocab, [2, 4, 5]).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    last = whole.model.model.layers[-1]
+    assert torch.equal(a["layers.0.mlp.down_proj.weight"], last.mlp.down_proj.weight)
+    fresh = fresh_drafter(RunConfig(), head, vocab, [2, 4, 5]).state_dict()
+    assert not torch.equal(fresh["layers.0.mlp.down_proj.weight"], a["layers.0.mlp.down_proj.weight"])

@@ -402,6 +402,21 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
 
 
+LAST_LAYER_TENSORS = [f"self_attn.{p}_proj.weight" for p in "qkvo"] + \
+    [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")] + ["input_layernorm.weight", "post_attention_layernorm.weight"]
+
+
+def last_layer_tensors(target) -> dict[str, torch.Tensor]:
+    """The target's last decoder layer's Llama tensors, named within the layer ("self_attn.q_proj.weight"):
+    from the loaded layers, or read from the checkpoint when training holds only a TargetHead."""
+    if getattr(base_model(target.model), "layers", None) is not None:
+        state = decoder_layers(target.model)[-1].state_dict()
+        return {k: state[k] for k in LAST_LAYER_TENSORS}
+    prefix = f"model.layers.{target.config.num_hidden_layers - 1}."
+    tensors = read_checkpoint_tensors(target.path, [prefix + k for k in LAST_LAYER_TENSORS], target.name)
+    return {k.removeprefix(prefix): v for k, v in tensors.items()}
+
+
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     layers = getattr(base_model(model), "layers", None)
     if layers is None:

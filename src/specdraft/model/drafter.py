@@ -27,7 +27,7 @@ from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, Ll
                                                       apply_rotary_pos_emb)
 
 from specdraft.model.config import DrafterConfig
-from specdraft.targets import decoder_layers, final_norm
+from specdraft.targets import final_norm
 
 
 @dataclass
@@ -176,20 +176,21 @@ class Eagle3Drafter(nn.Module):
         self.norm.weight.copy_(final_norm(target_model)[0].float())
 
     @torch.no_grad()
-    def init_layer_from_target(self, target_model) -> None:
-        """Start the decoder layer from the target's last one: its q/k/v read the hidden-state half
-        of [embeds; hidden] (zeros on the embedding half, so at step 0 the layer computes what the
-        target's last layer computes on fc's output), o_proj, MLP and norms copied."""
-        last, mine = decoder_layers(target_model)[-1], self.layers[0]
-        H = self.config.hidden_size
+    def init_layer_from_target(self, last_layer: dict[str, torch.Tensor]) -> None:
+        """Start the decoder layer from the target's last one (`targets.last_layer_tensors`): q/k/v
+        read the hidden-state half of [embeds; hidden] (zeros on the embedding half, so at step 0
+        the layer computes what the target's last layer computes on fc's output); o_proj, MLP and
+        norms copied (the target's input_layernorm becomes hidden_norm)."""
+        mine, H = self.layers[0], self.config.hidden_size
         for name in ("q_proj", "k_proj", "v_proj"):
             weight = getattr(mine.self_attn, name).weight                        # [out, 2H]
             weight.zero_()
-            weight[:, H:] = getattr(last.self_attn, name).weight.float()
-        mine.self_attn.o_proj.weight.copy_(last.self_attn.o_proj.weight.float())
-        mine.mlp.load_state_dict({k: v.float() for k, v in last.mlp.state_dict().items()})
-        mine.hidden_norm.weight.copy_(last.input_layernorm.weight.float())
-        mine.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight.float())
+            weight[:, H:] = last_layer[f"self_attn.{name}.weight"].float()
+        mine.self_attn.o_proj.weight.copy_(last_layer["self_attn.o_proj.weight"].float())
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(mine.mlp, name).weight.copy_(last_layer[f"mlp.{name}.weight"].float())
+        mine.hidden_norm.weight.copy_(last_layer["input_layernorm.weight"].float())
+        mine.post_attention_layernorm.weight.copy_(last_layer["post_attention_layernorm.weight"].float())
 
 
 def causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:

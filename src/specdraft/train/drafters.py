@@ -16,6 +16,7 @@ from specdraft.model.drafter import Eagle3Drafter
 from specdraft.train import checkpoint as ckpt
 from specdraft.train.config import RunConfig
 from specdraft.train.inputs import check_resume_inputs
+from specdraft.targets import last_layer_tensors
 from specdraft.train.runtime import TrainData
 
 
@@ -29,7 +30,7 @@ def fresh_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int]) -> Eagle3
     drafter = Eagle3Drafter(dcfg)
     drafter.init_from_target(target.model, vocab.d2t, vocab.t2d)
     if cfg.init_layer == "target":
-        drafter.init_layer_from_target(target.model)
+        drafter.init_layer_from_target(last_layer_tensors(target))
     return drafter
 
 
