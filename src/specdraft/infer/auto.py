@@ -54,7 +54,7 @@ def verify_timers(target_model, n_max: int, context: int) -> dict[str, Callable[
         def step():
             with few_row_matmul(target_model, linears):
                 target_model(input_ids=ids, position_ids=pos, use_cache=True, **with_cache)   # logits [1, n, V]
-            cache.crop(context)
+            cache.crop(-n)                                                      # back to `context`
         return step
     return {f"verify_{n}": timer(n) for n in range(1, n_max + 1)}
 
