@@ -58,7 +58,7 @@ def sim_tau(run: Path) -> float | None:
     """The run's last validation accept_len (metrics.jsonl), the simulated τ over its TTT steps."""
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     vals = [r for r in records if r.get("split") == "val"]
-    return vals[-1].get("accept_len") if vals else None
+    return vals[-1]["metrics"].get("accept_len") if vals else None
 
 
 def bench_tau(target, drafter, conversations, k: int, max_new_tokens: int) -> dict:
@@ -89,6 +89,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("-k", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--results", type=Path, default=RESULTS, help="JSON to merge the variants into")
+    ap.add_argument("--remeasure", action="store_true", help="measure τ again for variants already in the results")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from specdraft.infer.bench import load_drafter_for, read_prompts
@@ -99,7 +101,7 @@ def main() -> None:
     sets = {"builtin-holdout": read_prompts("builtin-holdout", args.prompts_per_set),
             "natural": read_prompts(str(NATURAL), args.prompts_per_set)}
     target = load_target("default", dtype="float32", device="cpu")
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = json.loads(args.results.read_text()) if args.results.exists() else {}
     for name in [v.strip() for v in args.variants.split(",") if v.strip()]:
         run, seconds = train(name + args.name_suffix, VARIANTS[name], ws, store, vocab)
         drafter = load_drafter_for(run / "best", target)
@@ -107,11 +109,17 @@ def main() -> None:
                "train_seconds": seconds if seconds == seconds else results.get(name + args.name_suffix, {}).get(
                    "train_seconds"),
                "k": args.k, "max_new_tokens": args.max_new_tokens, "prompts_per_set": args.prompts_per_set}
+        old = results.get(name + args.name_suffix, {})
         for set_name, conversations in sets.items():
-            row[set_name] = bench_tau(target, drafter, conversations, args.k, args.max_new_tokens)
+            same = all(old.get(key) == row[key] for key in ("k", "max_new_tokens", "prompts_per_set", "run"))
+            row[set_name] = (old[set_name] if same and set_name in old and not args.remeasure
+                             else bench_tau(target, drafter, conversations, args.k, args.max_new_tokens))
         results[name + args.name_suffix] = row
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        latest = json.loads(args.results.read_text()) if args.results.exists() else {}
+        latest[name + args.name_suffix] = row      # merge: another run may have written other variants
+        args.results.write_text(json.dumps(latest, indent=1) + "\n")
+        results.update(latest)
         print_table(results)
 
 

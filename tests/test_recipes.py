@@ -92,6 +92,14 @@ def test_bad_recipe_section_is_refused(tmp_path):
     path.write_text("epochs: 1\nrecipe: {samples: 'six', max_new_tokens: 12, regen_batch: 3, draft_vocab: 64}\n")
     with pytest.raises(SpecdraftError, match="samples is 'six'"):
         load_recipe(path)
+    base = "epochs: 1\nrecipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64, "
+    path.write_text(base + "k: auto, draft_stop: 0.3}\n")
+    assert (load_recipe(path).k, load_recipe(path).draft_stop) == ("auto", 0.3)
+    for bad, error in [("k: many", "k is 'many'; expected a whole number >= 1 or auto"),
+                       ("draft_stop: 2", "draft_stop is 2"), ("draft_stop: sometimes", "draft_stop is 'sometimes'")]:
+        path.write_text(base + bad + "}\n")
+        with pytest.raises(SpecdraftError, match=error):
+            load_recipe(path)
     path.write_text("epochs: three\nrecipe: {samples: 6}\n")
     with pytest.raises(SpecdraftError, match="epochs is 'three'"):
         load_recipe(path)

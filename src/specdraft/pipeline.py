@@ -48,7 +48,8 @@ class Recipe:
     draft_vocab: int             # draft vocabulary size N
     bench_prompts: int = 8       # held-out prompts for bench
     bench_tokens: int = 128
-    k: int = 4                   # draft tokens per round in bench
+    k: int | str = 4             # draft tokens per round in bench, or "auto" (the cost model picks K)
+    draft_stop: str | float = "off"  # bench's confidence stop for the chain: off, auto, or a probability
     bench_rounds: int = 3        # bench rounds: every method on every prompt, order rotated (median, spread)
 
 
@@ -74,9 +75,20 @@ def load_recipe(path: str | Path) -> Recipe:
         raise SpecdraftError(f"{path}: recipe section: unknown {unknown}, missing {missing}; "
                              f"known: {', '.join(f.name for f in knobs)}")
     for name, value in stages.items():
+        if name == "k" and value == "auto" or name == "draft_stop" and is_draft_stop(value):
+            continue
+        if name == "draft_stop":
+            raise SpecdraftError(f"{path}: recipe: draft_stop is {value!r}; expected off, auto or a probability in [0, 1]")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SpecdraftError(f"{path}: recipe: {name} is {value!r}; expected a whole number >= 1")
+            raise SpecdraftError(f"{path}: recipe: {name} is {value!r}; expected a whole number >= 1"
+                                 + (" or auto" if name == "k" else ""))
     return Recipe(name=path.stem, path=path, epochs=cfg.epochs, **stages)
+
+
+def is_draft_stop(value) -> bool:
+    if value in ("off", "auto"):
+        return True
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
 
 
 def run_stage(console: Console, args: list[str], log: Path) -> None:
@@ -179,7 +191,8 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     run_stage(console, ["bench", "--model", model, "--drafter", str(drafter), "--prompts", "builtin-holdout",
                         "--methods", ",".join(BENCH_METHODS), "--limit", str(recipe.bench_prompts),
                         "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(recipe.k),
-                        "--rounds", str(recipe.bench_rounds), "--out", str(run / "bench.json")], log)
+                        "--rounds", str(recipe.bench_rounds), "--out", str(run / "bench.json"),
+                        *([] if recipe.draft_stop == "off" else ["--draft-stop", str(recipe.draft_stop)])], log)
     run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(ws / "export" / "speculators")], log)
     run_stage(console, ["report", str(run)], log)     # -> RUN/report.html
 
