@@ -201,9 +201,10 @@ def child_speculators(job: dict) -> dict:
     original_epoch, original_val = trainer_mod.Trainer.train_epoch, trainer_mod.Trainer.val_epoch
 
     def timed_epoch(self, epoch, **kwargs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = original_epoch(self, epoch, **kwargs)
-        epochs.append({"seconds": time.perf_counter() - t0, "steps": self.global_step})
+        epochs.append({"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+                       "steps": self.global_step})
         return out
 
     def timed_val(self, epoch):
@@ -231,17 +232,19 @@ def child_ours(job: dict) -> dict:
     original_run, original_end = loop.run_epoch, loop.end_epoch
 
     def timed_end(t, epoch, *args):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = original_end(t, epoch, *args)
         epochs[-1]["val_and_save_seconds"] = time.perf_counter() - t0
+        epochs[-1]["val_and_save_cpu_seconds"] = time.process_time() - c0
         epochs[-1]["val"] = dict(t.last_val)
         return out
 
     def timed_run(t, epoch, bar):
         epochs.append({})
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = original_run(t, epoch, bar)
         epochs[-1]["seconds"] = time.perf_counter() - t0 - epochs[-1].get("val_and_save_seconds", 0.0)
+        epochs[-1]["cpu_seconds"] = time.process_time() - c0 - epochs[-1].get("val_and_save_cpu_seconds", 0.0)
         epochs[-1]["steps"] = t.state.step
         return out
 
@@ -317,11 +320,14 @@ def evaluate_drafter(folder: Path, store, val_ids: list[int], target, vocab, cfg
 
 
 def bench_drafter(model: str, drafter: Path, out: Path, prompts: int, new_tokens: int, k: int,
-                  threads: int) -> dict:
-    """`specdraft bench --methods eagle3` (greedy is its reference) on the builtin held-out prompts."""
-    cmd = [str(Path(sys.executable).parent / "specdraft"), "bench", "--model", model, "--drafter", str(drafter),
-           "--methods", "eagle3", "--limit", str(prompts), "--max-new-tokens", str(new_tokens), "-k", str(k),
-           "--out", str(out)]
+                  threads: int, rounds: int) -> dict:
+    """`specdraft bench --methods eagle3` (greedy is its reference) on the builtin held-out prompts.
+    tau is deterministic under greedy decoding: one round is enough for it (--rounds where bench has it)."""
+    specdraft = str(Path(sys.executable).parent / "specdraft")
+    cmd = [specdraft, "bench", "--model", model, "--drafter", str(drafter), "--methods", "eagle3",
+           "--limit", str(prompts), "--max-new-tokens", str(new_tokens), "-k", str(k), "--out", str(out)]
+    if "--rounds" in subprocess.run([specdraft, "bench", "--help"], capture_output=True, text=True).stdout:
+        cmd += ["--rounds", str(rounds)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0 or not out.exists():
@@ -331,6 +337,17 @@ def bench_drafter(model: str, drafter: Path, out: Path, prompts: int, new_tokens
     keep = ("accept_len", "per_position_accept", "speedup", "tokens_per_s", "identical_to_greedy")
     return {**{key: m.get(key) for key in keep}, "greedy_tokens_per_s": report["methods"]["greedy"]["tokens_per_s"],
             "command": " ".join(cmd)}
+
+
+def speculators_step_profile(log: Path) -> dict:
+    """Medians of the per-step split speculators' own step timer logs (profile/fwd_ms=..., every
+    --log-freq steps), from its console log."""
+    import re
+
+    values: dict[str, list[float]] = {}
+    for key, value in re.findall(r"profile/(\w+_ms)=([0-9.e+-]+)", log.read_text() if log.exists() else ""):
+        values.setdefault(key, []).append(float(value))
+    return {key: statistics.median(v) for key, v in values.items()}
 
 
 def train_tokens(store, ids: list[int], max_tokens: int) -> int:
@@ -363,7 +380,10 @@ def main() -> None:
     ap.add_argument("--bench-prompts", type=int, default=6)
     ap.add_argument("--bench-tokens", type=int, default=128)
     ap.add_argument("-k", type=int, default=4, help="draft tokens per round in bench")
+    ap.add_argument("--bench-rounds", type=int, default=1, help="bench rounds (tau needs one; speed wants 3+)")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--reuse", action="store_true",
+                    help="do not train: take both runs from --work (a previous run's), re-evaluate and re-bench")
     ap.add_argument("--work", type=Path, default=ROOT / "ws" / "vs_speculators",
                     help="scratch folder: converted data, both runs, imports, bench JSON")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "vs_speculators.json")
@@ -384,13 +404,14 @@ def main() -> None:
 
     version = ensure_speculators_env(args.spec_venv)
     work = args.work.resolve()
-    if work.exists():
+    if work.exists() and not args.reuse:
         shutil.rmtree(work)
-    work.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)
     store = HiddenStore(args.store)
     store_path = Path(args.store)
     if args.limit and args.limit < len(store):
-        store_path = sub_store(store, list(range(args.limit)), work / "store")
+        store_path = (work / "store" if args.reuse and (work / "store").exists()
+                      else sub_store(store, list(range(args.limit)), work / "store"))
         store = HiddenStore(store_path)
     overrides = {k: v for k, v in {"epochs": args.epochs, "ttt_steps": args.ttt_steps,
                                    "max_tokens": args.max_tokens, "precision": args.precision}.items()
@@ -400,8 +421,10 @@ def main() -> None:
     cfg = resolve_config(args.config, **overrides)
     vocab = vocab_mod.load(args.vocab)
     train_ids, val_ids = split_samples(len(store), cfg.val_fraction, cfg.seed)
-    spec_data = store_to_speculators(store, train_ids + val_ids, work / "speculators-data", vocab,
-                                     all_ones_mask=set(train_ids) if cfg.train_on_prompts else None)
+    spec_data = work / "speculators-data"
+    if not args.reuse:
+        store_to_speculators(store, train_ids + val_ids, spec_data, vocab,
+                             all_ones_mask=set(train_ids) if cfg.train_on_prompts else None)
     ratio = (len(train_ids) + 0.5) / (len(train_ids) + len(val_ids))
     model_path, _ = resolve(args.model)
     bf16 = use_bf16(cfg, torch.device("cpu"))     # --precision auto: bf16 autocast where the CPU has it
@@ -418,20 +441,32 @@ def main() -> None:
     for r in range(args.rounds):
         order = ["ours", "speculators"] if r % 2 == 0 else ["speculators", "ours"]
         for name in order:
-            if name == "ours":
+            load_before = os.getloadavg()[0]
+            if args.reuse:
+                res = json.loads((work / f"{name}.result.json").read_text())
+                seconds = sum(e["seconds"] for e in res["epochs"])
+                res.setdefault("load_before", None)
+            elif name == "ours":
                 res = run_child(Path(sys.executable), "ours", ours_job, work, args.threads)
             else:
                 res = run_child(spec_python(args.spec_venv), "speculators", spec_job, work, args.threads)
             if "error" in res:
                 raise SystemExit(f"{name} training failed ({res['error']}), see {res['log']}:\n{res['log_tail']}")
             seconds = sum(e["seconds"] for e in res["epochs"])
-            res.update(train_seconds=seconds, tokens_per_s=tokens / seconds, load_after=os.getloadavg()[0])
+            cpu = sum(e["cpu_seconds"] for e in res["epochs"]) / args.threads
+            if not args.reuse:
+                res.update(load_before=load_before, load_after=os.getloadavg()[0])
+            res.update(train_seconds=seconds, tokens_per_s=tokens / seconds, train_cpu_seconds_per_thread=cpu,
+                       tokens_per_s_cpu_time=tokens / cpu)
+            (work / f"{name}.result.json").write_text(json.dumps(res, default=str))
             runs[name].append(res)
             print(f"round {r + 1} {name}: {seconds:.1f} s in training epochs, {tokens / seconds:,.0f} tok/s, "
                   f"{res['epochs'][-1]['steps']} steps", flush=True)
 
     ours_ckpt, spec_ckpt = final_epoch_checkpoints(work, cfg.epochs)
     imported = work / "speculators-imported"
+    if imported.exists():
+        shutil.rmtree(imported)
     import_checkpoint(spec_ckpt, imported)
     target = load_target_head(args.model)
     val = {"ours": evaluate_drafter(ours_ckpt, store, val_ids, target, vocab, cfg),
@@ -441,20 +476,28 @@ def main() -> None:
     if not args.no_bench:
         for name, folder in (("ours", ours_ckpt), ("speculators", imported)):
             bench[name] = bench_drafter(args.model, folder, work / f"bench-{name}.json", args.bench_prompts,
-                                        args.bench_tokens, args.k, args.threads)
+                                        args.bench_tokens, args.k, args.threads, args.bench_rounds)
             print(f"bench {name}: tau {bench[name].get('accept_len')}", flush=True)
 
     tps = {n: statistics.median(x["tokens_per_s"] for x in rs) for n, rs in runs.items()}
+    tps_cpu = {n: statistics.median(x["tokens_per_s_cpu_time"] for x in rs) for n, rs in runs.items()}
+    step_ms = {n: 1000 * statistics.median(x["train_seconds"] / x["epochs"][-1]["steps"] for x in rs)
+               for n, rs in runs.items()}
     result = {
         "speculators_version": version, "store": str(args.store), "vocab": args.vocab, "model": args.model,
         "samples": {"train": len(train_ids), "val": len(val_ids), "limit": args.limit},
         "settings": {"epochs": cfg.epochs, "ttt_steps": cfg.ttt_steps, "max_tokens": cfg.max_tokens,
                      "threads": args.threads, "train_on_prompts": cfg.train_on_prompts, "rounds": args.rounds,
+                     "bench_prompts": args.bench_prompts, "bench_tokens": args.bench_tokens, "k": args.k,
+                     "bench_rounds": args.bench_rounds, "reused_runs": args.reuse,
                      "bf16_autocast": bf16, "loss": cfg.loss, "ttt_inputs": getattr(cfg, "ttt_inputs", "data"),
                      "ours_config": args.config, "ours_lr": cfg.lr, "speculators_argv": argv},
         "train_tokens": tokens,
         "tokens_per_s": tps, "ratio_ours_over_speculators": tps["ours"] / tps["speculators"],
+        "tokens_per_s_cpu_time": tps_cpu,
+        "ratio_ours_over_speculators_cpu_time": tps_cpu["ours"] / tps_cpu["speculators"],
         "steps": {n: rs[-1]["epochs"][-1]["steps"] for n, rs in runs.items()},
+        "step_ms": step_ms, "speculators_step_profile_ms": speculators_step_profile(work / "speculators.log"),
         "val_same_evaluator": val,
         "val_own": {"ours": runs["ours"][-1]["epochs"][-1].get("val"),
                     "speculators": runs["speculators"][-1]["epochs"][-1].get("val")},
@@ -479,17 +522,20 @@ def markdown_table(r: dict) -> str:
     head = (f"speculators {r['speculators_version']} vs specdraft, {r['samples']['train']} train / "
             f"{r['samples']['val']} val samples, {r['train_tokens']:,} training tokens ({s['epochs']} epochs, "
             f"rows of {s['max_tokens']}), TTT {steps}, {s['threads']} threads\n\n")
-    cols = ["trainer", "train tok/s", "steps"] + [f"val acc {k}" for k in range(steps)] + ["sim τ", "bench τ",
+    cols = ["trainer", "train tok/s", "tok/s (CPU time)", "steps"] + [f"val acc {k}" for k in range(steps)] + ["sim τ", "bench τ",
                                                                                             "bench accept/pos"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for name in ("ours", "speculators"):
         v, b = r["val_same_evaluator"][name], r["bench"].get(name, {})
         pos = "/".join(f"{x:.2f}" for x in (b.get("per_position_accept") or []))
         tau = f"{b['accept_len']:.2f}" if b.get("accept_len") is not None else "-"
-        lines.append("| " + " | ".join([name, f"{r['tokens_per_s'][name]:,.0f}", str(r["steps"][name])]
+        lines.append("| " + " | ".join([name, f"{r['tokens_per_s'][name]:,.0f}",
+                                        f"{r['tokens_per_s_cpu_time'][name]:,.0f}", str(r["steps"][name])]
                                        + [f"{v.get(f'full_acc_{k}', float('nan')):.3f}" for k in range(steps)]
                                        + [f"{v.get('accept_len', float('nan')):.2f}", tau, pos or "-"]) + " |")
-    foot = (f"\nours / speculators training tokens/s: {r['ratio_ours_over_speculators']:.2f}x. Validation "
+    foot = (f"\nours / speculators training tokens/s: {r['ratio_ours_over_speculators']:.2f}x by wall time, "
+            f"{r['ratio_ours_over_speculators_cpu_time']:.2f}x by CPU time (process CPU seconds / threads: what "
+            "each would take with the cores to itself; the machine was shared). Validation "
             "accuracy (full_acc_k: correct at every step 0..k) of both final drafters by our evaluator on the same "
             "validation samples; bench τ from `specdraft bench --methods eagle3` on the builtin held-out prompts.\n")
     return head + "\n".join(lines) + "\n" + foot
