@@ -39,6 +39,7 @@ VARIANTS = {
     "loss_tv": ["--loss", "tv"],
     "loss_jsd": ["--loss", "jsd"],
     "init_target_layer": ["--init-layer", "target"],
+    "init_target_layer+fc_norm": ["--init-layer", "target", "--fc-norm", "--norm-output"],
 }
 
 

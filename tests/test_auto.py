@@ -17,9 +17,8 @@ from specdraft.infer.costmodel import chain_options, conditional, expected_token
 from specdraft.infer.eagle import EagleProposer, GrowingKVCache
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import generate
-from specdraft.model.config import DrafterConfig
-from specdraft.model.drafter import Eagle3Drafter, KVCache
-from specdraft.testing import tiny_llama
+from specdraft.model.drafter import KVCache
+from specdraft.testing import tiny_drafter_for, tiny_llama
 
 AUX = [0, 2, 3]
 
@@ -31,14 +30,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def drafter(target):
-    V = target.config.vocab_size
-    torch.manual_seed(1)
-    draft_targets = torch.arange(0, V, 2)
-    cfg = DrafterConfig.from_target(target.config, draft_vocab_size=len(draft_targets), aux_layer_ids=AUX)
-    d = Eagle3Drafter(cfg)
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[draft_targets] = True
-    d.init_from_target(target, draft_targets - torch.arange(len(draft_targets)), t2d)
+    d = tiny_drafter_for(target, AUX, every=2, seed=1)
     with torch.no_grad():                   # sharpen it: top-1 probabilities spread over (0, 1)
         d.lm_head.weight.mul_(5.0)
     return d.eval()

@@ -15,9 +15,8 @@ from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import (FEW_ROWS, Profile, TargetRunner, cache_kwarg, few_row_matmul, generate,
                                         per_position_accept)
 from specdraft.infer.tree import Draft, tree_attention_mask
-from specdraft.model.config import DrafterConfig
-from specdraft.model.drafter import Eagle3Drafter, KVCache, causal_mask
-from specdraft.testing import tiny_llama
+from specdraft.model.drafter import KVCache, causal_mask
+from specdraft.testing import tiny_drafter_for, tiny_llama
 
 AUX = [0, 2, 3]   # includes 0 = the embeddings
 
@@ -30,15 +29,7 @@ def target():
 @pytest.fixture(scope="module")
 def drafter(target):
     """Random drafter over a partial draft vocab (every 3rd target id), so d2t offsets are non-zero."""
-    V = target.config.vocab_size
-    torch.manual_seed(0)
-    draft_targets = torch.arange(0, V, 3)
-    cfg = DrafterConfig.from_target(target.config, draft_vocab_size=len(draft_targets), aux_layer_ids=AUX)
-    d = Eagle3Drafter(cfg)
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[draft_targets] = True
-    d.init_from_target(target, draft_targets - torch.arange(len(draft_targets)), t2d)
-    return d.eval()
+    return tiny_drafter_for(target, AUX, every=3, seed=0).eval()
 
 
 def hf_greedy(model, prompt, n):
