@@ -182,3 +182,22 @@ def test_export_is_recorded_in_the_run_for_its_report(made, tmp_path, monkeypatc
     readme = (out / "README.md").read_text()
     for _, _, command in card.serve_commands(made["target"], out.resolve(), 5, "speculators"):
         assert command in readme
+
+
+def test_a_drafter_sglang_cannot_serve_gets_vllm_commands_only(tmp_path):
+    """An EAGLE-3.1 drafter (fc_norm / norm_output, the quick profile's): the card and the report
+    name the engine that serves it and say why SGLang does not, instead of an export that fails."""
+    from specdraft.analysis.report import sglang_missing
+    from specdraft.formats import card, sglang
+
+    from test_formats import tiny_config
+
+    assert sglang.unsupported(tiny_config()) is None
+    cfg = tiny_config(fc_norm=True, norm_output=True)
+    missing = sglang.unsupported(cfg)
+    assert "norm_output" in missing
+    commands = card.serve_commands("tiny/target", tmp_path, 3, "speculators", missing)
+    assert [engine for engine, _, _ in commands] == ["vLLM"] and "SGLang cannot serve" in commands[0][1]
+    (tmp_path / "config.json").write_text(json.dumps({"specdraft": {"drafter_config": cfg.to_dict()}}))
+    assert sglang_missing(str(tmp_path)) == missing
+    assert len(card.serve_commands("tiny/target", tmp_path, 3, "speculators")) == 2

@@ -20,7 +20,8 @@ from pathlib import Path
 from specdraft import journal, metrics
 from specdraft.analysis import compare
 from specdraft.errors import SpecdraftError
-from specdraft.formats import card
+from specdraft.formats import card, sglang
+from specdraft.model.config import DrafterConfig
 from specdraft.io import atomic_path
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -238,9 +239,18 @@ def export_html(run: Path) -> str:
         parts.append(f"<p><b>{esc(e['out'])}</b> <span class=meta>{esc(e.get('layout'))} layout, "
                      f"{esc(e.get('dtype'))}</span></p>")
         for engine, note, command in card.serve_commands(target, e["out"], e.get("num_speculative_tokens", 3),
-                                                         e.get("layout", "speculators")):
+                                                         e.get("layout", "speculators"), sglang_missing(e["out"])):
             parts.append(f"<p>Serve with {esc(engine)}{': ' + esc(note) if note else ''}</p><pre>{esc(command)}</pre>")
     return "".join(parts)
+
+
+def sglang_missing(export: str) -> str | None:
+    """What SGLang lacks for the exported drafter (its config.json's specdraft block), or None."""
+    try:
+        block = json.loads((Path(export) / "config.json").read_text()).get("specdraft") or {}
+        return sglang.unsupported(DrafterConfig.from_dict(block["drafter_config"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def stages_html(run: Path) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specdraft.formats import sglang
 from specdraft.io import write_json
 from specdraft.model.config import DrafterConfig
 
@@ -120,7 +121,7 @@ def render(facts: dict, cfg: DrafterConfig, *, out: Path, layout: str, dtype: st
         "τ is the mean number of tokens accepted per target forward pass (1 = no speedup).",
         "",
     ]
-    for engine, note, command in serve_commands(target, export, speculative_tokens, layout):
+    for engine, note, command in serve_commands(target, export, speculative_tokens, layout, sglang.unsupported(cfg)):
         lines += [f"## Serve with {engine}", ""] + ([note, ""] if note else []) + ["```bash", command, "```", ""]
     lines += ["See specdraft's docs/serving.md for what each engine reads from this folder.", ""]
     return "\n".join(lines)
@@ -144,14 +145,18 @@ def record_export(ckpt: Path, out: Path, layout: str, dtype: str, speculative_to
     write_json(run / EXPORTS_FILE, {"exports": entries})
 
 
-def serve_commands(target: str, export: str | Path, speculative_tokens: int, layout: str) -> list[tuple[str, str, str]]:
+def serve_commands(target: str, export: str | Path, speculative_tokens: int, layout: str,
+                   sglang_missing: str | None = None) -> list[tuple[str, str, str]]:
     """(engine, note, command) to paste for an export folder: the model card and `specdraft report`
     both show these, so the two never disagree. SGLang reads only the SGLang layout: for another
-    layout the note says to export again, and the command names that second folder."""
+    layout the note says to export again, and the command names that second folder; a drafter using
+    what SGLang lacks (`sglang.unsupported`) gets vLLM's command only."""
     serve_target = target if target and target != UNKNOWN else "TARGET"
     export, k = str(export), int(speculative_tokens)
     spec = json.dumps({"method": "eagle3", "model": export, "num_speculative_tokens": k})
     vllm = f"vllm serve {serve_target} \\\n  --speculative-config '{spec}'"
+    if sglang_missing:
+        return [("vLLM", f"SGLang cannot serve this drafter: it does not implement {sglang_missing}.", vllm)]
     note, sglang_path = "", export
     if layout != "sglang":
         sglang_path = export + "-sglang"

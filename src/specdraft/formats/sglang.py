@@ -24,17 +24,22 @@ def to_canonical_names(tensors: dict) -> dict:
     return {(OURS + k[len(THEIRS):] if k.startswith(THEIRS) else k): v for k, v in tensors.items()}
 
 
-def build_config(cfg: DrafterConfig, dtype: str, where: str) -> dict:
+def unsupported(cfg: DrafterConfig) -> str | None:
+    """What of this drafter SGLang's LlamaForCausalLMEagle3 does not implement, or None."""
     if cfg.norm_before_residual:
-        raise SpecdraftError(f"{where}: the drafter uses norm_before_residual, which SGLang's "
-                             "LlamaForCausalLMEagle3 does not implement; export --format speculators (vLLM)")
+        return "norm_before_residual"
     if cfg.norm_output:
-        raise SpecdraftError(f"{where}: the drafter uses norm_output (post-norm hidden fed back), which SGLang "
-                             "does not implement; export --format speculators (vLLM)")
+        return "norm_output (post-norm hidden fed back)"
     if cfg.fc_norm:
-        raise SpecdraftError(f"{where}: the drafter uses fc_norm (EAGLE-3.1: a norm per aux chunk before fc), "
-                             "which SGLang's LlamaForCausalLMEagle3 does not implement; export --format "
-                             "speculators (vLLM)")
+        return "fc_norm (EAGLE-3.1: a norm per aux chunk before fc)"
+    return None
+
+
+def build_config(cfg: DrafterConfig, dtype: str, where: str) -> dict:
+    missing = unsupported(cfg)
+    if missing:
+        raise SpecdraftError(f"{where}: the drafter uses {missing}, which SGLang's LlamaForCausalLMEagle3 does not "
+                             "implement; export --format speculators (vLLM)")
     config = llama_layer_dict(cfg, dtype)
     config.update({"architectures": [ARCHITECTURE], "draft_vocab_size": cfg.draft_vocab_size,
                    "tie_word_embeddings": False, "norm_before_residual": False,
