@@ -48,7 +48,7 @@ def test_documented_flags_still_parse(commands):
 
 def test_flags_and_yaml_are_checked_alike(tmp_path):
     (tmp_path / "run.yaml").write_text("loss: xx\n")
-    with pytest.raises(SpecdraftError, match="--loss xx: use kl or ce"):
+    with pytest.raises(SpecdraftError, match="--loss xx: use kl, ce, tv or jsd"):
         resolve_config(tmp_path / "run.yaml")
     with pytest.raises(SpecdraftError, match="--schedule step: use cosine, linear or constant"):
         resolve_config(schedule="step")
