@@ -43,10 +43,11 @@ VARIANTS = {
 }
 
 
-def train(name: str, flags: list[str], ws: Path, store: Path, vocab: Path) -> tuple[Path, float]:
+def train(name: str, flags: list[str], ws: Path, store: Path, vocab: Path) -> tuple[Path, float | None]:
+    """(run folder, training seconds, or None when an earlier invocation trained it)."""
     run = ws / "ablations" / name
     if (run / "best").is_dir():
-        return run, float("nan")
+        return run, None
     command = [str(Path(sys.executable).parent / "specdraft"), "train", "--config", str(QUICK), "--model", "default",
                "--store", str(store), "--vocab", str(vocab), "--out", str(run), "--overwrite", *flags]
     print("$", " ".join(command), flush=True)
@@ -107,7 +108,7 @@ def main() -> None:
         run, seconds = train(name + args.name_suffix, VARIANTS[name], ws, store, vocab)
         drafter = load_drafter_for(run / "best", target)
         row = {"flags": VARIANTS[name], "store": str(store), "run": str(run), "sim_tau": sim_tau(run),
-               "train_seconds": seconds if seconds == seconds else results.get(name + args.name_suffix, {}).get(
+               "train_seconds": seconds if seconds is not None else results.get(name + args.name_suffix, {}).get(
                    "train_seconds"),
                "k": args.k, "max_new_tokens": args.max_new_tokens, "prompts_per_set": args.prompts_per_set}
         old = results.get(name + args.name_suffix, {})

@@ -38,12 +38,12 @@ def user_turn_opening(tok) -> str:
 
 
 @torch.no_grad()
-def sample_questions(target, rows: int, seed: int, max_new_tokens: int, temperature: float,
-                     end_ids: list[int]) -> list[str]:
+def sample_questions(target, opening_ids: list[int], rows: int, seed: int, max_new_tokens: int,
+                     temperature: float, end_ids: list[int]) -> list[str]:
     """`rows` questions sampled from the user-turn opening (all rows share it: no padding)."""
     tok = target.tokenizer
     device = next(target.model.parameters()).device
-    opening = torch.tensor([encode(tok, user_turn_opening(tok))] * rows, device=device)   # [rows, T]
+    opening = torch.tensor([opening_ids] * rows, device=device)                         # [rows, T]
     torch.manual_seed(seed)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else end_ids[0]
     output = target.model.generate(input_ids=opening, attention_mask=torch.ones_like(opening), do_sample=True,
@@ -69,10 +69,12 @@ def write_questions(target, count: int, out: Path, end_ids: list[int], seed: int
     if batches and batches[0].get("settings") != settings:
         raise SpecdraftError(f"{path}: written with other settings ({batches[0].get('settings')}); "
                              "delete it or use another --out")
+    opening_ids = encode(target.tokenizer, user_turn_opening(target.tokenizer))   # rendered once, every batch starts here
     with progress_of("writing questions", count, min(len(written), count), "questions", console=console) as tracker:
         batch, empty_batches = len(batches), 0
         while len(written) < count:
-            new = sample_questions(target, batch_size, batch_seed(seed, batch), max_new_tokens, temperature, end_ids)
+            new = sample_questions(target, opening_ids, batch_size, batch_seed(seed, batch), max_new_tokens,
+                                   temperature, end_ids)
             append_progress(path, [{"key": f"batch-{batch}", "batch": batch, "settings": settings,
                                     "questions": new}])
             before = len(written)

@@ -143,9 +143,8 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
     through = torch.ones(B * T, dtype=torch.bool, device=input_ids.device)        # correct at every step so far
     drafted = None                                                                # [B*T] step k-1's predictions
     for k in range(steps):
-        tokens = shift_left(input_ids, k + 1, 0)                                  # token t+k+1 at position t
-        if drafted is not None:
-            tokens = drafted.view(B, T)
+        tokens = (shift_left(input_ids, k + 1, 0) if drafted is None                # token t+k+1 at position t
+                  else drafted.view(B, T))                                        # ... or as step k-1 drafted it
         mask = make_mask(doc_ids, k)                                              # [B,1,T,(k+1)T] (or BlockMask)
         out = drafter.decode(tokens, hidden, position_ids + k, mask, cache)       # [B,T,H] pre-norm
 
