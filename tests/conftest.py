@@ -1,10 +1,20 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-# Keep tests off the user's cache and off any network.
+# Keep tests off the user's cache and off any network. Every suite run starts from an empty
+# SPECDRAFT_CACHE and HF_HOME of its own, so the default target's GGUF -> safetensors conversion
+# (which needs `accelerate`) runs once per run, as on a machine that never ran specdraft: a warm
+# ~/.cache can no longer hide a missing install step (issue 22). Subprocesses inherit both.
+_SUITE_CACHE = Path(tempfile.mkdtemp(prefix="specdraft-test-cache-"))
+os.environ["SPECDRAFT_CACHE"] = str(_SUITE_CACHE / "specdraft")
+os.environ["HF_HOME"] = str(_SUITE_CACHE / "hf")
+atexit.register(shutil.rmtree, _SUITE_CACHE, ignore_errors=True)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

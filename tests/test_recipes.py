@@ -62,11 +62,14 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
     saved = (run / "config.yaml").read_text()
     assert "train_on_prompts: true" in saved and "ttt_steps: 2" in saved and "max_tokens: 256" in saved
 
-    # a second run skips the finished data, store, vocab and training stages
+    # a second run skips the finished data, store, vocab and training stages; with bench_tree off
+    # (the quick recipe's setting) its bench measures the chain without the tree
+    tiny_recipe.write_text(TINY.replace("bench_rounds: 2}", "bench_rounds: 2, bench_tree: false}"))
     run_recipe(str(tiny_target), ws, recipe=tiny_recipe)
     log = (ws / "recipe.log").read_text()
     stages = [line.split()[2] for line in log.splitlines() if line.startswith("$ specdraft")]
     assert stages[8:] == ["eval", "bench", "export", "report"]
+    assert set(json.loads((run / "bench.json").read_text())["methods"]) == {"greedy", "ngram", "eagle3"}
 
 
 def test_unknown_profile_is_refused():
@@ -79,6 +82,7 @@ def test_shipped_recipes_are_train_configs_with_their_stage_settings():
     quick, full = load_recipe(recipe_file("quick")), load_recipe(recipe_file("full"))
     assert (quick.samples, quick.draft_vocab, quick.bench_prompts) == (256, 4096, 6)
     assert (full.samples, full.draft_vocab, full.bench_prompts) == (2000, 8192, 16)
+    assert (quick.bench_tree, full.bench_tree) == (False, True)   # the demo leaves the tree out (time)
     cfg = resolve_config(recipe_file("quick"))        # what `train --config quick.yaml` trains with
     assert (cfg.ttt_steps, cfg.epochs, cfg.lr, cfg.max_tokens, cfg.train_on_prompts) == (2, 5, 3e-3, 512, True)
     assert resolve_config(recipe_file("full")).ttt_steps == 3
@@ -96,7 +100,9 @@ def test_bad_recipe_section_is_refused(tmp_path):
     path.write_text(base + "k: auto, draft_stop: 0.3}\n")
     assert (load_recipe(path).k, load_recipe(path).draft_stop) == ("auto", 0.3)
     for bad, error in [("k: many", "k is 'many'; expected a whole number >= 1 or auto"),
-                       ("draft_stop: 2", "draft_stop is 2"), ("draft_stop: sometimes", "draft_stop is 'sometimes'")]:
+                       ("draft_stop: 2", "draft_stop is 2"),
+                       ("bench_tree: 1", "bench_tree is 1; expected true or false"),
+                       ("draft_stop: sometimes", "draft_stop is 'sometimes'")]:
         path.write_text(base + bad + "}\n")
         with pytest.raises(SpecdraftError, match=error):
             load_recipe(path)

@@ -60,3 +60,4 @@ def test_identity_and_head_from_the_checkpoint_files(tiny_target, tmp_path):
     save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(SpecdraftError, match="has no tensor model.norm.weight; use --engine hf"):
         describe_target(str(broken))
+

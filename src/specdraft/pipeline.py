@@ -31,7 +31,8 @@ from specdraft.io import own_folder, write_json
 from specdraft.train.config import resolve_config
 
 RECIPES = Path(__file__).with_name("recipes")       # the shipped recipe files (package data)
-BENCH_METHODS = ("greedy", "ngram", "eagle3", "eagle3-tree")   # the tree measured next to the chain
+BENCH_METHODS = ("greedy", "ngram", "eagle3")
+TREE_METHOD = "eagle3-tree"          # measured next to the chain where the recipe's bench_tree is on
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Recipe:
     k: int | str = 4             # draft tokens per round in bench, or "auto" (the cost model picks K)
     draft_stop: str | float = "off"  # bench's confidence stop for the chain: off, auto, or a probability
     bench_rounds: int = 3        # bench rounds: every method on every prompt, order rotated (median, spread)
+    bench_tree: bool = True      # bench eagle3-tree next to the chain (the quick recipe leaves it out: time)
 
 
 def recipe_file(profile: str) -> Path:
@@ -76,6 +78,10 @@ def load_recipe(path: str | Path) -> Recipe:
                              f"known: {', '.join(f.name for f in knobs)}")
     for name, value in stages.items():
         if name == "k" and value == "auto" or name == "draft_stop" and is_draft_stop(value):
+            continue
+        if name == "bench_tree":
+            if not isinstance(value, bool):
+                raise SpecdraftError(f"{path}: recipe: bench_tree is {value!r}; expected true or false")
             continue
         if name == "draft_stop":
             raise SpecdraftError(f"{path}: recipe: draft_stop is {value!r}; expected off, auto or a probability in [0, 1]")
@@ -188,8 +194,9 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     drafter = run / "best"
     run_stage(console, ["eval", "--model", model, "--drafter", str(drafter), "--store", str(ws / "hidden"),
                         "--out", str(run / "eval.json")], log)
+    methods = BENCH_METHODS + ((TREE_METHOD,) if recipe.bench_tree else ())
     run_stage(console, ["bench", "--model", model, "--drafter", str(drafter), "--prompts", "builtin-holdout",
-                        "--methods", ",".join(BENCH_METHODS), "--limit", str(recipe.bench_prompts),
+                        "--methods", ",".join(methods), "--limit", str(recipe.bench_prompts),
                         "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(recipe.k),
                         "--rounds", str(recipe.bench_rounds), "--out", str(run / "bench.json"),
                         *([] if recipe.draft_stop == "off" else ["--draft-stop", str(recipe.draft_stop)])], log)
