@@ -2,6 +2,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from specdraft.errors import SpecdraftError
 from specdraft.targets import check_aux_layers, default_aux_layers, info, load_target
@@ -61,3 +62,36 @@ def test_identity_and_head_from_the_checkpoint_files(tiny_target, tmp_path):
     with pytest.raises(SpecdraftError, match="has no tensor model.norm.weight; use --engine hf"):
         describe_target(str(broken))
 
+
+
+def test_shared_kv_attention_is_bit_identical_to_sdpa():
+    """A GQA target on CPU runs sdpa_shared_kv (no per-head copy of the cache): the logits of a
+    left-padded batch and greedy generation equal transformers' own sdpa exactly, and a verify-style
+    forward (several tokens on a cache, under a mask) too."""
+    from transformers import DynamicCache
+
+    from specdraft.targets import SHARED_KV_SDPA, share_kv_heads_on_cpu
+    from specdraft.testing import tiny_llama
+
+    model = tiny_llama(hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=3)
+    ids = torch.randint(3, 200, (3, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[0, :4] = 0
+    mask[1, :2] = 0
+
+    def run():
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids[:1], past_key_values=cache, use_cache=True)
+            verify = model(input_ids=ids[1:2, :5], position_ids=torch.arange(12, 17)[None], past_key_values=cache,
+                           use_cache=True).logits
+        return logits, out, verify
+
+    assert model.config._attn_implementation == "sdpa"
+    before = run()
+    share_kv_heads_on_cpu(model)
+    assert model.config._attn_implementation == SHARED_KV_SDPA
+    for a, b in zip(before, run()):
+        assert torch.equal(a, b)

@@ -211,7 +211,48 @@ def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = 
                              f"{type(lm).__name__} (first: {missing[0]}); the folder is incomplete or its "
                              "config.json names another architecture: download or copy the model again")
     lm.eval().to(device)
+    share_kv_heads_on_cpu(lm)
     return Target(model=lm, tokenizer=tok, name=name, path=path, identity=stable_identity(lm, path, name))
+
+
+SHARED_KV_SDPA = "specdraft_sdpa"
+
+
+def sdpa_shared_kv(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' "sdpa" attention, but on CPU the key/value heads are shared with SDPA's
+    `enable_gqa` instead of copied once per query head (repeat_kv). transformers copies whenever a
+    mask is given (its CUDA kernels need that); the CPU kernel takes the mask and the shared heads
+    together, with bit-identical output. A left-padded regeneration batch (64 rows, 200 cached
+    tokens) spent two thirds of each decode step copying its cache; a verify forward (a mask over
+    the cache) copied it too. Anything else takes transformers' own function."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    plain = (query.device.type != "cpu" or groups == 1 or kwargs.get("position_bias") is not None
+             or kwargs.get("cache") is not None or (attention_mask is None and causal and q_len > 1 and kv_len > q_len))
+    if plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(        # [B, heads, q, head_dim]
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+        is_causal=attention_mask is None and causal and q_len > 1, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def share_kv_heads_on_cpu(model) -> None:
+    """Run a CPU target's sdpa attention through sdpa_shared_kv (registered with transformers'
+    AttentionInterface, the mask as for sdpa); other implementations and devices are left alone."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    if next(model.parameters()).device.type != "cpu" or model.config._attn_implementation != "sdpa":
+        return
+    if SHARED_KV_SDPA not in AttentionInterface._global_mapping:
+        AttentionInterface.register(SHARED_KV_SDPA, sdpa_shared_kv)
+        AttentionMaskInterface.register(SHARED_KV_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    model.set_attn_implementation(SHARED_KV_SDPA)
 
 
 def stable_identity(model: torch.nn.Module, path: str, name: str) -> dict:
