@@ -1,23 +1,23 @@
-"""Cost of verifying n tokens in one target forward, relative to decoding 1 token.
+"""Cost of verifying n tokens in one target forward, relative to decoding 1 token, per kernel path.
 
     .venv/bin/python benchmarks/verify_cost.py [--model default] [--context 300] [--n-max 8]
-        [--repeats 9] [--threads 2]
+        [--repeats 9] [--threads 2] [--dtype float32|bfloat16]
 
 Speculative decoding only pays if a target forward over the root + K drafts costs about what a
-1-token forward costs. On a CPU the weights are read once per forward either way, but
-`F.linear` on 2-8 rows takes MKL's small-GEMM path, which here costs ~2x the 1-row path. The
-verify loop (infer/speculative.py) therefore runs the target's linears as mm(W, x^T)
-(`few_row_matmul`). This benchmark times one forward over n = 1..n_max new tokens on top of a
-KV cache of `context` tokens, plain transformers vs inside `few_row_matmul`, interleaved (each
-repeat times every n in both modes back to back, so machine noise hits both alike), and checks
-the logits agree. Writes benchmarks/results/verify_cost.json and prints a table.
+1-token forward costs. Which matmul makes that true depends on the CPU (infer/kernels.py): this
+benchmark times one forward over n = 1..n_max new tokens on top of a KV cache of `context` tokens
+with every Linear on `F.linear` (plain transformers), on mm(W, x^T) at every few-row count (the
+choice that was once hard-coded), and on the path measured for this machine (what the loop runs),
+interleaved (each repeat times every n in every mode back to back, so machine noise hits all alike),
+and checks the logits agree. Writes one result per CPU kind,
+benchmarks/results/verify_cost-KIND.json (the CPU's model name and flags inside), and a table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
+import re
 import statistics
 import time
 from pathlib import Path
@@ -26,8 +26,19 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from specdraft.infer import kernels
 from specdraft.infer.speculative import cache_kwarg, few_row_matmul, target_linears
 from specdraft.targets import load_target
+
+MODES = ("linear", "mm", "measured")
+
+
+def cpu_kind() -> str:
+    """A file-name slug for this CPU kind: model name and vector ISA, e.g. amd-epyc-avx512-bf16."""
+    info = kernels.cpu_info()
+    isa = "amx" if info["amx"] else ("avx512-bf16" if info["avx512_bf16"] else "avx512") if info["avx512"] else "avx2"
+    name = re.sub(r"[^a-z0-9]+", "-", re.sub(r"\(r\)|\(tm\)|processor|cpu|@.*", "", info["cpu"].lower())).strip("-")
+    return f"{name}-{isa}"
 
 
 def main() -> None:
@@ -37,14 +48,19 @@ def main() -> None:
     ap.add_argument("--n-max", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/verify_cost.json")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/verify_cost-KIND[-bf16].json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    out = Path(args.out or f"benchmarks/results/verify_cost-{cpu_kind()}{'-bf16' if args.dtype != 'float32' else ''}.json")
 
     from transformers import DynamicCache
 
-    model = load_target(args.model).model
+    model = load_target(args.model, dtype=args.dtype).model
     linears = target_linears(model)
+    flags = {"linear": [(False,) * 33] * len(linears), "mm": [(False,) + (True,) * 32] * len(linears),
+             "measured": kernels.mm_flags(linears)}
+    described = kernels.describe(model)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     cache = DynamicCache(config=model.config)
@@ -53,54 +69,65 @@ def main() -> None:
         model(input_ids=torch.randint(0, vocab, (1, args.context), generator=g), use_cache=True, **with_cache,
               logits_to_keep=1)
 
-    def forward(ids: torch.Tensor, few_rows: bool) -> tuple[float, torch.Tensor]:
+    def forward(ids: torch.Tensor, mode: str) -> tuple[float, torch.Tensor]:
         n = ids.shape[1]
         pos = torch.arange(args.context, args.context + n)[None]                  # [1, n]
-        with torch.inference_mode():
+        with torch.inference_mode(), few_row_matmul(model, linears, flags[mode]):
             start = time.perf_counter()
-            if few_rows:
-                with few_row_matmul(model, linears):
-                    logits = model(input_ids=ids, position_ids=pos, use_cache=True, **with_cache).logits
-            else:
-                logits = model(input_ids=ids, position_ids=pos, use_cache=True, **with_cache).logits
+            logits = model(input_ids=ids, position_ids=pos, use_cache=True, **with_cache).logits
             seconds = time.perf_counter() - start
             cache.crop(-n)                                                        # back to `context`
         return seconds, logits
 
     ns = list(range(1, args.n_max + 1))
-    times = {(n, mode): [] for n in ns for mode in (False, True)}
+    times = {(n, mode): [] for n in ns for mode in MODES}
     max_diff = {n: 0.0 for n in ns}
     for ids in [torch.randint(0, vocab, (1, n), generator=g) for n in ns]:       # warm-up
-        forward(ids, False), forward(ids, True)
-    for _ in range(args.repeats):
+        for mode in MODES:
+            forward(ids, mode)
+    for r in range(args.repeats):
         for n in ns:
             ids = torch.randint(0, vocab, (1, n), generator=g)                   # [1, n]
-            s_plain, plain = forward(ids, False)
-            s_few, few = forward(ids, True)
-            times[n, False].append(s_plain)
-            times[n, True].append(s_few)
-            max_diff[n] = max(max_diff[n], float((plain - few).abs().max()))
+            logits = {}
+            for mode in MODES[r % 3:] + MODES[:r % 3]:                          # order rotated per repeat
+                seconds, logits[mode] = forward(ids, mode)
+                times[n, mode].append(seconds)
+            max_diff[n] = max(max_diff[n], *(float((logits["linear"] - logits[m]).abs().max()) for m in MODES))
 
     med = {key: 1000 * statistics.median(v) for key, v in times.items()}
-    one = med[1, False]
-    rows = [{"n": n, "plain_ms": med[n, False], "few_row_ms": med[n, True],
-             "plain_vs_1": med[n, False] / one, "few_row_vs_1": med[n, True] / one,
+    rows = [{"n": n, **{f"{m}_ms": med[n, m] for m in MODES}, **{f"{m}_vs_1": med[n, m] / med[1, m] for m in MODES},
              "max_abs_logit_diff": max_diff[n]} for n in ns]
-    report = {"benchmark": "verify_cost", "model": args.model, "context": args.context,
-              "repeats": args.repeats, "threads": args.threads, "rows": rows,
-              "environment": {"torch": torch.__version__, "cpu": platform.processor() or platform.machine()}}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    report = {"benchmark": "verify_cost", "model": args.model, "dtype": args.dtype, "context": args.context,
+              "repeats": args.repeats, "threads": args.threads, "rows": rows, "kernels": described,
+              "cpu": {**kernels.cpu_info(), "kind": cpu_kind(), "flags": cpu_flags()},
+              "goal": "verify(K+1) / verify(1) <= 1.15 for K <= 4 (issue 23)",
+              "environment": {"torch": torch.__version__}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
 
-    table = Table(title=f"one target forward over n new tokens ({args.model}, cache {args.context}, "
-                        f"{args.threads} threads, median of {args.repeats})")
-    for col in ("n", "transformers ms", "x 1-token", "few_row_matmul ms", "x 1-token", "max |logit diff|"):
-        table.add_column(col, justify="right")
+    table = Table(title=f"one target forward over n new tokens ({args.model} {args.dtype}, cache {args.context}, "
+                        f"{args.threads} threads, median of {args.repeats}; {report['cpu']['cpu']})")
+    table.add_column("n", justify="right")
+    for m in MODES:
+        table.add_column(f"{m} ms", justify="right")
+        table.add_column("x 1-token", justify="right")
+    table.add_column("max |logit diff|", justify="right")
     for r in rows:
-        table.add_row(str(r["n"]), f"{r['plain_ms']:.1f}", f"{r['plain_vs_1']:.2f}", f"{r['few_row_ms']:.1f}",
-                      f"{r['few_row_vs_1']:.2f}", f"{r['max_abs_logit_diff']:.1e}")
+        table.add_row(str(r["n"]), *(f"{r[f'{m}_{k}']:.{2 if k == 'vs_1' else 1}f}" for m in MODES for k in ("ms", "vs_1")),
+                      f"{r['max_abs_logit_diff']:.1e}")
     Console().print(table)
-    print(f"wrote {args.out}")
+    print(kernels.format_paths(described))
+    print(f"wrote {out}")
+
+
+def cpu_flags() -> list[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return []
 
 
 if __name__ == "__main__":

@@ -46,9 +46,10 @@ def hf_greedy(model, prompt, n):
 # ----------------------------------------------------------------------------- -k auto = brute force
 
 def brute_force_k(rates, verify_ms, draft_ms, k_max):
-    """Independent of costmodel: throughput of every K >= 1 written out, the best (shortest on ties)."""
+    """Independent of costmodel: throughput of every K >= 0 written out (K=0: plain decoding, one token
+    per 1-token forward), the best (shortest on ties)."""
     best = None
-    for k in range(1, k_max + 1):
+    for k in range(0, k_max + 1):
         tokens, prod = 1.0, 1.0
         for j in range(k):
             prod *= rates[min(j, len(rates) - 1)]
@@ -74,6 +75,60 @@ def test_auto_k_picks_what_a_brute_force_sweep_picks():
         assert threshold is None
         seen.add(option.k)
     assert len(seen) >= 5                   # the sweep exercised many different answers
+
+
+def test_auto_k_is_zero_when_the_faked_costs_make_drafting_a_loss():
+    """The Xeon of issue 23: a 2-token verify at 1.78x a 1-token forward; no chain pays, so -k auto
+    decodes plainly (K=0) and says why in one line with the measured costs."""
+    rates, verify, draft = [0.45, 0.3, 0.2], [58.2, 103.4, 106.0, 108.8, 113.7], 3.0
+    option, threshold = auto.decide(rates, verify, draft, None, stop_auto=True, k_max=4)
+    assert option.k == 0 and option.speedup == 1.0
+    choice = auto.AutoChoice(0, None, option, rates, "val.json", verify, draft, True, True)
+    line = choice.line()
+    assert line.startswith("-k auto: K=0, plain decoding") and "\n" not in line
+    assert "58.2 ms 1-token forward" in line and "103.4 ms 2-token verify" in line and "3.0 ms drafter step" in line
+    # the same model with a flat verify drafts
+    assert auto.decide(rates, [58.2, 60.0, 61.0, 62.0, 63.0], draft, None, stop_auto=False, k_max=4)[0].k >= 1
+
+
+def test_bench_defaults_to_k_auto_and_decodes_plainly_where_no_chain_pays(tiny_target, tmp_path, monkeypatch):
+    """No -k: bench's eagle3 chain takes -k auto; with faked costs that make every chain lose it runs as
+    plain decoding (identical, τ 1.0), the choice is one line, and the report JSON says why."""
+    from specdraft.infer.bench import why_not_faster
+
+    def losing_costs(target_model, drafter, n_max, context, rounds=3, repeats=5, label=""):
+        return {"verify_ms": [10.0 * (1 + n) for n in range(n_max)], "draft_ms": 5.0}
+    monkeypatch.setattr(auto, "measure_costs", losing_costs)
+    out = tmp_path / "bench.json"
+    res = invoke("bench", "--model", tiny_target, "--drafter", "untrained:64", "--methods", "greedy,ngram,eagle3",
+                 "--max-new-tokens", "8", "--limit", "2", "--rounds", "1", "--out", out)
+    assert res.exit_code == 0, res.output
+    assert sum("-k auto: K=0, plain decoding" in line for line in res.stderr.splitlines()) == 1, res.stderr
+    report = json.loads(out.read_text())
+    eagle = report["methods"]["eagle3"]
+    assert report["config"]["k"] == 0 and eagle["identical_to_greedy"] and eagle["accept_len"] == 1.0
+    assert report["config"]["k_auto_line"].startswith("-k auto: K=0")
+    assert why_not_faster(report).startswith("eagle3 ran as plain decoding here. -k auto: K=0")
+    assert report["methods"]["ngram"]["identical_to_greedy"]         # n-gram keeps its K=4
+    # a fixed -k still works as asked
+    res = invoke("bench", "--model", tiny_target, "--drafter", "untrained:64", "--methods", "greedy,eagle3",
+                 "--max-new-tokens", "8", "--limit", "1", "--rounds", "1", "-k", "2", "--out", out)
+    assert res.exit_code == 0 and "-k auto" not in res.stderr, res.output
+    assert json.loads(out.read_text())["config"]["k"] == 2
+
+
+def test_why_not_faster_names_the_slower_methods_and_the_costs():
+    from specdraft.infer.bench import why_not_faster
+
+    report = {"methods": {"greedy": {"speedup": 1.0}, "ngram": {"speedup": 0.89}, "eagle3": {"speedup": 1.2}},
+              "config": {"k_auto": {"k": 2, "verify_ms": [50.0, 89.0, 95.0], "draft_ms": 2.5}}}
+    line = why_not_faster(report)
+    assert line.startswith("ngram was slower than greedy") and "1.78x a 1-token forward" in line and "2.5 ms" in line
+    report["methods"]["ngram"]["speedup"] = 1.1
+    assert why_not_faster(report) is None
+    report["methods"]["eagle3"]["speedup"] = 0.9
+    del report["config"]["k_auto"]
+    assert "specdraft plan" in why_not_faster(report)
 
 
 def test_auto_stop_threshold_is_the_marginal_rule():
@@ -136,10 +191,18 @@ def test_growing_cache_behaves_as_the_concatenating_one():
 
 # ----------------------------------------------------------------------------- auto settings
 
-def test_choose_with_warmup_and_checkpoint_metrics(target, drafter, tmp_path):
+def test_choose_with_warmup_and_checkpoint_metrics(target, drafter, tmp_path, monkeypatch):
+    # measured here, end to end: this random drafter is hardly ever accepted, so K=0 (plain) is a fair answer
+    choice = auto.choose(target, drafter, None, [5, 6, 7, 8, 9], None, None, stop_auto=True, k_max=4)
+    assert 0 <= choice.k <= 4 and "warm-up" in choice.source and len(choice.rates) == 4
+    assert len(choice.verify_ms) == 5 and choice.draft_ms > 0 and choice.option.k == choice.k
+    assert (choice.stop is None) == (choice.k == 0) and choice.line().startswith(f"-k auto: K={choice.k}")
+    # a drafter the warm-up finds good, on costs where drafting pays: a chain, with its stop
+    monkeypatch.setattr(auto, "warmup_accept", lambda *a, **k: [0.8, 0.6, 0.4, 0.2])
+    monkeypatch.setattr(auto, "measure_costs", lambda *a, **k: {"verify_ms": [2.0, 2.02, 2.04, 2.06, 2.08],
+                                                                "draft_ms": 0.01})
     choice = auto.choose(target, drafter, None, [5, 6, 7, 8, 9], None, None, stop_auto=True, k_max=4)
     assert 1 <= choice.k <= 4 and 0.0 <= choice.stop <= 1.0 and "warm-up" in choice.source
-    assert len(choice.rates) == 4 and len(choice.verify_ms) == 5 and choice.draft_ms > 0
     assert choice.option.k == choice.k and "-k auto: K=" in choice.line() and "--draft-stop auto" in choice.line()
     json.dumps(choice.to_dict())
     ckpt = tmp_path / "run" / "best"

@@ -12,7 +12,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.infer.eagle import EagleProposer, TreeShape, check_drafter_fits
 from specdraft.infer.ngram import NgramProposer, lookup
 from specdraft.infer.sampling import Sampling
-from specdraft.infer.speculative import (FEW_ROWS, Profile, TargetRunner, cache_kwarg, few_row_matmul, generate,
+from specdraft.infer.speculative import (Profile, TargetRunner, cache_kwarg, few_row_matmul, generate,
                                         per_position_accept)
 from specdraft.infer.tree import Draft, tree_attention_mask
 from specdraft.model.drafter import KVCache, causal_mask
@@ -115,17 +115,21 @@ def test_tree_mask_equals_running_each_path(target):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_few_row_matmul_matches_linear_and_restores(bias):
+@pytest.mark.parametrize("use_mm", [False, True])
+def test_few_row_matmul_matches_linear_and_restores(bias, use_mm):
+    """Whichever kernel the measured table picks (forced here), the output is F.linear's."""
     layer = torch.nn.Linear(24, 40, bias=bias)
     model = torch.nn.Sequential(layer)
-    for rows in (1, 2, 5, FEW_ROWS, FEW_ROWS + 1):
+    for rows in (1, 2, 5, 32, 33):
         x = torch.randn(1, rows, 24)
-        with few_row_matmul(model):
+        with few_row_matmul(model, [layer], [(use_mm,) * 33]):
             assert "forward" in vars(layer)
             got = model(x)
         assert got.shape == (1, rows, 40) and got.is_contiguous()
         torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias))
-        assert "forward" not in vars(layer)                # the model is left as it was
+        assert "forward" not in vars(layer) and "_use_mm" not in vars(layer)   # the model is left as it was
+    with few_row_matmul(model):            # no flags given: measured for this machine, same output
+        torch.testing.assert_close(model(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
 
 
 def test_keep_gathers_the_accepted_path(target):
@@ -349,7 +353,7 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
     out = tmp_path / "bench.json"
     res = runner.invoke(app, ["bench", "--model", str(tiny_target), "--drafter", "untrained:64", "--prompts",
                               str(prompts_file), "--methods", "greedy,ngram,eagle3,eagle3-tree",
-                              "--max-new-tokens", "16", "--tree", "2,2,3", "--out", str(out), "--profile"])
+                              "--max-new-tokens", "16", "--tree", "2,2,3", "-k", "4", "--out", str(out), "--profile"])
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     assert set(report["methods"]) == {"greedy", "ngram", "eagle3", "eagle3-tree"}
@@ -380,7 +384,7 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
     assert sum("-k auto: K=" in line for line in res.stderr.splitlines()) == 1, res.stderr
     report = json.loads(out.read_text())
     cfg = report["config"]
-    assert cfg["k"] == cfg["k_auto"]["k"] >= 1 and cfg["draft_stop"] == cfg["k_auto"]["stop"] and cfg["rounds"] == 2
+    assert cfg["k"] == cfg["k_auto"]["k"] >= 0 and cfg["draft_stop"] == cfg["k_auto"]["stop"] and cfg["rounds"] == 2
     assert report["methods"]["eagle3"]["identical_to_greedy"] is True
     assert report["methods"]["eagle3"]["drafts_cut"] >= 0
     res = runner.invoke(app, ["generate", "--model", str(tiny_target), "--drafter", "untrained:64", "--prompt",

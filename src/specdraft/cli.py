@@ -433,9 +433,10 @@ def generate(
     model: str = MODEL,
     drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter checkpoint or run folder; 'untrained[:N]' = random (timing only)."),
     method: str = typer.Option("eagle3", "--method", help="greedy (no drafting), ngram or eagle3."),
-    num_speculative_tokens: Optional[str] = typer.Option(None, NUM_SPEC, "-k", help="Draft tokens per round "
-                                                         "(chain; default 4), or auto: chosen from measured "
-                                                         "verify/draft costs and the drafter's acceptance."),
+    num_speculative_tokens: Optional[str] = typer.Option(None, NUM_SPEC, "-k", help="Draft tokens per round, "
+                                                         "or auto (the default for the eagle3 chain): chosen from "
+                                                         "measured verify/draft costs and the drafter's acceptance; "
+                                                         "K=0 (plain decoding) where no chain pays. --tree: 4."),
     draft_stop: Optional[str] = typer.Option(None, "--draft-stop", help=DRAFT_STOP_HELP),
     tree: Optional[str] = typer.Option(None, "--tree", help="EAGLE-2 tree depth,topk,total, e.g. 4,4,16 (greedy only)."),
     temperature: float = typer.Option(0.0, help="0 = greedy; >0 samples (rejection sampling keeps the target's distribution)."),
@@ -457,7 +458,7 @@ def generate(
     from specdraft.infer.speculative import eos_ids_of
     from specdraft.targets import DTYPES, load_target
 
-    k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC))
+    k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC), default_auto=method == "eagle3" and not tree)
     stop = parse_draft_stop(draft_stop)
     if method not in ("greedy", "ngram", "eagle3"):
         raise SpecdraftError(f"--method {method}: unknown; choose greedy, ngram or eagle3")
@@ -513,9 +514,10 @@ def bench(
     prompts: str = typer.Option("builtin-holdout", "--prompts", help="jsonl with `messages` (user turns = prompt), or builtin-holdout."),
     methods: str = typer.Option("greedy,ngram,eagle3", "--methods", help="Comma list of greedy, ngram, eagle3, eagle3-tree."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
-    num_speculative_tokens: Optional[str] = typer.Option(None, NUM_SPEC, "-k", help="Draft tokens per round "
-                                                         "(chain, n-gram; default 4), or auto: the eagle3 chain's K "
-                                                         "chosen from measured costs and acceptance (n-gram keeps 4)."),
+    num_speculative_tokens: Optional[str] = typer.Option(None, NUM_SPEC, "-k", help="Draft tokens per round, "
+                                                         "or auto (the default with eagle3 in --methods): the eagle3 "
+                                                         "chain's K chosen from measured costs and acceptance, K=0 "
+                                                         "(plain decoding) where no chain pays; n-gram keeps 4."),
     draft_stop: Optional[str] = typer.Option(None, "--draft-stop", help=DRAFT_STOP_HELP),
     rounds: int = typer.Option(3, "--rounds", help="Rounds: each runs every method on every prompt, the method "
                                "order rotated per round; tok/s is the median over rounds, speedup the ratio of "
@@ -541,9 +543,9 @@ def bench(
     from specdraft.targets import DTYPES, load_target
 
     as_json, out = json_or_out(ctx, as_json, out)
-    k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC))
-    stop = parse_draft_stop(draft_stop)
     names = [n.strip() for n in methods.split(",") if n.strip()]
+    k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC), default_auto="eagle3" in names)
+    stop = parse_draft_stop(draft_stop)
     bad = [n for n in names if n not in B.METHODS]
     if bad or not names:
         raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(B.METHODS)}")
@@ -570,7 +572,8 @@ def bench(
                          ngram_k=4 if choice and choice.k_auto else None)
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
-                        "k_auto": choice.to_dict() if choice else None, "draft_stop": stop, "rounds": rounds,
+                        "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
+                        "draft_stop": stop, "rounds": rounds,
                         "tree": [shape.depth, shape.topk, shape.total] if "eagle3-tree" in names else None,
                         "ngram": [ngram_min, ngram_max], **B.environment(dev, dtype)}
     for warning in report["warnings"]:
@@ -593,10 +596,11 @@ def bench(
 
 
 
-def parse_k(text: Optional[str]) -> Optional[int]:
-    """-k: a whole number >= 1 (default 4), or auto (None: chosen by the cost model)."""
+def parse_k(text: Optional[str], default_auto: bool = False) -> Optional[int]:
+    """-k: a whole number >= 1, or auto (None: chosen by the cost model). Unset: auto for the EAGLE-3
+    chain (`default_auto`), 4 for the n-gram proposer and the tree."""
     if text is None:
-        return 4
+        return None if default_auto else 4
     if text.strip().lower() == "auto":
         return None
     try:

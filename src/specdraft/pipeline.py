@@ -49,7 +49,7 @@ class Recipe:
     draft_vocab: int             # draft vocabulary size N
     bench_prompts: int = 8       # held-out prompts for bench
     bench_tokens: int = 128
-    k: int | str = 4             # draft tokens per round in bench, or "auto" (the cost model picks K)
+    k: int | str = "auto"        # draft tokens per round in bench, or "auto" (the cost model picks K, 0 if none pays)
     draft_stop: str | float = "off"  # bench's confidence stop for the chain: off, auto, or a probability
     bench_rounds: int = 3        # bench rounds: every method on every prompt, order rotated (median, spread)
     bench_tree: bool = True      # bench eagle3-tree next to the chain (the quick recipe leaves it out: time)
@@ -204,7 +204,10 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     run_stage(console, ["report", str(run)], log)     # -> RUN/report.html
 
     bench = json.loads((run / "bench.json").read_text())
+    from specdraft.infer.bench import why_not_faster     # torch: not at the CLI's start
+
     summary = summarize(bench, time.perf_counter() - started)
+    summary["why_not_faster"] = why_not_faster(bench)
     print_summary(console, summary, run / "report.html")
     return summary
 
@@ -230,6 +233,8 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
         table.add_row(name, f"{tps:.1f}", f"{summary['speedup'][name]:.2f}x", accept,
                       "yes" if summary["identical_to_greedy"][name] else "NO")
     Console().print(table)
+    if summary.get("why_not_faster"):
+        console.print(summary["why_not_faster"], highlight=False, soft_wrap=True)
     console.print(f"total {summary['seconds'] / 60:.1f} min · report: [bold]{report}[/]", highlight=False)
 
 

@@ -17,6 +17,7 @@ from specdraft import journal
 from specdraft.analysis.probe import drafter_metrics, sample_batch
 from specdraft.data.store import HiddenStore
 from specdraft.errors import SpecdraftError
+from specdraft.infer import kernels
 from specdraft.infer.auto import draft_timer, measure_costs
 from specdraft.infer.bench import load_drafter_for
 from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from,  # noqa: F401
@@ -121,6 +122,7 @@ def measure(drafter, model: str, verify_ms: list[float] | None, draft_ms: float 
     measured = {}
     if verify_ms is None:
         timing = measure_costs(target.model, net, k_max + 1, context, rounds)
+        timing["kernels"] = kernels.describe(target.model)        # the paths the verify timings ran
         verify_ms = timing["verify_ms"]
         measured["verify"] = f"{target.name}, context {context}, this machine"
     else:
@@ -146,7 +148,9 @@ def spread_note(timing: dict | None) -> str:
 
 def format_plan(result: dict) -> str:
     rates = ", ".join(f"{a:.2f}" for a in result["accept"]["cond_acc"])
-    lines = [f"acceptance per position: {rates}  ({result['accept']['source']})",
+    described = (result.get("timing") or {}).get("kernels")
+    lines = [kernels.format_paths(described)] if described else []
+    lines += [f"acceptance per position: {rates}  ({result['accept']['source']})",
              f"draft step {result['draft_ms']:.2f} ms; verify 1..{len(result['verify_ms'])} tokens: "
              + " ".join(f"{v:.1f}" for v in result["verify_ms"]) + " ms" + spread_note(result.get("timing")),
              f"{'K':>3s} {'tok/cycle':>9s} {'cycle ms':>9s} {'tok/s':>8s} {'speedup':>8s} {'draft':>6s} {'verify':>7s}"]

@@ -21,6 +21,7 @@ from specdraft import journal, metrics
 from specdraft.analysis import compare
 from specdraft.errors import SpecdraftError
 from specdraft.formats import card, sglang
+from specdraft.infer.bench import why_not_faster
 from specdraft.model.config import DrafterConfig
 from specdraft.io import atomic_path
 
@@ -180,6 +181,9 @@ def headline_html(run: Path) -> str:
     rows = [["τ (mean acceptance length)", *tau], ["speedup vs greedy", *speedup],
             ["identical to greedy", *identical], ["training data", data_size(run), ""],
             ["training time", training_time(run), ""]]
+    why = why_not_faster(bench) if isinstance(bench, dict) and isinstance(bench.get("methods"), dict) else None
+    if why:
+        rows.insert(2, ["why not faster", why, ""])
     return f"<div class=headline><h2>{esc(run.name)}</h2>{table_html([], rows)}</div>"
 
 

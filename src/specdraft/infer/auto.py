@@ -21,6 +21,7 @@ from specdraft.formats import resolve_checkpoint
 from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from, conditional,
                                        stop_threshold)
 from specdraft.infer.eagle import EagleProposer
+from specdraft.infer.kernels import mm_flags
 from specdraft.infer.speculative import cache_kwarg, few_row_matmul, generate, per_position_accept, target_linears
 from specdraft.infer.timing import interleaved_ms
 from specdraft.io import read_json
@@ -39,6 +40,7 @@ def verify_timers(target_model, n_max: int, context: int) -> dict[str, Callable[
     from transformers import DynamicCache
 
     linears = target_linears(target_model)
+    flags = mm_flags(linears) if next(target_model.parameters()).device.type == "cpu" else None
     vocab = target_model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     cache = DynamicCache(config=target_model.config)
@@ -52,7 +54,7 @@ def verify_timers(target_model, n_max: int, context: int) -> dict[str, Callable[
         pos = torch.arange(context, context + n, device=device)[None]
 
         def step():
-            with few_row_matmul(target_model, linears):
+            with few_row_matmul(target_model, linears, flags):
                 target_model(input_ids=ids, position_ids=pos, use_cache=True, **with_cache)   # logits [1, n, V]
             cache.crop(-n)                                                      # back to `context`
         return step
@@ -152,6 +154,8 @@ class AutoChoice:
 
     def line(self) -> str:
         o = self.option
+        if self.k == 0:
+            return self.plain_line()
         what = (f"-k auto: K={self.k}" if self.k_auto else f"K={self.k}")
         stop = f"; --draft-stop auto: {self.stop:.2f}" if self.stop_auto else ""
         return (f"{what} (expected {o.tokens_per_cycle:.2f} tokens/round, predicted {o.speedup:.2f}x over plain "
@@ -159,16 +163,25 @@ class AutoChoice:
                 f"{self.draft_ms:.1f} ms, verify 1..{len(self.verify_ms)} tokens {self.verify_ms[0]:.1f}.."
                 f"{self.verify_ms[-1]:.1f} ms){stop}")
 
+    def plain_line(self) -> str:
+        """Why -k auto decodes plainly here, in one sentence with the measured costs."""
+        one = chain_options(self.rates, self.verify_ms, self.draft_ms, 1)[1]
+        return (f"-k auto: K=0, plain decoding: no draft length pays on this machine (one draft costs a "
+                f"{self.draft_ms:.1f} ms drafter step and turns a {self.verify_ms[0]:.1f} ms 1-token forward into a "
+                f"{self.verify_ms[1]:.1f} ms 2-token verify, for {one.tokens_per_cycle:.2f} tokens a round at "
+                f"acceptance {self.rates[0]:.2f} from {self.source}: predicted {one.speedup:.2f}x)")
+
     def to_dict(self) -> dict:
         return {**asdict(self), "option": asdict(self.option)}
 
 
 def decide(rates: list[float], verify_ms: list[float], draft_ms: float, k: int | None, stop_auto: bool,
            k_max: int = K_MAX) -> tuple[ChainOption, float | None]:
-    """The cost model's choice: K (best predicted throughput among 1..k_max, or the given k) and the
-    confidence threshold (with stop_auto). Pure: tests check it against a brute-force sweep."""
+    """The cost model's choice: K (best predicted throughput among 0..k_max, or the given k; K=0 is
+    plain decoding, the floor where no chain pays) and the confidence threshold (with stop_auto).
+    Pure: tests check it against a brute-force sweep."""
     options = chain_options(rates, verify_ms, draft_ms, max(k_max, k or 0))
-    option = best_option(options, k_min=1) if k is None else options[k]
+    option = best_option(options, k_min=0) if k is None else options[k]
     return option, stop_threshold(option, verify_ms, draft_ms) if stop_auto else None
 
 
@@ -180,5 +193,6 @@ def choose(target_model, drafter, spec, ids: list[int], k: int | None, stop: flo
     costs = measure_costs(target_model, drafter, n_max + 1, max(len(ids), 16), rounds=3, repeats=2,
                           label="-k auto: timing")
     option, threshold = decide(rates, costs["verify_ms"], costs["draft_ms"], k, stop_auto, k_max)
-    return AutoChoice(option.k, threshold if stop_auto else stop, option, rates, source, costs["verify_ms"],
+    stop = None if option.k == 0 else threshold if stop_auto else stop     # K=0 drafts nothing to stop
+    return AutoChoice(option.k, stop, option, rates, source, costs["verify_ms"],
                       costs["draft_ms"], k is None, stop_auto)

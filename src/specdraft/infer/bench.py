@@ -157,6 +157,8 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
             methods.append(Method(name, None))
         elif name == "ngram":
             methods.append(Method(name, NgramProposer(ngram_k or k, ngram_max, ngram_min)))
+        elif name == "eagle3" and k == 0:        # -k auto found no chain that pays here: plain decoding
+            methods.append(Method(name, None))
         elif name == "eagle3":
             methods.append(Method(name, EagleProposer(drafter, k=k, stop=draft_stop)))
         else:
@@ -261,6 +263,25 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
                  "should be deterministic)" for n, r in results.items() if not r["same_in_every_round"]]
     return {"methods": results, "rounds": rounds, "order": order,
             "load": {"start": load_start, "end": load_end, "cores": os.cpu_count()}, "warnings": warnings}
+
+
+def why_not_faster(report: dict) -> str | None:
+    """One sentence for the demo's summary and the report when a speculative method was not faster
+    than greedy here (or -k auto chose plain decoding), with the measured costs; None otherwise."""
+    cfg = report.get("config") or {}
+    choice = cfg.get("k_auto") or {}
+    if choice.get("k") == 0 and cfg.get("k_auto_line"):
+        return f"eagle3 ran as plain decoding here. {cfg['k_auto_line']}"
+    slower = [n for n, m in report.get("methods", {}).items() if n != "greedy" and m.get("speedup", 1.0) < 1.0]
+    if not slower:
+        return None
+    verify, draft = choice.get("verify_ms"), choice.get("draft_ms")
+    cost = (f"on this machine verifying 2 tokens costs {verify[1] / verify[0]:.2f}x a 1-token forward "
+            f"({verify[0]:.1f} -> {verify[1]:.1f} ms) and a drafter step {draft:.1f} ms"
+            if verify and len(verify) > 1 and draft is not None else
+            "`specdraft plan` measures what a verify round and a draft step cost on this machine")
+    return (f"{', '.join(slower)} {'was' if len(slower) == 1 else 'were'} slower than greedy: the tokens "
+            f"accepted per round did not pay for the round ({cost}).")
 
 
 def environment(device: str, dtype: str) -> dict:

@@ -15,6 +15,7 @@ import torch
 
 from specdraft.errors import SpecdraftError
 from specdraft.infer.sampling import Sampling, probabilities, sample
+from specdraft.infer.kernels import mm_flags
 from specdraft.infer.speculative import Profile, few_row_matmul, target_linears
 from specdraft.infer.tree import Draft
 from specdraft.model.drafter import Eagle3Drafter, KVCache
@@ -118,6 +119,7 @@ class EagleProposer:
         self.profile = Profile()
         self.param = next(drafter.parameters())
         self.linears = target_linears(drafter)
+        self.mm_flags = mm_flags(self.linears) if self.param.device.type == "cpu" else None
         self.draft_target_ids = drafter.draft_to_target(torch.arange(drafter.config.draft_vocab_size,
                                                                      device=self.param.device))
         self.position_ids = torch.arange(1024, device=self.param.device)[None]  # [1, N], sliced per step
@@ -163,7 +165,7 @@ class EagleProposer:
         self.pending = []                                                          # aux [P, 3, H]
         start, n = len(self.cache), aux.shape[0]
         ids = torch.tensor(tokens[start + 1:start + 1 + n], device=self.param.device).view(1, -1)   # [1, P]
-        rows = few_row_matmul(self.drafter, self.linears) if n > 1 else nullcontext()   # mm(W, x^T) on 2-32 rows
+        rows = few_row_matmul(self.drafter, self.linears, self.mm_flags) if n > 1 else nullcontext()
         with self.profile.timed("draft_s"), rows:
             hidden = self.drafter.combine_aux(aux.flatten(-2))                     # [P, 3H] -> [P, H]
             out = self.drafter.decode(ids, hidden[None], self.positions(start, n),

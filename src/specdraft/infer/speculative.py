@@ -23,6 +23,7 @@ from typing import Callable, Protocol
 import torch
 
 from specdraft.errors import SpecdraftError
+from specdraft.infer.kernels import measured_linear, mm_flags
 from specdraft.infer.sampling import Sampling, accept_draft, probabilities, sample
 from specdraft.infer.tree import Draft, greedy_path, tree_attention_mask
 from specdraft.targets import decoder_layers, tap_hidden_states
@@ -121,36 +122,25 @@ def eos_ids_of(model, tokenizer=None) -> set[int]:
     return {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
 
 
-FEW_ROWS = 32   # up to this many tokens per forward, mm(W, x^T) beats F.linear on CPU
-
-
-def few_row_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """nn.Linear.forward for a verify step on CPU. F.linear on 2-8 rows takes MKL's small-GEMM path,
-    which costs about twice a 1-row forward; mm(W, x^T) stays on the bandwidth-bound path, so a
-    target forward over K+1 tokens costs little more than over 1 (benchmarks/verify_cost.py)."""
-    rows = x.numel() // x.shape[-1]
-    if not 1 < rows <= FEW_ROWS:
-        return torch.nn.functional.linear(x, self.weight, self.bias)
-    out = torch.mm(self.weight, x.reshape(rows, -1).t()).t().contiguous()   # [rows, out]
-    if self.bias is not None:
-        out += self.bias
-    return out.view(*x.shape[:-1], out.shape[-1])   # contiguous, so SDPA keeps its flash kernel
-
-
 @contextmanager
-def few_row_matmul(model, linears: list[torch.nn.Linear] | None = None):
-    """Within the block, the CPU target's nn.Linear layers use few_row_linear; restored after."""
+def few_row_matmul(model, linears: list[torch.nn.Linear] | None = None,
+                   flags: list[tuple[bool, ...]] | None = None):
+    """Within the block, the CPU model's nn.Linear layers run, per row count, the kernel measured
+    fastest on this machine for their shape (infer/kernels.py: F.linear or mm(W, x^T)); restored
+    after. `flags` (kernels.mm_flags of `linears`) saves the table lookup on a hot path."""
     if next(model.parameters()).device.type != "cpu":
         yield
         return
     linears = linears if linears is not None else target_linears(model)
-    for layer in linears:
-        layer.forward = MethodType(few_row_linear, layer)
+    flags = flags if flags is not None else mm_flags(linears)
+    for layer, use_mm in zip(linears, flags):
+        layer._use_mm = use_mm
+        layer.forward = MethodType(measured_linear, layer)
     try:
         yield
     finally:
         for layer in linears:
-            del layer.forward
+            del layer.forward, layer._use_mm
 
 
 def cache_kwarg(model) -> str:
@@ -180,6 +170,7 @@ class TargetRunner:
         self.cache = DynamicCache(config=model.config)
         self.cache_key = cache_kwarg(model)
         self.linears = target_linears(model)
+        self.mm_flags = mm_flags(self.linears) if self.device.type == "cpu" else None
 
     def cache_len(self) -> int:
         return self.cache.get_seq_length()
@@ -192,7 +183,7 @@ class TargetRunner:
         input_ids = torch.tensor([ids], device=self.device)                       # [1, T]
         position_ids = torch.tensor([positions], device=self.device)              # [1, T]
         with tap_hidden_states(self.model, self.aux_layer_ids or [], lambda slot, h: captured.update({slot: h[0]})):
-            with self.profile.timed("verify_s"), few_row_matmul(self.model, self.linears):
+            with self.profile.timed("verify_s"), few_row_matmul(self.model, self.linears, self.mm_flags):
                 out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                                  use_cache=True, logits_to_keep=1 if last_only else 0,
                                  **{self.cache_key: self.cache})

@@ -1,0 +1,231 @@
+"""Which kernel runs a few-row nn.Linear on this CPU: chosen by timing both here, then cached.
+
+A verify forward runs every target Linear on K+1 rows, a drafter catch-up on a few. The fastest
+kernel for a [rows, in] x [in, out] product there depends on the CPU kind, its BLAS build and the
+shape: on an AVX2 EPYC, F.linear on 2-8 rows took MKL's small-GEMM path at about twice a 1-row
+forward while mm(W, x^T) stayed on the bandwidth-bound path; on an AVX-512 Xeon mm(W, x^T) cost
+3-4x F.linear (issue 23). So nothing is hard-coded: on first use per machine (CPU model and flags,
+torch version, threads, dtype) and per Linear shape, both paths are timed at each row count of
+ROWS, the faster kept, and the table is cached in $SPECDRAFT_CACHE/kernels/. A row count between
+two measured ones uses the next larger one; beyond the last, F.linear.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+PATHS = ("linear", "mm")        # F.linear(x, W) | mm(W, x^T)^T
+ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32)   # row counts timed (a verify is K+1, a tree up to ~25)
+MARGIN = 0.05                   # mm must beat F.linear by this much: noise never flips the default
+REPEATS = 7                     # timed calls per path, shape and row count (the minimum is kept)
+
+Shape = tuple[int, int]         # (in_features, out_features)
+Timer = Callable[[Shape, int, str], float]   # (shape, rows, path) -> ms
+
+
+def linear_rows(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor, use_mm: bool) -> torch.Tensor:
+    """y = x W^T + b by either path; x [..., in] -> [..., out], contiguous (SDPA keeps its flash kernel)."""
+    if not use_mm:
+        return torch.nn.functional.linear(x, weight, bias)
+    rows = x.numel() // x.shape[-1]
+    out = torch.mm(weight, x.reshape(rows, -1).t()).t().contiguous()          # [rows, out]
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def cpu_identity() -> dict:
+    """What the fastest kernel depends on, besides the shape."""
+    return {**cpu_info(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+@lru_cache(maxsize=1)
+def cpu_info() -> dict:
+    name, flags = platform.processor() or platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name in ("", platform.machine(), platform.processor()):
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = value.strip()
+    except OSError:
+        pass
+    return {"cpu": name, "flags_sha": hashlib.sha256(flags.encode()).hexdigest()[:12],
+            "avx512": "avx512f" in flags.split(), "avx512_bf16": "avx512_bf16" in flags.split(),
+            "amx": "amx_tile" in flags.split()}
+
+
+def machine_key(dtype: torch.dtype) -> str:
+    ident = cpu_identity()
+    text = "|".join(str(ident[k]) for k in ("cpu", "flags_sha", "torch", "threads")) + f"|{dtype}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def time_path(shape: Shape, rows: int, path: str, dtype: torch.dtype = torch.float32,
+              repeats: int = REPEATS) -> float:
+    """Fastest of `repeats` calls of one path, in ms, on random data of the shape (a warm-up first)."""
+    n_in, n_out = shape
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(n_out, n_in, generator=g).to(dtype)
+    x = torch.randn(1, rows, n_in, generator=g).to(dtype)
+    use_mm = path == "mm"
+    best = float("inf")
+    with torch.inference_mode():
+        linear_rows(weight, None, x, use_mm)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            linear_rows(weight, None, x, use_mm)
+            best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def pick(timings: dict[str, float], margin: float = MARGIN) -> str:
+    """{"linear": ms, "mm": ms} -> the path to run: mm only where it beats F.linear by `margin`."""
+    return "mm" if timings["mm"] < timings["linear"] * (1 - margin) else "linear"
+
+
+@dataclass
+class KernelTable:
+    """Per Linear shape and measured row count: the timings and the chosen path."""
+
+    key: str
+    machine: dict
+    dtype: str
+    timings: dict[str, dict[str, dict[str, float]]]   # "in x out" -> rows -> {path: ms}
+    _flags: dict[tuple[Shape, int], tuple[bool, ...]] = field(default_factory=dict, repr=False)
+
+    def choice(self, shape: Shape) -> dict[int, str]:
+        return {int(rows): pick(t) for rows, t in self.timings.get(shape_name(shape), {}).items()}
+
+    def use_mm(self, shape: Shape, max_rows: int = ROWS[-1]) -> tuple[bool, ...]:
+        """Indexed by row count 0..max_rows: True where mm(W, x^T) runs (a row count between two
+        measured ones takes the next larger one's choice)."""
+        if (shape, max_rows) not in self._flags:
+            chosen = self.choice(shape)
+            flags = []
+            for rows in range(max_rows + 1):
+                measured = [r for r in sorted(chosen) if r >= rows]
+                flags.append(bool(measured) and rows > 0 and chosen[measured[0]] == "mm")
+            self._flags[shape, max_rows] = tuple(flags)
+        return self._flags[shape, max_rows]
+
+    def summary(self) -> list[dict]:
+        """One row per shape: the row counts where mm(W, x^T) runs (the rest run F.linear)."""
+        return [{"shape": name, "mm_rows": [int(r) for r, t in rows.items() if pick(t) == "mm"],
+                 "linear_rows": [int(r) for r, t in rows.items() if pick(t) == "linear"]}
+                for name, rows in self.timings.items()]
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "machine": self.machine, "dtype": self.dtype, "timings_ms": self.timings}
+
+
+def shape_name(shape: Shape) -> str:
+    return f"{shape[0]}x{shape[1]}"
+
+
+def linear_shapes(linears: list[torch.nn.Linear]) -> list[Shape]:
+    return sorted({(m.in_features, m.out_features) for m in linears})
+
+
+_TABLES: dict[str, KernelTable] = {}     # this process's tables, by machine key
+
+
+def cache_file(key: str) -> Path:
+    from specdraft.targets import cache_dir
+
+    return cache_dir() / "kernels" / f"{key}.json"
+
+
+def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer: Timer | None = None,
+                 rows: tuple[int, ...] = ROWS) -> KernelTable:
+    """The table for this machine and dtype covering `shapes`: from this process, else from the cache
+    file, measuring (and saving) only the shapes neither holds."""
+    from specdraft.io import read_json, write_json
+
+    key = machine_key(dtype)
+    table = _TABLES.get(key)
+    if table is None:
+        path = cache_file(key)
+        saved = None
+        if path.is_file():
+            try:
+                saved = read_json(path, "kernel table")
+            except Exception:    # a damaged cache file is measured again, never an error
+                saved = None
+        timings = saved.get("timings_ms", {}) if isinstance(saved, dict) else {}
+        table = KernelTable(key, cpu_identity(), str(dtype), timings if isinstance(timings, dict) else {})
+        _TABLES[key] = table
+    missing = [s for s in shapes if shape_name(s) not in table.timings]
+    if missing:
+        measure = timer or (lambda shape, n, path: time_path(shape, n, path, dtype))
+        for shape in missing:
+            table.timings[shape_name(shape)] = {str(n): {p: measure(shape, n, p) for p in PATHS} for n in rows}
+        try:
+            write_json(cache_file(key), table.to_dict())
+        except OSError:          # a read-only cache still runs, it measures again next time
+            pass
+    return table
+
+
+def mm_flags(linears: list[torch.nn.Linear], timer: Timer | None = None) -> list[tuple[bool, ...]]:
+    """Per layer, indexed by row count: True where mm(W, x^T) runs. Measures on first use."""
+    if not linears:
+        return []
+    table = kernel_table(linear_shapes(linears), linears[0].weight.dtype, timer)
+    return [table.use_mm((m.in_features, m.out_features)) for m in linears]
+
+
+def measured_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """nn.Linear.forward with the kernel measured fastest for this row count (self._use_mm)."""
+    rows = x.numel() // x.shape[-1]
+    flags = self._use_mm
+    return linear_rows(self.weight, self.bias, x, rows < len(flags) and flags[rows])
+
+
+def describe(model) -> dict | None:
+    """The chosen paths for a CPU model's Linear shapes (what `plan` prints); None off the CPU."""
+    from specdraft.infer.speculative import target_linears
+
+    linears = target_linears(model)
+    if not linears or linears[0].weight.device.type != "cpu":
+        return None
+    shapes = {shape_name(s) for s in linear_shapes(linears)}
+    table = kernel_table(linear_shapes(linears), linears[0].weight.dtype)
+    return {"machine": table.machine, "dtype": table.dtype, "cache": str(cache_file(table.key)),
+            "shapes": [row for row in table.summary() if row["shape"] in shapes]}
+
+
+def row_ranges(rows: list[int], measured: tuple[int, ...] = ROWS) -> str:
+    """Runs of consecutive measured row counts: [2, 3, 4, 9, 12] -> '2-4, 9-12' (10, 11 are not measured)."""
+    measured = sorted(set(measured) | set(rows))
+    parts, start = [], None
+    for i, r in enumerate(rows):
+        if start is None:
+            start = r
+        if i + 1 == len(rows) or rows[i + 1] != measured[measured.index(r) + 1]:
+            parts.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ", ".join(parts)
+
+
+def format_paths(described: dict) -> str:
+    """One line per shape: where mm(W, x^T) runs (F.linear elsewhere)."""
+    m = described["machine"]
+    isa = "AMX" if m.get("amx") else "AVX-512" + ("+BF16" if m.get("avx512_bf16") else "") if m.get("avx512") else "AVX2"
+    lines = [f"kernel paths on {m['cpu']} ({isa}, torch {m['torch']}, {m['threads']} threads, {described['dtype']}; "
+             f"measured, cached in {described['cache']}):"]
+    lines += [f"  {row['shape']:>12s}  {where_mm(row['mm_rows'])}" for row in described["shapes"]]
+    return "\n".join(lines)
+
+
+def where_mm(mm_rows: list[int]) -> str:
+    return f"mm(W, x^T) at {row_ranges(mm_rows)} rows, F.linear elsewhere" if mm_rows else "F.linear at every row count"

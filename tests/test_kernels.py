@@ -1,0 +1,95 @@
+"""Kernel paths chosen by measurement (issue 23): a faked timing table picks the path it should, the
+choice is cached per machine, and every path computes F.linear's result."""
+
+import json
+
+import pytest
+import torch
+
+from specdraft.infer import kernels
+from specdraft.infer.speculative import few_row_matmul
+
+
+@pytest.fixture(autouse=True)
+def fresh_tables(monkeypatch, tmp_path):
+    """Each test starts with no table in this process and an empty cache folder."""
+    monkeypatch.setattr(kernels, "_TABLES", {})
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
+
+
+def faked(mm_wins: dict[tuple[int, int], set[int]], calls: list | None = None):
+    """A timer where mm(W, x^T) takes 0.5 ms and F.linear 1 ms at the row counts listed per shape,
+    and the other way round everywhere else."""
+    def timer(shape, rows, path):
+        if calls is not None:
+            calls.append((shape, rows, path))
+        wins = rows in mm_wins.get(shape, set())
+        return (0.5 if wins else 1.0) if path == "mm" else (1.0 if wins else 0.5)
+    return timer
+
+
+def test_pick_needs_a_clear_win_for_mm():
+    assert kernels.pick({"linear": 1.0, "mm": 0.5}) == "mm"
+    assert kernels.pick({"linear": 1.0, "mm": 0.97}) == "linear"      # within the noise margin: the default
+    assert kernels.pick({"linear": 0.5, "mm": 1.0}) == "linear"
+
+
+def test_a_faked_timing_table_picks_the_faster_path_per_shape_and_rows():
+    up, lm_head = (24, 40), (24, 96)
+    table = kernels.kernel_table([up, lm_head], timer=faked({up: {2, 3, 4, 5}, lm_head: {12, 16}}))
+    flags = table.use_mm(up)
+    assert [n for n in range(len(flags)) if flags[n]] == [2, 3, 4, 5]
+    flags = table.use_mm(lm_head)
+    # 10 and 11 rows are not timed: they take 12's choice; 13-16 take 16's; nothing past the last
+    assert [n for n in range(len(flags)) if flags[n]] == [10, 11, 12, 13, 14, 15, 16]
+    assert table.use_mm(lm_head, max_rows=40)[33:] == (False,) * 8
+    mm_rows = {row["shape"]: row["mm_rows"] for row in table.summary()}
+    assert mm_rows == {"24x40": [2, 3, 4, 5], "24x96": [12, 16]}
+    assert kernels.where_mm(mm_rows["24x40"]) == "mm(W, x^T) at 2-5 rows, F.linear elsewhere"
+    assert kernels.where_mm(mm_rows["24x96"]) == "mm(W, x^T) at 12-16 rows, F.linear elsewhere"
+    assert kernels.where_mm([]) == "F.linear at every row count"
+
+
+def test_the_table_is_measured_once_per_machine_and_read_back_from_the_cache(tmp_path):
+    shape = (24, 40)
+    calls = []
+    kernels.kernel_table([shape], timer=faked({shape: {2}}, calls))
+    assert len(calls) == 2 * len(kernels.ROWS)                      # both paths at every row count
+    saved = json.loads(kernels.cache_file(kernels.machine_key(torch.float32)).read_text())
+    assert saved["machine"]["cpu"] and saved["timings_ms"]["24x40"]["2"] == {"linear": 1.0, "mm": 0.5}
+
+    def no_timing(*args):
+        raise AssertionError("measured again")
+    assert kernels.kernel_table([shape], timer=no_timing).use_mm(shape)[2]          # this process
+    kernels._TABLES.clear()
+    assert kernels.kernel_table([shape], timer=no_timing).use_mm(shape)[2]          # the cache file
+    kernels._TABLES.clear()
+    calls.clear()
+    kernels.kernel_table([shape, (40, 24)], timer=faked({}, calls))                  # only the new shape
+    assert {c[0] for c in calls} == {(40, 24)}
+    # another dtype is another table (bf16 weights take other kernels)
+    assert kernels.machine_key(torch.bfloat16) != kernels.machine_key(torch.float32)
+
+
+def test_a_damaged_cache_file_is_measured_again():
+    shape = (24, 40)
+    path = kernels.cache_file(kernels.machine_key(torch.float32))
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    calls = []
+    assert kernels.kernel_table([shape], timer=faked({shape: {3}}, calls)).use_mm(shape)[3]
+    assert calls and json.loads(path.read_text())["timings_ms"]["24x40"]
+
+
+def test_measured_paths_run_inside_few_row_matmul_and_match_linear():
+    """With the real timer on this machine, whatever it picks computes F.linear's output."""
+    layer = torch.nn.Linear(64, 160)
+    model = torch.nn.Sequential(layer)
+    described = kernels.describe(model)
+    assert [row["shape"] for row in described["shapes"]] == ["64x160"]
+    assert "kernel paths on" in kernels.format_paths(described)
+    for rows in (1, 2, 4, 9, 40):
+        x = torch.randn(1, rows, 64)
+        with few_row_matmul(model):
+            got = model(x)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias))
