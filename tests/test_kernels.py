@@ -20,11 +20,11 @@ def fresh_tables(monkeypatch, tmp_path):
 def faked(mm_wins: dict[tuple[int, int], set[int]], calls: list | None = None):
     """A timer where mm(W, x^T) takes 0.5 ms and F.linear 1 ms at the row counts listed per shape,
     and the other way round everywhere else."""
-    def timer(shape, rows, path):
+    def timer(shape, rows):
         if calls is not None:
-            calls.append((shape, rows, path))
+            calls.append((shape, rows))
         wins = rows in mm_wins.get(shape, set())
-        return (0.5 if wins else 1.0) if path == "mm" else (1.0 if wins else 0.5)
+        return {"mm": 0.5 if wins else 1.0, "linear": 1.0 if wins else 0.5}
     return timer
 
 
@@ -54,7 +54,7 @@ def test_the_table_is_measured_once_per_machine_and_read_back_from_the_cache(tmp
     shape = (24, 40)
     calls = []
     kernels.kernel_table([shape], timer=faked({shape: {2}}, calls))
-    assert len(calls) == 2 * len(kernels.ROWS)                      # both paths at every row count
+    assert len(calls) == len(kernels.ROWS)                          # both paths at every row count
     saved = json.loads(kernels.cache_file(kernels.machine_key(torch.float32)).read_text())
     assert saved["machine"]["cpu"] and saved["timings_ms"]["24x40"]["2"] == {"linear": 1.0, "mm": 0.5}
 
@@ -79,6 +79,11 @@ def test_a_damaged_cache_file_is_measured_again():
     calls = []
     assert kernels.kernel_table([shape], timer=faked({shape: {3}}, calls)).use_mm(shape)[3]
     assert calls and json.loads(path.read_text())["timings_ms"]["24x40"]
+
+
+def test_time_paths_times_both_paths():
+    timed = kernels.time_paths((64, 160), 3, repeats=2)
+    assert set(timed) == {"linear", "mm"} and all(ms > 0 for ms in timed.values())
 
 
 def test_measured_paths_run_inside_few_row_matmul_and_match_linear():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import platform
+import statistics
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -25,10 +26,12 @@ import torch
 PATHS = ("linear", "mm")        # F.linear(x, W) | mm(W, x^T)^T
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32)   # row counts timed (a verify is K+1, a tree up to ~25)
 MARGIN = 0.05                   # mm must beat F.linear by this much: noise never flips the default
-REPEATS = 7                     # timed calls per path, shape and row count (the minimum is kept)
+REPEATS = 5                     # timed samples per path, shape and row count (the median is kept)
+METHOD = 2                      # how time_paths measures: a new method is a new cache key
+COLD_BYTES = 64 << 20           # weight copies cycled per sample: more than a last-level cache holds
 
 Shape = tuple[int, int]         # (in_features, out_features)
-Timer = Callable[[Shape, int, str], float]   # (shape, rows, path) -> ms
+Timer = Callable[[Shape, int], dict[str, float]]   # (shape, rows) -> {path: ms}
 
 
 def linear_rows(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor, use_mm: bool) -> torch.Tensor:
@@ -66,26 +69,34 @@ def cpu_info() -> dict:
 
 def machine_key(dtype: torch.dtype) -> str:
     ident = cpu_identity()
-    text = "|".join(str(ident[k]) for k in ("cpu", "flags_sha", "torch", "threads")) + f"|{dtype}"
+    text = "|".join(str(ident[k]) for k in ("cpu", "flags_sha", "torch", "threads")) + f"|{dtype}|{METHOD}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def time_path(shape: Shape, rows: int, path: str, dtype: torch.dtype = torch.float32,
-              repeats: int = REPEATS) -> float:
-    """Fastest of `repeats` calls of one path, in ms, on random data of the shape (a warm-up first)."""
+def time_paths(shape: Shape, rows: int, dtype: torch.dtype = torch.float32, repeats: int = REPEATS) -> dict[str, float]:
+    """ms per call of each path at this shape and row count, as a forward meets it: the weight cold.
+
+    A model's weights (SmolLM2: 540 MB) stream through the cache once per forward, so timing one small
+    weight again and again (hot in L2) would measure another kernel regime. Each sample runs the
+    path once over enough copies of the weight to overflow the last-level cache, the paths take turns,
+    and the median sample counts."""
     n_in, n_out = shape
     g = torch.Generator().manual_seed(0)
-    weight = torch.randn(n_out, n_in, generator=g).to(dtype)
-    x = torch.randn(1, rows, n_in, generator=g).to(dtype)
-    use_mm = path == "mm"
-    best = float("inf")
+    weight_bytes = n_in * n_out * torch.tensor([], dtype=dtype).element_size()
+    copies = max(1, min(COLD_BYTES // weight_bytes, 256))
+    weights = [torch.randn(n_out, n_in, generator=g).to(dtype) for _ in range(copies)]   # [out, in] each
+    x = torch.randn(1, rows, n_in, generator=g).to(dtype)                                 # [1, rows, in]
+    samples: dict[str, list[float]] = {p: [] for p in PATHS}
     with torch.inference_mode():
-        linear_rows(weight, None, x, use_mm)
-        for _ in range(repeats):
-            start = time.perf_counter()
-            linear_rows(weight, None, x, use_mm)
-            best = min(best, time.perf_counter() - start)
-    return best * 1e3
+        for r in range(repeats + 1):                  # the first round warms up
+            for path in (PATHS if r % 2 == 0 else PATHS[::-1]):
+                use_mm = path == "mm"
+                start = time.perf_counter()
+                for w in weights:
+                    linear_rows(w, None, x, use_mm)
+                if r:
+                    samples[path].append((time.perf_counter() - start) * 1e3 / copies)
+    return {p: statistics.median(v) for p, v in samples.items()}
 
 
 def pick(timings: dict[str, float], margin: float = MARGIN) -> str:
@@ -166,9 +177,9 @@ def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer:
         _TABLES[key] = table
     missing = [s for s in shapes if shape_name(s) not in table.timings]
     if missing:
-        measure = timer or (lambda shape, n, path: time_path(shape, n, path, dtype))
+        measure = timer or (lambda shape, n: time_paths(shape, n, dtype))
         for shape in missing:
-            table.timings[shape_name(shape)] = {str(n): {p: measure(shape, n, p) for p in PATHS} for n in rows}
+            table.timings[shape_name(shape)] = {str(n): measure(shape, n) for n in rows}
         try:
             write_json(cache_file(key), table.to_dict())
         except OSError:          # a read-only cache still runs, it measures again next time
