@@ -159,6 +159,26 @@ def test_greedy_lossless_chain_tree_ngram(target, drafter):
             assert out.token_ids == ref, (i, type(proposer).__name__)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("path", ["linear", "mm"])
+def test_greedy_lossless_on_every_kernel_path_and_dtype(target, drafter, dtype, path, monkeypatch):
+    """Whichever kernel the measured table picks (each forced here at every row count), in fp32 and in
+    bf16: chain and tree outputs equal transformers' greedy generate of the same target in the same dtype."""
+    import copy
+
+    from specdraft.infer import eagle, speculative
+
+    flags = lambda linears, timer=None: [(False,) + (path == "mm",) * 32 for _ in linears]   # noqa: E731
+    monkeypatch.setattr(speculative, "mm_flags", flags)
+    monkeypatch.setattr(eagle, "mm_flags", flags)
+    model, draft = copy.deepcopy(target).to(dtype), copy.deepcopy(drafter).to(dtype)
+    for i, prompt in enumerate(prompts(4, seed=7)):
+        ref = hf_greedy(model, prompt, 24)
+        for proposer in (EagleProposer(draft, k=2 + i % 3), EagleProposer(draft, tree=TreeShape(3, 2, 6))):
+            out = generate(model, prompt, proposer, max_new_tokens=24, eos_token_ids={2})
+            assert out.token_ids == ref, (i, dtype, path, proposer.tree)
+
+
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_rollback_with_frequent_rejections_stays_greedy(target, k):
     prompt = [17, 4, 99, 23, 8]
