@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -177,6 +178,9 @@ def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer:
         _TABLES[key] = table
     missing = [s for s in shapes if shape_name(s) not in table.timings]
     if missing:
+        if timer is None:
+            print(f"kernel paths: timing F.linear vs mm(W, x^T) for {len(missing)} Linear shape(s) on this machine "
+                  f"({dtype}; once, cached in {cache_file(key)})", file=sys.stderr, flush=True)
         measure = timer or (lambda shape, n: time_paths(shape, n, dtype))
         for shape in missing:
             table.timings[shape_name(shape)] = {str(n): measure(shape, n) for n in rows}
