@@ -40,7 +40,7 @@ def verify_timers(target_model, n_max: int, context: int) -> dict[str, Callable[
     from transformers import DynamicCache
 
     linears = target_linears(target_model)
-    flags = mm_flags(linears) if next(target_model.parameters()).device.type == "cpu" else None
+    flags = mm_flags(linears)
     vocab = target_model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     cache = DynamicCache(config=target_model.config)

@@ -119,7 +119,7 @@ class EagleProposer:
         self.profile = Profile()
         self.param = next(drafter.parameters())
         self.linears = target_linears(drafter)
-        self.mm_flags = mm_flags(self.linears) if self.param.device.type == "cpu" else None
+        self.mm_flags = mm_flags(self.linears)
         self.draft_target_ids = drafter.draft_to_target(torch.arange(drafter.config.draft_vocab_size,
                                                                      device=self.param.device))
         self.position_ids = torch.arange(1024, device=self.param.device)[None]  # [1, N], sliced per step

@@ -191,10 +191,11 @@ def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer:
     return table
 
 
-def mm_flags(linears: list[torch.nn.Linear], timer: Timer | None = None) -> list[tuple[bool, ...]]:
-    """Per layer, indexed by row count: True where mm(W, x^T) runs. Measures on first use."""
-    if not linears:
-        return []
+def mm_flags(linears: list[torch.nn.Linear], timer: Timer | None = None) -> list[tuple[bool, ...]] | None:
+    """Per layer, indexed by row count: True where mm(W, x^T) runs. Measures on first use; None off
+    the CPU (few_row_matmul leaves such layers alone)."""
+    if not linears or linears[0].weight.device.type != "cpu":
+        return None
     table = kernel_table(linear_shapes(linears), linears[0].weight.dtype, timer)
     return [table.use_mm((m.in_features, m.out_features)) for m in linears]
 
@@ -213,10 +214,11 @@ def describe(model) -> dict | None:
     linears = target_linears(model)
     if not linears or linears[0].weight.device.type != "cpu":
         return None
-    shapes = {shape_name(s) for s in linear_shapes(linears)}
-    table = kernel_table(linear_shapes(linears), linears[0].weight.dtype)
+    shapes = linear_shapes(linears)
+    table = kernel_table(shapes, linears[0].weight.dtype)
+    names = {shape_name(s) for s in shapes}
     return {"machine": table.machine, "dtype": table.dtype, "cache": str(cache_file(table.key)),
-            "shapes": [row for row in table.summary() if row["shape"] in shapes]}
+            "shapes": [row for row in table.summary() if row["shape"] in names]}
 
 
 def row_ranges(rows: list[int], measured: tuple[int, ...] = ROWS) -> str:

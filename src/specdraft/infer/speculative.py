@@ -170,7 +170,7 @@ class TargetRunner:
         self.cache = DynamicCache(config=model.config)
         self.cache_key = cache_kwarg(model)
         self.linears = target_linears(model)
-        self.mm_flags = mm_flags(self.linears) if self.device.type == "cpu" else None
+        self.mm_flags = mm_flags(self.linears)
 
     def cache_len(self) -> int:
         return self.cache.get_seq_length()
