@@ -58,7 +58,7 @@ def main() -> None:
 
     model = load_target(args.model, dtype=args.dtype).model
     linears = target_linears(model)
-    flags = {"linear": [(False,) * 33] * len(linears), "mm": [(False,) + (True,) * 32] * len(linears),
+    flags = {"linear": [(False,) * 33] * len(linears), "mm": [(True,) * 33] * len(linears),
              "measured": kernels.mm_flags(linears)}
     described = kernels.describe(model)
     vocab = model.config.vocab_size

@@ -168,7 +168,7 @@ def test_greedy_lossless_on_every_kernel_path_and_dtype(target, drafter, dtype, 
 
     from specdraft.infer import eagle, speculative
 
-    flags = lambda linears, timer=None: [(False,) + (path == "mm",) * 32 for _ in linears]   # noqa: E731
+    flags = lambda linears, timer=None: [(path == "mm",) * 33 for _ in linears]   # noqa: E731 (1 row runs as 2)
     monkeypatch.setattr(speculative, "mm_flags", flags)
     monkeypatch.setattr(eagle, "mm_flags", flags)
     model, draft = copy.deepcopy(target).to(dtype), copy.deepcopy(drafter).to(dtype)
@@ -177,6 +177,31 @@ def test_greedy_lossless_on_every_kernel_path_and_dtype(target, drafter, dtype, 
         for proposer in (EagleProposer(draft, k=2 + i % 3), EagleProposer(draft, tree=TreeShape(3, 2, 6))):
             out = generate(model, prompt, proposer, max_new_tokens=24, eos_token_ids={2})
             assert out.token_ids == ref, (i, dtype, path, proposer.tree)
+
+
+def test_a_divergence_from_greedy_is_located_and_sized_against_the_targets_own_logits(target):
+    """bench's check when a method's tokens leave greedy's: where, and whether the target's own top
+    logits tie there within rounding (bf16 verify kernels) or not (a real loss of losslessness)."""
+    from specdraft.infer.bench import divergence, divergence_line
+
+    prompt = prompts(1, seed=3)[0]
+    ref = hf_greedy(target, prompt, 12)
+    with torch.no_grad():
+        logits = target(input_ids=torch.tensor([prompt + ref[:5]])).logits[0, -1]
+    other = int(logits.topk(2).indices[1])                       # the runner-up at position 5
+    row = divergence(target, prompt, ref, ref[:5] + [other] + ref[6:])
+    assert (row["position"], row["greedy_token"], row["token"]) == (5, ref[5], other)
+    assert row["logit_gap"] == pytest.approx(float(logits[ref[5]] - logits[other]), abs=1e-4) and row["logit_gap"] > 0
+    step = torch.finfo(torch.float32).eps * max(abs(float(logits[ref[5]])), abs(float(logits[other])), 1.0)
+    assert row["steps"] == pytest.approx(row["logit_gap"] / step, rel=1e-3)
+    assert row["near_tie"] is (row["steps"] <= 4)
+    assert divergence(target, prompt, ref, ref[:7])["near_tie"] is False              # stopped early: no gap
+    tie = {"position": 5, "logit_gap": 0.01, "steps": 1.3, "near_tie": True}
+    real = {"position": 9, "logit_gap": 2.5, "steps": 300.0, "near_tie": False}
+    line = divergence_line("eagle3", {"divergences": [tie]}, 6, "bfloat16")
+    assert line.startswith("note: bench: eagle3 matched greedy on 5/6 prompts") and "rounding tie" in line
+    line = divergence_line("eagle3", {"divergences": [tie, real]}, 6, "bfloat16")
+    assert line.startswith("warning:") and "not a rounding tie" in line and "token 9" in line
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])
@@ -372,14 +397,20 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
                                       for w in ("one", "two", "three")) + "\n")
     out = tmp_path / "bench.json"
     res = runner.invoke(app, ["bench", "--model", str(tiny_target), "--drafter", "untrained:64", "--prompts",
-                              str(prompts_file), "--methods", "greedy,ngram,eagle3,eagle3-tree",
+                              str(prompts_file), "--methods", "greedy,plain,ngram,eagle3,eagle3-tree",
                               "--max-new-tokens", "16", "--tree", "2,2,3", "-k", "4", "--out", str(out), "--profile"])
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
-    assert set(report["methods"]) == {"greedy", "ngram", "eagle3", "eagle3-tree"}
+    assert set(report["methods"]) == {"greedy", "plain", "ngram", "eagle3", "eagle3-tree"}
     for name, m in report["methods"].items():
         assert m["identical_to_greedy"] is True, name
         assert m["tokens_per_s"] > 0 and "speedup" in m
+        # plain is specdraft's loop without drafts: what the drafts add is the ratio over it
+        plain = report["methods"]["plain"]["tokens_per_s"]
+        assert m["speedup_over_plain"] == pytest.approx(m["tokens_per_s"] / plain)
+    assert report["methods"]["plain"]["profile"]["draft_s"] == 0 < report["methods"]["plain"]["profile"]["total_s"]
+    assert report["methods"]["greedy"]["profile"] is None          # transformers' generate, not our loop
+    assert "x plain" in res.output
     assert report["methods"]["eagle3"]["profile"]["total_s"] > 0
     assert report["config"]["num_prompts"] == 3
     assert out.with_suffix(".png").stat().st_size > 1000

@@ -39,10 +39,12 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
                  ws / "export" / "speculators" / "config.json", run / "report.html"):
         assert path.exists(), path
     bench = json.loads((run / "bench.json").read_text())
-    assert set(bench["methods"]) == {"greedy", "ngram", "eagle3", "eagle3-tree"}   # the tree beside the chain
+    assert set(bench["methods"]) == {"greedy", "plain", "ngram", "eagle3", "eagle3-tree"}   # the tree beside the chain
     assert bench["rounds"] == 2 and len(bench["methods"]["eagle3"]["rounds"]) == 2
     # the summary is the bench's numbers, and every method reproduced greedy exactly
-    assert summary["identical_to_greedy"] == {"greedy": True, "ngram": True, "eagle3": True, "eagle3-tree": True}
+    assert summary["identical_to_greedy"] == {"greedy": True, "plain": True, "ngram": True, "eagle3": True,
+                                              "eagle3-tree": True}
+    assert summary["speedup_over_plain"]["eagle3"] == bench["methods"]["eagle3"]["speedup_over_plain"] > 0
     assert summary["accept_len"] == bench["methods"]["eagle3"]["accept_len"] >= 1.0
     assert summary["tokens_per_s"]["eagle3"] == bench["methods"]["eagle3"]["tokens_per_s"] > 0
     log = (ws / "recipe.log").read_text()
@@ -69,7 +71,7 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
     log = (ws / "recipe.log").read_text()
     stages = [line.split()[2] for line in log.splitlines() if line.startswith("$ specdraft")]
     assert stages[8:] == ["eval", "bench", "export", "report"]
-    assert set(json.loads((run / "bench.json").read_text())["methods"]) == {"greedy", "ngram", "eagle3"}
+    assert set(json.loads((run / "bench.json").read_text())["methods"]) == {"greedy", "plain", "ngram", "eagle3"}
 
 
 def test_unknown_profile_is_refused():
@@ -124,7 +126,9 @@ def test_recipe_through_the_vllm_engine(tmp_path):
     summary = run_recipe(str(target), ws, recipe=recipe, engine="vllm")
     assert json.loads((ws / "data" / "prepare.json").read_text())["regeneration"]["engine"]["name"] == "vllm"
     assert json.loads((ws / "hidden" / "manifest.json").read_text())["engine"]["name"] == "vllm"
-    assert summary["identical_to_greedy"] == {"greedy": True, "ngram": True, "eagle3": True, "eagle3-tree": True}
+    assert summary["identical_to_greedy"] == {"greedy": True, "plain": True, "ngram": True, "eagle3": True,
+                                              "eagle3-tree": True}
+    assert summary["speedup_over_plain"]["eagle3"] == bench["methods"]["eagle3"]["speedup_over_plain"] > 0
     assert "--engine vllm" in (ws / "recipe.log").read_text()
 
 

@@ -512,7 +512,9 @@ def bench(
     model: str = MODEL,
     drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter checkpoint or run folder; 'untrained[:N]' = random (timing only)."),
     prompts: str = typer.Option("builtin-holdout", "--prompts", help="jsonl with `messages` (user turns = prompt), or builtin-holdout."),
-    methods: str = typer.Option("greedy,ngram,eagle3", "--methods", help="Comma list of greedy, ngram, eagle3, eagle3-tree."),
+    methods: str = typer.Option("greedy,plain,ngram,eagle3", "--methods", help="Comma list of greedy "
+                                 "(transformers generate), plain (specdraft's loop with no drafter: the speedup "
+                                 "of its kernel paths alone), ngram, eagle3, eagle3-tree."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
     num_speculative_tokens: Optional[str] = typer.Option(None, NUM_SPEC, "-k", help="Draft tokens per round, "
                                                          "or auto (the default with eagle3 in --methods): the eagle3 "
@@ -534,8 +536,8 @@ def bench(
     trust_remote_code: bool = TRUST,
     k: Optional[str] = old_name("--k"),
 ):
-    """Wall-clock speed of greedy (transformers generate), n-gram and EAGLE-3 on the same prompts,
-    in interleaved rounds (median and spread per method)."""
+    """Wall-clock speed of greedy (transformers generate), plain (specdraft's loop, no drafter), n-gram
+    and EAGLE-3 on the same prompts, in interleaved rounds (median and spread per method)."""
     from specdraft.infer import bench as B
     from specdraft.infer.eagle import TreeShape
     from specdraft.io import write_json
@@ -644,8 +646,9 @@ def bench_table(report: dict, title: str):
 
     table = Table(title=title)
     cut = any(r.get("drafts_cut") for r in report["methods"].values())
-    for col in ("method", "tokens/s", "speedup", "accept len", "per-position accept", "= greedy") + (
-            ("drafts cut",) if cut else ()):
+    over_plain = "plain" in report["methods"]
+    for col in ("method", "tokens/s", "speedup") + (("x plain",) if over_plain else ()) + (
+            "accept len", "per-position accept", "= greedy") + (("drafts cut",) if cut else ()):
         table.add_column(col)
     n = report["config"]["num_prompts"]
     for name, r in report["methods"].items():
@@ -653,6 +656,7 @@ def bench_table(report: dict, title: str):
         tps, up = r.get("tokens_per_s_spread"), r.get("speedup_spread")
         row = [name, f"{r['tokens_per_s']:.1f}" + (f" ({tps['min']:.1f}-{tps['max']:.1f})" if tps else ""),
                f"{r['speedup']:.2f}x" + (f" ({up['min']:.2f}-{up['max']:.2f})" if up and name != "greedy" else ""),
+               *((f"{r['speedup_over_plain']:.2f}x",) if over_plain else ()),
                f"{r['accept_len']:.2f}", pos,
                "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']}/{n})"]
         table.add_row(*row, *((str(r.get("drafts_cut", 0)),) if cut else ()))

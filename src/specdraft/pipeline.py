@@ -31,7 +31,7 @@ from specdraft.io import own_folder, write_json
 from specdraft.train.config import resolve_config
 
 RECIPES = Path(__file__).with_name("recipes")       # the shipped recipe files (package data)
-BENCH_METHODS = ("greedy", "ngram", "eagle3")
+BENCH_METHODS = ("greedy", "plain", "ngram", "eagle3")
 TREE_METHOD = "eagle3-tree"          # measured next to the chain where the recipe's bench_tree is on
 
 
@@ -219,18 +219,21 @@ def summarize(bench: dict, seconds: float) -> dict:
             "accept_lens": {name: m.get("accept_len") for name, m in methods.items()},
             "tokens_per_s": {name: m["tokens_per_s"] for name, m in methods.items()},
             "speedup": {name: m["speedup"] for name, m in methods.items()},
+            "speedup_over_plain": {name: m.get("speedup_over_plain") for name, m in methods.items()},
             "identical_to_greedy": {name: m["identical_to_greedy"] for name, m in methods.items()},
             "seconds": seconds}
 
 
 def print_summary(console: Console, summary: dict, report: Path) -> None:
     table = Table(title="specdraft: lossless speculative decoding on this machine")
-    for col in ("method", "tokens/s", "speedup", "accept len", "identical to greedy"):
+    over_plain = summary.get("speedup_over_plain") or {}
+    for col in ("method", "tokens/s", "speedup", "x plain", "accept len", "identical to greedy"):
         table.add_column(col)
     for name, tps in summary["tokens_per_s"].items():
         accept_len = summary["accept_lens"].get(name)
-        accept = f"{accept_len:.2f}" if accept_len and name != "greedy" else "-"
-        table.add_row(name, f"{tps:.1f}", f"{summary['speedup'][name]:.2f}x", accept,
+        accept = f"{accept_len:.2f}" if accept_len and name not in ("greedy", "plain") else "-"
+        plain = f"{over_plain[name]:.2f}x" if over_plain.get(name) is not None else "-"
+        table.add_row(name, f"{tps:.1f}", f"{summary['speedup'][name]:.2f}x", plain, accept,
                       "yes" if summary["identical_to_greedy"][name] else "NO")
     Console().print(table)
     if summary.get("why_not_faster"):

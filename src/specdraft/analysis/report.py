@@ -170,8 +170,11 @@ def headline_html(run: Path) -> str:
         tau = ("unknown", "no bench.json or eval.json in the run folder")
     if isinstance(eagle.get("speedup"), (int, float)):
         greedy = (bench.get("methods") or {}).get("greedy") or {}
+        over_plain = eagle.get("speedup_over_plain")
         speedup = (f"{eagle['speedup']:.2f}x", f"{number(eagle.get('tokens_per_s'), '.1f')} vs "
-                   f"{number(greedy.get('tokens_per_s'), '.1f')} tok/s, {cfg.get('device', '?')}, batch 1")
+                   f"{number(greedy.get('tokens_per_s'), '.1f')} tok/s, {cfg.get('device', '?')}, batch 1"
+                   + (f"; {over_plain:.2f}x over specdraft's loop without drafts (the rest is its kernel paths)"
+                      if isinstance(over_plain, (int, float)) else ""))
     else:
         speedup = ("unknown", "no eagle3 bench")
     same = eagle.get("identical_to_greedy")
@@ -195,8 +198,10 @@ def bench_html(run: Path) -> str:
         return "<h3>Bench</h3><p class=meta>bench.json: not valid JSON, skipped</p>"
     cfg = bench.get("config") or {}
     n = cfg.get("num_prompts", "?")
+    over_plain = "plain" in bench["methods"]
     rows = [[name, number(m.get("tokens_per_s"), ".1f"), f"{number(m.get('speedup'))}x",
-             number(m.get("accept_len")) if name != "greedy" else "-",
+             *([f"{number(m.get('speedup_over_plain'))}x"] if over_plain else []),
+             number(m.get("accept_len")) if name not in ("greedy", "plain") else "-",
              " ".join(number(a) for a in m.get("per_position_accept") or []) or "-",
              "yes" if m.get("identical_to_greedy") else f"NO ({m.get('prompts_identical', '?')}/{n})"]
             for name, m in bench["methods"].items() if isinstance(m, dict)]
@@ -204,7 +209,8 @@ def bench_html(run: Path) -> str:
             f"new tokens · k={cfg.get('k', '?')} · {cfg.get('device', '?')} {cfg.get('dtype', '')}")
     png = run / "bench.png"
     return (f"<h3>Bench (held-out prompts, end to end)</h3><p class=meta>{esc(meta)}</p>"
-            + table_html(["method", "tokens/s", "speedup", "τ", "per-position acceptance", "identical to greedy"], rows)
+            + table_html(["method", "tokens/s", "speedup", *(["x plain"] if over_plain else []), "τ",
+                          "per-position acceptance", "identical to greedy"], rows)
             + (image_html(png, "tokens/s per method") if png.is_file() else ""))
 
 

@@ -27,7 +27,10 @@ from specdraft.model.config import DrafterConfig
 from specdraft.model.drafter import Eagle3Drafter
 from specdraft.targets import default_aux_layers
 
-METHODS = ("greedy", "ngram", "eagle3", "eagle3-tree")
+# greedy: transformers' generate (what a user runs without us; every speedup is against it).
+# plain: specdraft's own loop with no drafter, on the kernel paths measured for this machine
+# (infer/kernels.py): eagle3's speedup over plain is what the drafts alone bring.
+METHODS = ("greedy", "plain", "ngram", "eagle3", "eagle3-tree")
 DEFAULT_TREE = "4,4,16"
 UNTRAINED = "untrained"
 
@@ -142,7 +145,8 @@ def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: set[int]) -> Gene
 @dataclass
 class Method:
     name: str
-    proposer: object | None          # None with hf=True: transformers generate
+    proposer: object | None          # None: no drafts (plain decoding)
+    hf: bool = False                 # plain decoding by transformers' generate, not by our loop
 
 
 def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngram_max: int,
@@ -154,6 +158,8 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
         if name.startswith("eagle3") and drafter is None:
             raise SpecdraftError(f"--methods {name}: needs --drafter (a checkpoint, a run folder, or untrained)")
         if name == "greedy":
+            methods.append(Method(name, None, hf=True))
+        elif name == "plain":
             methods.append(Method(name, None))
         elif name == "ngram":
             methods.append(Method(name, NgramProposer(ngram_k or k, ngram_max, ngram_min)))
@@ -168,7 +174,7 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
 
 def run_one(model, method: Method, ids: list[int], max_new_tokens: int, eos: set[int],
             sampling: Sampling | None = None, on_tokens=None) -> Generation:
-    if method.proposer is None and (sampling is None or sampling.greedy) and on_tokens is None:
+    if method.hf and (sampling is None or sampling.greedy) and on_tokens is None:
         return hf_greedy(model, ids, max_new_tokens, eos)
     sync = next(model.parameters()).device.type == "cuda"
     return generate(model, ids, method.proposer, max_new_tokens, sampling, eos, on_tokens, sync_cuda=sync)
@@ -258,11 +264,60 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
     greedy_tps = [summarize("greedy", rs, None)["tokens_per_s"] for rs in runs["greedy"]]
     results = {n: summarize_rounds(n, runs[n], reference, greedy_tps) for n in names
                if n in method_names or n == "greedy"}
+    for n, r in results.items():
+        if r["identical_to_greedy"] is False:
+            r["divergences"] = [divergence(model, ids, ref, g.token_ids)
+                                for ids, ref, g in zip(prompts, reference, runs[n][0]) if g.token_ids != ref]
+    if "plain" in results:             # what drafting adds over the same loop with no drafter
+        plain = results["plain"]["tokens_per_s"]
+        for r in results.values():
+            r["speedup_over_plain"] = r["tokens_per_s"] / plain if plain else 0.0
     warnings = [w for w in [busy_warning("bench", load_start, load_end)] if w]
+    warnings += [divergence_line(n, r, len(prompts), str(next(model.parameters()).dtype).replace("torch.", ""))
+                 for n, r in results.items() if r.get("divergences")]
     warnings += [f"warning: bench: {n} gave different tokens or acceptance in different rounds (greedy decoding "
                  "should be deterministic)" for n, r in results.items() if not r["same_in_every_round"]]
     return {"methods": results, "rounds": rounds, "order": order,
             "load": {"start": load_start, "end": load_end, "cores": os.cpu_count()}, "warnings": warnings}
+
+
+NEAR_TIE_STEPS = 4      # a divergence within this many representable steps of the logit is a rounding tie
+
+
+@torch.no_grad()
+def divergence(model, ids: list[int], reference: list[int], got: list[int]) -> dict:
+    """Where `got` left greedy's `reference`, and by how much the target preferred greedy's token there.
+
+    A loop that verifies K+1 tokens in one forward runs other kernel shapes than transformers'
+    1-token decode: the sums inside reduce in another order. In fp32 that moves a logit by ~1e-6;
+    in bf16 (8 bits of mantissa) by one representable step, and where the target's top two logits
+    lie within that step the argmax can flip. `steps` is the gap in units of that step."""
+    pos = next((i for i, (a, b) in enumerate(zip(reference, got)) if a != b), min(len(reference), len(got)))
+    row = {"position": pos, "greedy_token": reference[pos] if pos < len(reference) else None,
+           "token": got[pos] if pos < len(got) else None}
+    if row["greedy_token"] is None or row["token"] is None:
+        return {**row, "logit_gap": None, "steps": None, "near_tie": False}
+    device = next(model.parameters()).device
+    logits = model(input_ids=torch.tensor([ids + reference[:pos]], device=device), logits_to_keep=1).logits[0, -1]
+    a, b = logits[row["greedy_token"]], logits[row["token"]]
+    step = torch.finfo(logits.dtype).eps * max(abs(float(a)), abs(float(b)), 1.0)   # one step at that magnitude
+    gap = float(a.float() - b.float())
+    return {**row, "logit_gap": gap, "steps": abs(gap) / step, "near_tie": abs(gap) / step <= NEAR_TIE_STEPS}
+
+
+def divergence_line(name: str, result: dict, num_prompts: int, dtype: str) -> str:
+    """One line on a method whose tokens left greedy's: rounding ties, or a real difference."""
+    rows = result["divergences"]
+    ties = [d for d in rows if d["near_tie"]]
+    where = ", ".join(f"token {d['position']} (gap {d['logit_gap']:.3g}, {d['steps']:.1f} steps)" if d["steps"] is not None
+                      else f"token {d['position']} (length differs)" for d in rows)
+    head = f"note: bench: {name} matched greedy on {num_prompts - len(rows)}/{num_prompts} prompts; it left greedy at {where}"
+    if len(ties) == len(rows):
+        return (f"{head}: each where the target's own top two logits lie within {NEAR_TIE_STEPS} {dtype} rounding "
+                "steps, so a verify forward, which sums in another order than a 1-token decode, may pick the other "
+                "(a rounding tie, not a drafting error; fp32 steps are 2^16 times finer)")
+    return (f"warning: {head}: not a rounding tie (gap beyond {NEAR_TIE_STEPS} {dtype} steps): lossless decoding "
+            "is broken here; please report it with this bench.json")
 
 
 def why_not_faster(report: dict) -> str | None:
