@@ -65,7 +65,7 @@ def sim_tau(run: Path) -> float | None:
 
 def bench_tau(target, drafter, conversations, k: int, max_new_tokens: int) -> dict:
     from specdraft.infer.bench import prompt_ids
-    from specdraft.infer.eagle import EagleProposer
+    from specdraft.model.eagle3.proposer import EagleProposer
     from specdraft.infer.speculative import eos_ids_of, generate, per_position_accept
 
     eos = eos_ids_of(target.model, target.tokenizer)

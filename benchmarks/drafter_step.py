@@ -32,12 +32,12 @@ import torch
 
 from specdraft.data.builtin_prompts import builtin_prompts
 from specdraft.infer.bench import load_drafter_for, prompt_ids
-from specdraft.infer.eagle import EagleProposer, causal_chunk_mask
+from specdraft.model.eagle3.proposer import EagleProposer, causal_chunk_mask
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import Profile, cache_kwarg, generate
 from specdraft.infer.timing import busy_warning, interleaved_ms, machine_load, rotated, spread
 from specdraft.infer.tree import Draft
-from specdraft.model.drafter import KVCache
+from specdraft.model.eagle3.module import KVCache
 from specdraft.targets import load_target
 
 

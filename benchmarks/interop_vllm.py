@@ -83,9 +83,9 @@ def build_drafter(model: str, out: Path, draft_vocab: int, prompts: list[list[in
     import torch
     import torch.nn.functional as F
 
-    from specdraft.model.config import DrafterConfig
-    from specdraft.formats import save_drafter
-    from specdraft.model.drafter import Eagle3Drafter, KVCache, causal_mask
+    from specdraft.model.eagle3.config import DrafterConfig
+    from specdraft.formats.checkpoints import save_drafter
+    from specdraft.model.eagle3.module import Eagle3Drafter, KVCache, causal_mask
     from specdraft.targets import load_target
     from specdraft.vocab import count_tokens, mapping_from_counts
 
@@ -146,9 +146,9 @@ def measure_ours(model: str, drafter_dir: Path, prompts: list[list[int]], k: int
     round), in the dtype vLLM runs, on the same token ids."""
     import torch
 
-    from specdraft.infer.eagle import EagleProposer
+    from specdraft.model.eagle3.proposer import EagleProposer
     from specdraft.infer.speculative import generate
-    from specdraft.formats import load_drafter
+    from specdraft.formats.checkpoints import load_drafter
     from specdraft.targets import load_target
 
     target = load_target(model, dtype=dtype)
@@ -213,7 +213,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     # What is served is what users ship: `specdraft export --dtype bfloat16 --no-embeddings` (vLLM then
     # shares the target's embeddings); ours loads the same folder, taking the target's embeddings too.
     from specdraft.errors import SpecdraftError
-    from specdraft.formats import export
+    from specdraft.formats.checkpoints import export
 
     source = drafter.resolve()
     drafter = DEFAULT_DRAFTER.parent / f"export-{source.name}-bf16-noembed"

@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdraft.model import drafter as drafter_mod
-from specdraft.model.config import DrafterConfig
-from specdraft.model.drafter import Eagle3Drafter, KVCache
+from specdraft.model.eagle3 import module as drafter_mod
+from specdraft.model.eagle3.config import DrafterConfig
+from specdraft.model.eagle3.module import Eagle3Drafter, KVCache
 from specdraft.train.objective import TeacherHead, ttt_forward
 
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,

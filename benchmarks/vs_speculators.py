@@ -302,7 +302,7 @@ def evaluate_drafter(folder: Path, store, val_ids: list[int], target, vocab, cfg
     """Validation metrics of a drafter checkpoint by our TTT evaluator (same code for both drafters)."""
     import torch
 
-    from specdraft.formats import load_drafter
+    from specdraft.formats.checkpoints import load_drafter
     from specdraft.train.batches import StoreBatches
     from specdraft.train.objective import TeacherHead, TTTObjective
     from specdraft.train.runtime import Runtime
@@ -396,7 +396,7 @@ def main() -> None:
 
     from specdraft import vocab as vocab_mod
     from specdraft.data.store import HiddenStore
-    from specdraft.formats import import_checkpoint
+    from specdraft.formats.checkpoints import import_checkpoint
     from specdraft.targets import load_target_head, resolve
     from specdraft.train.batches import split_samples
     from specdraft.train.config import resolve_config

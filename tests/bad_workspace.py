@@ -44,9 +44,9 @@ def ws(tmp_path_factory, tiny_target):
     """A finished tiny workspace (data, hidden, vocab, a drafter checkpoint) plus broken variants."""
     from specdraft.data import capture as cap
     from specdraft.data.prepare import prepare
-    from specdraft.formats import save_checkpoint
-    from specdraft.model.config import DrafterConfig
-    from specdraft.model.drafter import Eagle3Drafter
+    from specdraft.formats.checkpoints import save_checkpoint
+    from specdraft.model.eagle3.config import DrafterConfig
+    from specdraft.model.eagle3.module import Eagle3Drafter
     from specdraft.targets import load_target
     from specdraft.train.checkpoint import drafter_tensors
     from specdraft import vocab as vocab_mod

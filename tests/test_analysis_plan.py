@@ -88,9 +88,9 @@ def test_cli_plan_with_given_latencies_writes_json_and_journal(tmp_path):
 def drafter_dir(tmp_path_factory, tiny_target):
     from transformers import AutoModelForCausalLM
 
-    from specdraft.model.config import DrafterConfig
-    from specdraft.formats import save_drafter
-    from specdraft.model.drafter import Eagle3Drafter
+    from specdraft.model.eagle3.config import DrafterConfig
+    from specdraft.formats.checkpoints import save_drafter
+    from specdraft.model.eagle3.module import Eagle3Drafter
     from specdraft.vocab import mapping_from_counts
 
     import numpy as np
@@ -138,7 +138,7 @@ def test_probe_drafter_on_the_fly_matches_captured_store(tmp_path, tiny_target, 
     from transformers import AutoModelForCausalLM
 
     from specdraft.data.store import HiddenStore
-    from specdraft.formats import load_drafter
+    from specdraft.formats.checkpoints import load_drafter
 
     hs = HiddenStore(store)
     batches = [probe.sample_batch(s["input_ids"], s["aux"], s["last"], s["loss_mask"]) for s in hs]

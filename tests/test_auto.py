@@ -14,10 +14,10 @@ from specdraft.cli import app
 from specdraft.errors import SpecdraftError
 from specdraft.infer import auto, timing
 from specdraft.infer.costmodel import chain_options, conditional, expected_tokens, stop_threshold
-from specdraft.infer.eagle import EagleProposer, GrowingKVCache
+from specdraft.model.eagle3.proposer import EagleProposer, GrowingKVCache
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import generate
-from specdraft.model.drafter import KVCache
+from specdraft.model.eagle3.module import KVCache
 from specdraft.testing import tiny_drafter_for, tiny_llama
 
 AUX = [0, 2, 3]

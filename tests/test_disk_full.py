@@ -47,7 +47,7 @@ def fresh(ws, name: str) -> Path:
 
 
 def exported(ws) -> Path:
-    from specdraft.formats import export
+    from specdraft.formats.checkpoints import export
 
     out = ws["root"] / "export-ok"
     if not out.exists():

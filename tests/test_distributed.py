@@ -111,8 +111,8 @@ def test_torchrun_command_and_refusals(monkeypatch):
 FSDP_WORKER = '''
 import json, sys
 import torch
-from specdraft.model.config import DrafterConfig
-from specdraft.model.drafter import Eagle3Drafter
+from specdraft.model.eagle3.config import DrafterConfig
+from specdraft.model.eagle3.module import Eagle3Drafter
 from specdraft.train import checkpoint, distributed
 from specdraft.train.objective import TeacherHead, TTTObjective
 
@@ -237,7 +237,7 @@ def fsdp_runs(ws, tmp_path_factory):
 
 
 def test_two_rank_fsdp_training_matches_one_process(fsdp_runs):
-    from specdraft.formats import load_drafter
+    from specdraft.formats.checkpoints import load_drafter
     from specdraft.train import checkpoint as ckpt
 
     one, two = fsdp_runs

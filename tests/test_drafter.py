@@ -1,7 +1,7 @@
 import torch
 
-from specdraft.model.config import DrafterConfig
-from specdraft.model.drafter import Eagle3Drafter, KVCache, causal_mask, ttt_mask
+from specdraft.model.eagle3.config import DrafterConfig
+from specdraft.model.eagle3.module import Eagle3Drafter, KVCache, causal_mask, ttt_mask
 from specdraft.testing import tiny_llama
 
 
@@ -68,7 +68,7 @@ def test_fc_norm_norms_each_aux_chunk_and_round_trips_through_both_layouts(tmp_p
     import pytest
 
     from specdraft.errors import SpecdraftError
-    from specdraft.formats import export, load_drafter, save_drafter
+    from specdraft.formats.checkpoints import export, load_drafter, save_drafter
 
     model, target = tiny_drafter(fc_norm=True, norm_output=True)
     t2d = torch.zeros(100, dtype=torch.bool)

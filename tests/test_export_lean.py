@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specdraft.formats import load_checkpoint, load_drafter, save_checkpoint
-from specdraft.model.config import DrafterConfig
-from specdraft.model.drafter import Eagle3Drafter, KVCache, causal_mask
+from specdraft.formats.checkpoints import load_checkpoint, load_drafter, save_checkpoint
+from specdraft.model.eagle3.config import DrafterConfig
+from specdraft.model.eagle3.module import Eagle3Drafter, KVCache, causal_mask
 from specdraft.targets import load_target
 from specdraft.vocab import mapping_from_counts
 

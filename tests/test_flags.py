@@ -22,7 +22,7 @@ def calls(monkeypatch):
     import specdraft.analysis.probe as probe
     import specdraft.data.capture as capture
     import specdraft.data.prepare as prepare
-    import specdraft.formats as formats
+    import specdraft.formats.checkpoints as formats
     import specdraft.pipeline as pipeline
     import specdraft.train.command as command
     import specdraft.train.online as online

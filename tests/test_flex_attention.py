@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_mask
 
-from specdraft.model.config import DrafterConfig
-from specdraft.model.drafter import Eagle3Drafter, ttt_block_mask, ttt_mask
+from specdraft.model.eagle3.config import DrafterConfig
+from specdraft.model.eagle3.module import Eagle3Drafter, ttt_block_mask, ttt_mask
 from specdraft.testing import tiny_llama
 from specdraft.train.objective import TeacherHead, TTTObjective, finalize_metrics, ttt_forward
 

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdraft.errors import SpecdraftError
-from specdraft.formats import export, import_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
-from specdraft.formats.validate import expected_shapes
-from specdraft.model.config import DrafterConfig
+from specdraft.formats.checkpoints import export, import_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
+from specdraft.model.eagle3.tensors import expected_shapes
+from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.vocab import mapping_from_counts
 
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.infer.eagle import EagleProposer, TreeShape, check_drafter_fits
+from specdraft.model.eagle3.proposer import EagleProposer, TreeShape, check_drafter_fits
 from specdraft.infer.ngram import NgramProposer, lookup
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import (Profile, TargetRunner, cache_kwarg, few_row_matmul, generate,
                                         per_position_accept)
 from specdraft.infer.tree import Draft, tree_attention_mask
-from specdraft.model.drafter import KVCache, causal_mask
+from specdraft.model.eagle3.module import KVCache, causal_mask
 from specdraft.testing import tiny_drafter_for, tiny_llama
 
 AUX = [0, 2, 3]   # includes 0 = the embeddings
@@ -166,7 +166,8 @@ def test_greedy_lossless_on_every_kernel_path_and_dtype(target, drafter, dtype, 
     bf16: chain and tree outputs equal transformers' greedy generate of the same target in the same dtype."""
     import copy
 
-    from specdraft.infer import eagle, speculative
+    from specdraft.infer import speculative
+    from specdraft.model.eagle3 import proposer as eagle
 
     flags = lambda linears, timer=None: [(path == "mm",) * 33 for _ in linears]   # noqa: E731 (1 row runs as 2)
     monkeypatch.setattr(speculative, "mm_flags", flags)

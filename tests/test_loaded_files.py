@@ -354,7 +354,7 @@ def test_resume_with_the_runs_own_store_records_it(lws):
 
 def test_good_index_and_eight_layer_target_still_load(ws, tmp_path):
     """A sharded checkpoint with plain file names imports; the tiny 8-layer target passes `info`."""
-    from specdraft.formats import import_checkpoint, load_checkpoint
+    from specdraft.formats.checkpoints import import_checkpoint, load_checkpoint
     from specdraft.targets import info
 
     folder = index_drafter(ws, "d-good-index", "part-1.safetensors")

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from specdraft.model.config import DrafterConfig
-from specdraft.model.drafter import Eagle3Drafter
+from specdraft.model.eagle3.config import DrafterConfig
+from specdraft.model.eagle3.module import Eagle3Drafter
 from specdraft.testing import tiny_llama
 from specdraft.train.objective import (TeacherHead, add_sums, finalize_metrics, ttt_forward,
                                        valid_positions)

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.infer.eagle import EagleProposer
+from specdraft.model.eagle3.proposer import EagleProposer
 from specdraft.infer.sampling import Sampling, accept_draft, probabilities, sample
 from specdraft.infer.speculative import generate, sample_chain
 from specdraft.infer.tree import Draft
-from specdraft.model.config import DrafterConfig
-from specdraft.model.drafter import Eagle3Drafter
+from specdraft.model.eagle3.config import DrafterConfig
+from specdraft.model.eagle3.module import Eagle3Drafter
 from specdraft.testing import tiny_llama
 
 

@@ -153,7 +153,7 @@ def test_train_writes_metrics_checkpoints_and_best(ws, tmp_path):
     assert (run / "best" / "model.safetensors").is_file() and (run / "config.yaml").is_file()
     first, last = records[0]["metrics"]["loss"], summary["val"]["loss"]
     assert last < first
-    from specdraft.formats import load_drafter
+    from specdraft.formats.checkpoints import load_drafter
     drafter = load_drafter(run / "checkpoints" / "epoch-2")
     assert drafter.lm_head.weight.shape[0] == DRAFT and not drafter.embed_tokens.weight.requires_grad
 
@@ -255,8 +255,8 @@ def test_remap_moves_rows_and_predicts_the_same_target_tokens(ws, tmp_path):
     remapped, report = pretrained_drafter(cfg, ws["target"], vocab_b, LAYERS, logs.append)
     assert report["remapped"] and report["carried"] == DRAFT - 5 and report["from_target"] == 5
     assert any("carried 43" in line for line in logs)
-    from specdraft.formats import load_drafter
-    from specdraft.model.drafter import KVCache, causal_mask
+    from specdraft.formats.checkpoints import load_drafter
+    from specdraft.model.eagle3.module import KVCache, causal_mask
     src = load_drafter(src_dir)
     ids = torch.randint(7, 60, (1, 10))
     hidden = torch.randn(1, 10, ws["target"].hidden_size)
@@ -371,7 +371,7 @@ def test_stop_if_behind_stops_with_checkpoint_and_resume_replays(watch_ws, tmp_p
     assert str(folder) == summary["checkpoint"] and folder.name == f"step-{summary['steps']}"
     state = ckpt.load_trainer_state(folder)
     assert state["step"] == summary["steps"]
-    from specdraft.formats import load_drafter
+    from specdraft.formats.checkpoints import load_drafter
     load_drafter(folder)                                                 # inspectable
     entries = journal_entries(run)
     assert [(e.kind, e.source) for e in entries[-2:]] == [("warning", "watch"), ("decision", "train")]

@@ -69,10 +69,12 @@ def parse_layers(text: Optional[str]) -> Optional[list[int]]:
 @app.command()
 def info(model: str = MODEL, trust_remote_code: bool = TRUST,
          as_json: bool = AS_JSON):
-    """Architecture, layers, hidden size, vocab, tied lm_head, chat template, default aux layers."""
+    """Architecture, layers, hidden size, vocab, tied lm_head, chat template, default aux layers, and
+    the drafter families `train --family` takes."""
+    from specdraft.model.registry import names
     from specdraft.targets import info as target_info
 
-    data = target_info(model, trust_remote_code)
+    data = {**target_info(model, trust_remote_code), "drafter_families": names()}
     if as_json:
         print(json.dumps(data, indent=2))
         return
@@ -270,7 +272,7 @@ def export_cmd(
     speculative_tokens: Optional[int] = old_name("--speculative-tokens"),
 ):
     """Write the drafter in the layout a serving engine loads (see docs/serving.md)."""
-    from specdraft.formats import export
+    from specdraft.formats.checkpoints import export
     from specdraft.io import own_folder
 
     speculative_tokens = renamed(num_speculative_tokens, speculative_tokens, "--speculative-tokens", NUM_SPEC)
@@ -296,7 +298,7 @@ def import_cmd(
     as_json: bool = AS_JSON,
 ):
     """Read a drafter in any supported layout and write it in ours."""
-    from specdraft.formats import import_checkpoint
+    from specdraft.formats.checkpoints import import_checkpoint
     from specdraft.io import own_folder
 
     with own_folder(out, "import"):
@@ -453,7 +455,7 @@ def generate(
 ):
     """Speculative generation for one prompt: streams the answer, then tokens/s and acceptance length."""
     from specdraft.infer import bench as B
-    from specdraft.infer.eagle import TreeShape
+    from specdraft.model.eagle3.proposer import TreeShape
     from specdraft.infer.sampling import Sampling
     from specdraft.infer.speculative import eos_ids_of
     from specdraft.targets import DTYPES, load_target
@@ -539,7 +541,7 @@ def bench(
     """Wall-clock speed of greedy (transformers generate), plain (specdraft's loop, no drafter), n-gram
     and EAGLE-3 on the same prompts, in interleaved rounds (median and spread per method)."""
     from specdraft.infer import bench as B
-    from specdraft.infer.eagle import TreeShape
+    from specdraft.model.eagle3.proposer import TreeShape
     from specdraft.io import write_json
     from specdraft.progress import progress as progress_of
     from specdraft.targets import DTYPES, load_target

@@ -76,8 +76,8 @@ def save_tiny_target(folder: str | Path, template: str = "chatml", **kw) -> Path
 def tiny_drafter_for(target, aux_layer_ids: list[int], every: int = 3, seed: int = 0):
     """Random drafter over a partial draft vocab (every `every`-th target id, so d2t offsets are
     non-zero), initialised from `target` as training would."""
-    from specdraft.model.config import DrafterConfig
-    from specdraft.model.drafter import Eagle3Drafter
+    from specdraft.model.eagle3.config import DrafterConfig
+    from specdraft.model.eagle3.module import Eagle3Drafter
 
     V = target.config.vocab_size
     torch.manual_seed(seed)

@@ -13,7 +13,7 @@ from pathlib import Path
 from specdraft.analysis.probe import drafter_metrics
 from specdraft.data.store import HiddenStore
 from specdraft.errors import SpecdraftError
-from specdraft.formats import resolve_checkpoint
+from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer.bench import load_drafter_for
 from specdraft.progress import track
 from specdraft.targets import load_target

@@ -22,7 +22,7 @@ from specdraft.analysis import compare
 from specdraft.errors import SpecdraftError
 from specdraft.formats import card, sglang
 from specdraft.infer.bench import why_not_faster
-from specdraft.model.config import DrafterConfig
+from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.io import atomic_path
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}

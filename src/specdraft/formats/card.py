@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specdraft.formats import sglang
 from specdraft.io import write_json
-from specdraft.model.config import DrafterConfig
+from specdraft.model.eagle3.config import DrafterConfig
 
 UNKNOWN = "unknown"
 

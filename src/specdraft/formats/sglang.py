@@ -9,8 +9,8 @@ top-level `eagle_aux_hidden_state_layer_ids` with our meaning, so both are writt
 from __future__ import annotations
 
 from specdraft.errors import SpecdraftError
-from specdraft.formats.speculators import FORMAT_VERSION, drafter_config_from_llama, llama_layer_dict
-from specdraft.model.config import DrafterConfig
+from specdraft.model.eagle3.checkpoint import FORMAT_VERSION, drafter_config_from_llama, llama_layer_dict
+from specdraft.model.eagle3.config import DrafterConfig
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 OURS, THEIRS = "layers.0.", "midlayer."

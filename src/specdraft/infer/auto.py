@@ -17,10 +17,10 @@ from typing import Callable
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.formats import resolve_checkpoint
+from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from, conditional,
                                        stop_threshold)
-from specdraft.infer.eagle import EagleProposer
+from specdraft.model.registry import family_of
 from specdraft.infer.kernels import mm_flags
 from specdraft.infer.speculative import cache_kwarg, few_row_matmul, generate, per_position_accept, target_linears
 from specdraft.infer.timing import interleaved_ms
@@ -63,7 +63,7 @@ def verify_timers(target_model, n_max: int, context: int) -> dict[str, Callable[
 
 def draft_timer(drafter, context: int) -> Callable[[], None]:
     """One chain draft step (EagleProposer.step, the loop's own path) on a drafter cache of `context`."""
-    proposer = EagleProposer(drafter, k=1)
+    proposer = family_of(drafter).proposer(drafter, k=1)
     H, dev = drafter.config.hidden_size, proposer.param.device
     g = torch.Generator().manual_seed(0)
     proposer.pending = [torch.randn(context, 3, H, generator=g).to(dev, proposer.param.dtype)]
@@ -118,7 +118,7 @@ def checkpoint_accept(spec: str | Path | None) -> tuple[list[float], str] | None
 
 def warmup_accept(target_model, drafter, ids: list[int], k_max: int, max_new_tokens: int = WARMUP_TOKENS) -> list[float]:
     """Conditional acceptance per position 1..k_max from one greedy generation with a k_max chain."""
-    out = generate(target_model, ids, EagleProposer(drafter, k=k_max), max_new_tokens)
+    out = generate(target_model, ids, family_of(drafter).proposer(drafter, k=k_max), max_new_tokens)
     return conditional(per_position_accept(out.accepted, out.proposed))
 
 

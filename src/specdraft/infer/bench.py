@@ -16,15 +16,14 @@ import torch
 
 from specdraft.data.builtin_prompts import builtin_prompts
 from specdraft.errors import SpecdraftError
-from specdraft.formats import load_drafter, resolve_checkpoint
-from specdraft.infer.eagle import EagleProposer, TreeShape, check_drafter_fits
+from specdraft.formats.checkpoints import load_drafter, resolve_checkpoint
+from specdraft.model.eagle3.proposer import TreeShape, check_drafter_fits
 from specdraft.infer.ngram import NgramProposer
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import Generation, Profile, eos_ids_of, generate, per_position_accept
 from specdraft.infer.timing import busy_warning, machine_load, rotated, spread
 from specdraft.io import atomic_path
-from specdraft.model.config import DrafterConfig
-from specdraft.model.drafter import Eagle3Drafter
+from specdraft.model.registry import family, family_of
 from specdraft.targets import default_aux_layers
 
 # greedy: transformers' generate (what a user runs without us; every speedup is against it).
@@ -44,17 +43,19 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def untrained_drafter(target_model, draft_vocab_size: int = 8192, seed: int = 0, verifier: str = ""):
+def untrained_drafter(target_model, draft_vocab_size: int = 8192, seed: int = 0, verifier: str = "",
+                      model_type: str = "eagle3"):
     """Random drafter over the first N target ids (timing only: it is almost never accepted)."""
+    from types import SimpleNamespace
+
     tc = target_model.config
     n = min(draft_vocab_size, tc.vocab_size)
     torch.manual_seed(seed)
-    cfg = DrafterConfig.from_target(tc, draft_vocab_size=n, aux_layer_ids=default_aux_layers(tc.num_hidden_layers),
-                                    verifier=verifier)
-    drafter = Eagle3Drafter(cfg)
+    fam = family(model_type)
+    drafter = fam.build(fam.new_config(tc, n, default_aux_layers(tc.num_hidden_layers), verifier))
     t2d = torch.zeros(tc.vocab_size, dtype=torch.bool)
     t2d[:n] = True
-    drafter.init_from_target(target_model, torch.zeros(n, dtype=torch.long), t2d)
+    fam.init_from_target(drafter, SimpleNamespace(model=target_model), torch.zeros(n, dtype=torch.long), t2d)
     return drafter.eval()
 
 
@@ -166,9 +167,9 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
         elif name == "eagle3" and k == 0:        # -k auto found no chain that pays here: plain decoding
             methods.append(Method(name, None))
         elif name == "eagle3":
-            methods.append(Method(name, EagleProposer(drafter, k=k, stop=draft_stop)))
+            methods.append(Method(name, family_of(drafter).proposer(drafter, k=k, stop=draft_stop)))
         else:
-            methods.append(Method(name, EagleProposer(drafter, tree=tree or TreeShape.parse(DEFAULT_TREE))))
+            methods.append(Method(name, family_of(drafter).proposer(drafter, tree=tree or TreeShape.parse(DEFAULT_TREE))))
     return methods
 
 

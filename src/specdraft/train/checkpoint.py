@@ -24,19 +24,18 @@ import torch
 import torch.distributed as dist
 
 from specdraft.errors import SpecdraftError
-from specdraft.formats import save_checkpoint
-from specdraft.model.drafter import Eagle3Drafter
+from specdraft.formats.checkpoints import save_checkpoint
 
 STATE_FILE = "trainer_state.pt"
 PROGRESS_FILE = "progress.json"      # {step, epoch, batch, tokens_seen}: readable without torch.load
 CHECKPOINT_NAME = re.compile(r"^(epoch|step)-(\d+)$")
 
 
-def drafter_tensors(model: Eagle3Drafter) -> dict[str, torch.Tensor]:
+def drafter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous() for k, v in model.state_dict().items() if not k.startswith("rotary_emb")}
 
 
-def training_state(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer | None = None) -> tuple[dict, dict | None]:
+def training_state(drafter: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> tuple[dict, dict | None]:
     """(drafter tensors, optimizer state dict) as a checkpoint stores them.
 
     A plain (or DDP-trained) drafter gives its own tensors and `optimizer.state_dict()`. A drafter
@@ -47,7 +46,7 @@ def training_state(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer | No
     return drafter_tensors(drafter), (optimizer.state_dict() if optimizer is not None else None)
 
 
-def load_optimizer_state(drafter: Eagle3Drafter, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+def load_optimizer_state(drafter: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """Set a checkpoint's optimizer state (one-process form) back; under FSDP2 every rank passes
     the full state and keeps its own shard."""
     if is_sharded(drafter):
@@ -128,7 +127,7 @@ def set_rng_state(state: dict) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def save(folder: str | Path, model: Eagle3Drafter, trainer_state: dict | None = None,
+def save(folder: str | Path, model: torch.nn.Module, trainer_state: dict | None = None,
          extra_json: dict[str, dict] | None = None, tensors: dict[str, torch.Tensor] | None = None) -> Path:
     """Drafter weights + config.json (+ trainer_state.pt, + small json files), atomically.
     `tensors` (from `training_state`) replace the model's own, e.g. when its weights are sharded."""

@@ -40,6 +40,8 @@ class RunConfig:
     overwrite: bool = setting(False, "--out already holds a run: delete its files (metrics, checkpoints, best/, "
                               "journal) and start over (never saved as true).")
     # drafter
+    family: str = setting("eagle3", "Drafter family, by its speculators model type (`specdraft info` lists the "
+                          "registered ones).")
     norm_before_residual: bool = setting(False, "Drafter layout: norm the hidden state before the residual.")
     fc_norm: bool = setting(False, "EAGLE-3.1: an RMSNorm on each aux layer's state before fc (vLLM serves it).")
     norm_output: bool = setting(False, "EAGLE-3.1: feed the final-normed hidden state back to the next draft step.")
@@ -116,6 +118,8 @@ class RunConfig:
             raise SpecdraftError(f"--min-lr-ratio {self.min_lr_ratio}: must be in [0, 1]")
         if self.lr <= 0:
             raise SpecdraftError(f"--lr {self.lr}: must be positive")
+        from specdraft.model.registry import family
+        family(self.family)                # an unknown family fails here, naming the registered ones
         if self.stop_if_behind and not self.baseline:
             raise SpecdraftError("--stop-if-behind: needs --baseline RUN (the run to compare with)")
         trackers.require(self.report_to)   # a missing tracker fails here, before any work

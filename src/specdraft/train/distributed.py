@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from specdraft.errors import SpecdraftError
+from specdraft.model.registry import family_of
 from specdraft.train.loop import train
 from specdraft.train.runtime import Runtime, use_bf16
 
@@ -142,14 +143,11 @@ def wrap_ddp(model: torch.nn.Module, device: torch.device, find_unused_parameter
 
 
 def wrap_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool = False):
-    """FSDP2 over the TTT objective: parameters become DTensors sharded on dim 0 across ranks.
+    """FSDP2 over the family's training objective: parameters become DTensors sharded on dim 0.
 
-    embed_tokens, fc and lm_head (the wide matrices: V x H, 3H x H, N x H) are their own
-    `fully_shard` units, gathered only around their own calls (the objective calls them directly,
-    not through drafter.forward). The objective is the root unit and gathers the rest (the decoder
-    layer and the final norm) for the step: the layer cannot be a unit of its own because FSDP2
-    copies dataclass arguments in its pre-forward hook, and the layer's KVCache must be the same
-    object across TTT steps.
+    The family names its wide submodules (EAGLE-3: embed_tokens, fc and lm_head); each is its own
+    `fully_shard` unit, gathered only around its own calls. The objective is the root unit and
+    gathers the rest for the step (model/eagle3 says why its decoder layer stays there).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -158,8 +156,7 @@ def wrap_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool = False):
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
-    drafter = model.drafter
-    for unit in (drafter.embed_tokens, drafter.fc, drafter.lm_head):
+    for unit in family_of(model.drafter).fsdp_units(model.drafter):
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model

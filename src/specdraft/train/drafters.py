@@ -10,31 +10,24 @@ import torch
 
 from specdraft import vocab as vocab_mod
 from specdraft.errors import SpecdraftError
-from specdraft.model.config import DrafterConfig
-from specdraft.formats import load_drafter
-from specdraft.model.drafter import Eagle3Drafter
+from specdraft.formats.checkpoints import load_drafter
+from specdraft.model.registry import family, family_of
 from specdraft.train import checkpoint as ckpt
 from specdraft.train.config import RunConfig
 from specdraft.train.inputs import check_resume_inputs
-from specdraft.targets import last_layer_tensors
 from specdraft.train.runtime import TrainData
 
 
-def fresh_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int]) -> Eagle3Drafter:
-    """A new drafter, seeded, with its embeddings and lm_head rows taken from the target."""
+def fresh_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int]) -> torch.nn.Module:
+    """A new drafter of the run's family, seeded, with what the family takes from the target."""
     torch.manual_seed(cfg.seed)
-    dcfg = DrafterConfig.from_target(target.config, draft_vocab_size=vocab.draft_vocab_size,
-                                     aux_layer_ids=layer_ids, verifier=target.name,
-                                     norm_before_residual=cfg.norm_before_residual, fc_norm=cfg.fc_norm,
-                                     norm_output=cfg.norm_output)
-    drafter = Eagle3Drafter(dcfg)
-    drafter.init_from_target(target.model, vocab.d2t, vocab.t2d)
-    if cfg.init_layer == "target":
-        drafter.init_layer_from_target(last_layer_tensors(target))
+    fam = family(cfg.family)
+    drafter = fam.build(fam.new_config(target.config, vocab.draft_vocab_size, layer_ids, target.name, cfg))
+    fam.init_from_target(drafter, target, vocab.d2t, vocab.t2d, cfg)
     return drafter
 
 
-def pretrained_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int], log) -> tuple[Eagle3Drafter, dict]:
+def pretrained_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int], log) -> tuple[torch.nn.Module, dict]:
     """Load --from-pretrained; move its lm_head rows to the run's vocab when the mappings differ."""
     src = load_drafter(cfg.from_pretrained)
     where = f"--from-pretrained {cfg.from_pretrained}"
@@ -47,9 +40,13 @@ def pretrained_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int], log)
     report = {"from_pretrained": str(cfg.from_pretrained), "remapped": False}
     src_vocab = vocab_mod.Vocab(src.d2t.clone(), src.t2d.clone(), {"source": str(cfg.from_pretrained)})
     same = (src_vocab.draft_vocab_size == vocab.draft_vocab_size and torch.equal(src_vocab.d2t, vocab.d2t))
-    dcfg = DrafterConfig.from_dict({**src.config.to_dict(), "draft_vocab_size": vocab.draft_vocab_size,
-                                    "aux_layer_ids": list(layer_ids), "verifier": target.name})
-    drafter = Eagle3Drafter(dcfg)
+    fam = family_of(src)
+    if fam.model_type != cfg.family:
+        raise SpecdraftError(f"{where}: a {fam.model_type} drafter, but the run trains --family {cfg.family}; "
+                             f"pass --family {fam.model_type} or start from a {cfg.family} drafter")
+    dcfg = type(src.config).from_dict({**src.config.to_dict(), "draft_vocab_size": vocab.draft_vocab_size,
+                                       "aux_layer_ids": list(layer_ids), "verifier": target.name})
+    drafter = fam.build(dcfg)
     tensors = ckpt.drafter_tensors(src)
     if not same:
         d = vocab_mod.diff(src_vocab, vocab)
@@ -75,7 +72,7 @@ def pretrained_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int], log)
     return drafter.float().train(), report
 
 
-def resumed_drafter(cfg: RunConfig, resume_from: Path, vocab, data: TrainData, log) -> Eagle3Drafter:
+def resumed_drafter(cfg: RunConfig, resume_from: Path, vocab, data: TrainData, log) -> torch.nn.Module:
     """The run's latest checkpoint, refused when it was trained with another vocab or other data."""
     drafter = load_drafter(resume_from).train()
     if not torch.equal(drafter.d2t, vocab.d2t):
@@ -87,7 +84,7 @@ def resumed_drafter(cfg: RunConfig, resume_from: Path, vocab, data: TrainData, l
 
 
 def start_drafter(cfg: RunConfig, resume_from: Path | None, target, vocab, data: TrainData,
-                  log) -> tuple[Eagle3Drafter, dict | None]:
+                  log) -> tuple[torch.nn.Module, dict | None]:
     """(drafter, remap report or None): resumed, pretrained or fresh, in that order of precedence."""
     if resume_from is not None:
         return resumed_drafter(cfg, resume_from, vocab, data, log), None

@@ -9,7 +9,6 @@ from pathlib import Path
 from specdraft.data.store import HiddenStore
 from specdraft.errors import SpecdraftError
 from specdraft.io import read_json
-from specdraft.model.drafter import Eagle3Drafter
 from specdraft.targets import load_target, load_target_head
 from specdraft.train.batches import StoreBatches, split_samples
 from specdraft.train.config import RunConfig
@@ -72,7 +71,7 @@ def data_identity(data: TrainData) -> dict:
             **data.identity}
 
 
-def check_resume_inputs(resume_from: Path, drafter: Eagle3Drafter, data: TrainData) -> None:
+def check_resume_inputs(resume_from: Path, drafter: "torch.nn.Module", data: TrainData) -> None:
     """--resume continues the run on the data it started with: another store (other aux layers, target
     or samples) would train on it while every checkpoint still names the old layers. Checkpoints
     written before inputs.json existed are checked on their aux layers alone."""

@@ -23,7 +23,8 @@ from specdraft.train.baseline import load_watch, replay_run, watch_record
 from specdraft.train.config import RunConfig, save_yaml
 from specdraft.train.drafters import start_drafter
 from specdraft.train.inputs import INPUTS_FILE, check_inputs, data_identity, store_data, training_target
-from specdraft.train.objective import TeacherHead, TTTObjective, add_sums, finalize_metrics
+from specdraft.model.registry import family_of
+from specdraft.train.objective import TeacherHead, add_sums, finalize_metrics
 from specdraft.train.progress import progress_bar
 from specdraft.train.provenance import write_provenance
 from specdraft.train.run_folder import note, own_run_folder, start_summary, val_summary, wipe_run
@@ -69,8 +70,7 @@ def start(cfg: RunConfig, runtime: Runtime, data: TrainData | None, target) -> T
     drafter, remap_report = start_drafter(cfg, resume_from, target, vocab, data, log)
     drafter.to(runtime.device).train()
     teacher = TeacherHead.from_target(target.model, vocab.d2t).to(runtime.device)
-    objective = TTTObjective(drafter, teacher, cfg.ttt_steps, cfg.step_decay, cfg.loss, cfg.aux_noise,
-                             cfg.attention, cfg.ttt_inputs)
+    objective = family_of(drafter).objective(drafter, teacher, cfg)     # forward(batch) -> (loss, sums)
     model = runtime.wrap_model(objective)     # before the optimizer: FSDP2 replaces the parameters
     batches_per_epoch = [data.train.num_batches(e) for e in range(cfg.epochs)]
     if sum(batches_per_epoch) == 0:

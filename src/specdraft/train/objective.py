@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdraft.model.drafter import Eagle3Drafter, KVCache, ttt_block_mask, ttt_mask
+from specdraft.model.eagle3.module import Eagle3Drafter, KVCache, ttt_block_mask, ttt_mask
 from specdraft.targets import final_norm
 
 MAX_TTT_STEPS = 7

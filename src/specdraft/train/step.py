@@ -18,7 +18,6 @@ import torch
 from specdraft.watch import BaselineWatch
 from specdraft.errors import SpecdraftError
 from specdraft.metrics import MetricsLog
-from specdraft.model.drafter import Eagle3Drafter
 from specdraft.train import checkpoint as ckpt
 from specdraft.train.config import RunConfig
 from specdraft.train.objective import add_sums, finalize_metrics
@@ -52,7 +51,7 @@ class Training:
     cfg: RunConfig
     runtime: Runtime
     data: TrainData
-    drafter: Eagle3Drafter
+    drafter: torch.nn.Module
     model: torch.nn.Module              # the TTT objective, wrapped by the runtime (DDP / FSDP2)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -105,7 +104,7 @@ def lr_lambda(cfg: RunConfig, total_steps: int) -> Callable[[int], float]:
     return factor
 
 
-def optimizer_and_schedule(cfg: RunConfig, drafter: Eagle3Drafter, total_steps: int):
+def optimizer_and_schedule(cfg: RunConfig, drafter: torch.nn.Module, total_steps: int):
     """AdamW over the trainable parameters, with the learning-rate schedule over the whole run."""
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)

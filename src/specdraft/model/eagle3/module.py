@@ -26,7 +26,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from specdraft.model.config import DrafterConfig
+from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.targets import final_norm
 
 

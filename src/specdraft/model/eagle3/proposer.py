@@ -18,7 +18,7 @@ from specdraft.infer.sampling import Sampling, probabilities, sample
 from specdraft.infer.kernels import mm_flags
 from specdraft.infer.speculative import Profile, few_row_matmul, target_linears
 from specdraft.infer.tree import Draft
-from specdraft.model.drafter import Eagle3Drafter, KVCache
+from specdraft.model.eagle3.module import Eagle3Drafter, KVCache
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Checks shared by export and import: the tensors agree with the config, the vocab mapping follows
+"""The EAGLE-3 checkpoint tensors (canonical speculators names) and the checks export and import run:
+the tensors agree with the config, the vocab mapping follows
 the offsets convention, the aux layers exist in the verifier. Each failure is one line naming
 the tensor or config key and the fix."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.model.config import DrafterConfig
+from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.vocab import check_mapping
 
 LAYER = "layers.0."

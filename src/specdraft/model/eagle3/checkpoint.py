@@ -8,8 +8,8 @@ reads `transformer_layer_config` as the draft's Llama config, and takes `draft_v
 from __future__ import annotations
 
 from specdraft.errors import SpecdraftError
-from specdraft.formats.validate import require_keys
-from specdraft.model.config import DrafterConfig
+from specdraft.model.eagle3.tensors import require_keys
+from specdraft.model.eagle3.config import DrafterConfig
 
 MODEL_TYPE = "eagle3"
 ARCHITECTURE = "Eagle3Speculator"

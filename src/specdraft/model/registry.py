@@ -1,0 +1,76 @@
+"""Drafter families, registered under their speculators model type.
+
+A family is one package under model/ (model/eagle3/ is the first) that fills in a `Family`: its
+config, its module, its training forward, its proposer for the generation loop and its checkpoint
+schema. train/, infer/ and formats/ reach a drafter only through these functions, so a new family
+is its own folder plus one line in BUILTIN (or a `register` call, as the toy family in
+tests/test_families.py does).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from specdraft.errors import SpecdraftError
+
+BUILTIN = (
+    "specdraft.model.eagle3",
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str                  # speculators_model_type in config.json, and the registry key
+    config_type: type                # a dataclass with aux_layer_ids, draft_vocab_size, to_dict()
+    # (target config, draft vocab size, aux layer ids, verifier id, **options of RunConfig) -> config
+    new_config: Callable[..., Any]
+    build: Callable[[Any], torch.nn.Module]                       # config -> an untrained drafter
+    # (drafter, target model, d2t, t2d, run config) -> None: weights taken from the target at the start
+    init_from_target: Callable[..., None]
+    # (drafter, teacher head, run config) -> module whose forward(batch) returns (loss, metric sums)
+    objective: Callable[..., torch.nn.Module]
+    # (drafter, k, tree, stop) -> a Proposer for infer.speculative.generate
+    proposer: Callable[..., Any]
+    # (config, dtype name, speculative tokens, verifier architectures) -> config.json dict
+    checkpoint_config: Callable[..., dict]
+    parse_config: Callable[[dict, str], Any]                      # (config.json dict, where) -> config
+    # (tensors, config, where) -> None: refuse missing or misshapen tensors, naming them
+    validate: Callable[[dict, Any, str], None]
+    # drafter -> the wide submodules FSDP2 shards as their own units
+    fsdp_units: Callable[[torch.nn.Module], list[torch.nn.Module]] = lambda drafter: []
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    FAMILIES[family.model_type] = family
+    return family
+
+
+def _load_builtin() -> None:
+    for module in BUILTIN:
+        importlib.import_module(module)
+
+
+def family(model_type: str) -> Family:
+    """The family registered under `model_type`, or one line listing the registered ones."""
+    _load_builtin()
+    if model_type not in FAMILIES:
+        raise SpecdraftError(f"drafter family {model_type!r}: not registered; choose one of {', '.join(names())}")
+    return FAMILIES[model_type]
+
+
+def family_of(obj) -> Family:
+    """The family of a drafter module or of its config (both carry `model_type`)."""
+    cfg = getattr(obj, "config", obj)
+    return family(getattr(cfg, "model_type", "eagle3"))
+
+
+def names() -> list[str]:
+    _load_builtin()
+    return sorted(FAMILIES)

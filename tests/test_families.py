@@ -1,0 +1,168 @@
+"""The drafter-family seam (issue 24): a toy third family, defined and registered inside this test,
+trains through `train`, round-trips through the speculators layout and generates losslessly,
+with no change to any file outside model/<family>/ and the registry."""
+
+from dataclasses import asdict, dataclass, field
+
+import pytest
+import torch
+from torch import nn
+
+from specdraft.errors import SpecdraftError
+from specdraft.formats.checkpoints import load_checkpoint, load_drafter
+from specdraft.infer.speculative import Profile, generate
+from specdraft.infer.tree import Draft
+from specdraft.model import registry
+from specdraft.train.loop import train
+from test_train import config, ws  # noqa: F401  (the tiny workspace fixture)
+
+
+@dataclass
+class ToyConfig:
+    model_type = "toy"
+    hidden_size: int
+    vocab_size: int
+    draft_vocab_size: int
+    aux_layer_ids: list[int] = field(default_factory=list)
+    verifier: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ToyConfig":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+class ToyDrafter(nn.Module):
+    """Token t+2 from aux(t) and the embedding of token t+1, through one hidden layer."""
+
+    def __init__(self, cfg: ToyConfig):
+        super().__init__()
+        H, n_aux = cfg.hidden_size, len(cfg.aux_layer_ids)
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, H).requires_grad_(False)
+        self.fc = nn.Linear((n_aux + 1) * H, H, bias=False)
+        self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+
+    def forward(self, aux: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        """aux [..., n_aux, H], next_ids [...] -> draft-vocab logits [..., N]."""
+        x = torch.cat([aux.flatten(-2).to(self.fc.weight.dtype), self.embed_tokens(next_ids)], dim=-1)
+        return self.lm_head(torch.relu(self.fc(x)))
+
+
+class ToyObjective(nn.Module):
+    """KL(teacher || draft) at every position whose next two tokens lie in its document; one step."""
+
+    def __init__(self, drafter, teacher):
+        super().__init__()
+        self.drafter, self.teacher = drafter, teacher
+
+    def forward(self, batch):
+        ids, doc = batch["input_ids"], batch["doc_ids"]
+        logp = torch.log_softmax(self.drafter(batch["aux"][:, :-2], ids[:, 1:-1]).float(), -1)   # [B, T-2, N]
+        with torch.no_grad():
+            t_logp = self.teacher.log_probs(batch["last"][:, 1:-1])                              # [B, T-2, N]
+        keep = (doc[:, 2:] == doc[:, :-2]) & batch["loss_mask"][:, 2:].bool()                    # [B, T-2]
+        per_pos = (t_logp.exp() * (t_logp - logp)).sum(-1)[keep]
+        correct = (logp.argmax(-1) == t_logp.argmax(-1))[keep]
+        sums = {"loss_sum_0": per_pos.detach().sum().double(),
+                "count_0": torch.tensor(float(per_pos.numel()), dtype=torch.float64),
+                "full_correct_0": correct.sum().double(), "prev_correct_0": torch.tensor(float(correct.numel()),
+                                                                                          dtype=torch.float64)}
+        return per_pos.sum() / max(per_pos.numel(), 1), sums
+
+
+class ToyProposer:
+    """One draft token per round from the aux states of the last position in the target's cache."""
+
+    def __init__(self, drafter, k=1, tree=None, stop=None):
+        self.drafter = drafter.eval()
+        self.aux_layer_ids = list(drafter.config.aux_layer_ids)
+        self.profile = Profile()
+        self.reset()
+
+    def reset(self):
+        self.last_aux = None
+
+    def observe(self, aux):
+        if aux is not None and len(aux):
+            self.last_aux = aux[-1]                          # [n_aux, H] of position len(tokens) - 2
+
+    def propose(self, tokens, budget, sampling, generator):
+        if self.last_aux is None or budget < 1:
+            return Draft([], [])
+        with torch.no_grad():
+            draft_id = int(self.drafter(self.last_aux[None], torch.tensor([tokens[-1]]))[0].argmax())
+        return Draft([draft_id + int(self.drafter.d2t[draft_id])], [0])
+
+
+def toy_validate(tensors, cfg, where):
+    H, n_aux = cfg.hidden_size, len(cfg.aux_layer_ids)
+    shapes = {"embed_tokens.weight": (cfg.vocab_size, H), "fc.weight": (H, (n_aux + 1) * H),
+              "lm_head.weight": (cfg.draft_vocab_size, H), "d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)}
+    for name, shape in shapes.items():
+        if name not in tensors or tuple(tensors[name].shape) != shape:
+            raise SpecdraftError(f"{where}: tensor {name} missing or not {list(shape)}")
+
+
+def toy_init(drafter, target, d2t, t2d, run=None):
+    drafter.embed_tokens.weight.data.copy_(target.model.get_input_embeddings().weight.detach())
+    drafter.d2t.copy_(d2t)
+    drafter.t2d.copy_(t2d)
+
+
+TOY = registry.Family(
+    model_type="toy", config_type=ToyConfig,
+    new_config=lambda tc, n, layers, verifier="", run=None: ToyConfig(tc.hidden_size, tc.vocab_size, n, list(layers),
+                                                                      verifier),
+    build=ToyDrafter, init_from_target=toy_init, objective=lambda drafter, teacher, run: ToyObjective(drafter, teacher),
+    proposer=ToyProposer,
+    checkpoint_config=lambda cfg, dtype, k, archs: {"architectures": ["ToySpeculator"], "speculators_model_type": "toy",
+                                                    "dtype": dtype, "specdraft": {"drafter_config": cfg.to_dict()}},
+    parse_config=lambda config, where: ToyConfig.from_dict(config["specdraft"]["drafter_config"]),
+    validate=toy_validate)
+
+
+@pytest.fixture
+def toy_family(monkeypatch):
+    monkeypatch.setitem(registry.FAMILIES, "toy", TOY)
+    yield TOY
+
+
+def test_a_toy_family_trains_round_trips_and_generates_losslessly(ws, toy_family, tmp_path):  # noqa: F811
+    run = tmp_path / "run"
+    summary = train(config(ws, run, family="toy", epochs=1, ttt_steps=1))
+    assert summary["val"]["loss"] == summary["val"]["loss"]                       # a number, not NaN
+    tensors, cfg, layout = load_checkpoint(run / "best")
+    assert (layout, type(cfg), cfg.aux_layer_ids) == ("speculators", ToyConfig, [2, 4, 5])
+    drafter = load_drafter(run / "best")
+    assert isinstance(drafter, ToyDrafter) and registry.family_of(drafter) is TOY
+
+    target = ws["target"].model
+    for prompt in ws["samples"][:3]:
+        x = torch.tensor([prompt[:10]])
+        ref = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, 10:].tolist()
+        out = generate(target, prompt[:10], TOY.proposer(drafter, k=1), max_new_tokens=16, eos_token_ids=set())
+        assert out.token_ids == ref and len(out.accepted) > 0
+
+
+def test_info_lists_the_registered_families(tiny_target, toy_family):
+    from typer.testing import CliRunner
+
+    from specdraft.cli import app
+
+    res = CliRunner().invoke(app, ["info", "--model", str(tiny_target), "--json"])
+    assert res.exit_code == 0, res.output
+    assert '"drafter_families": [\n    "eagle3",\n    "toy"\n  ]' in res.output
+
+
+def test_an_unknown_family_is_one_line_listing_the_registered_ones(ws, tmp_path):  # noqa: F811
+    with pytest.raises(SpecdraftError, match=r"drafter family 'nope': not registered; choose one of .*eagle3"):
+        registry.family("nope")
+    with pytest.raises(SpecdraftError, match="drafter family 'nope'"):       # at parse time, before any work
+        config(ws, tmp_path / "run", family="nope").check()
+    assert not (tmp_path / "run").exists()
