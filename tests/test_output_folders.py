@@ -125,6 +125,40 @@ def test_train_overwrite_starts_the_run_over(ws, run, monkeypatch, capsys):
     assert [e.text.split(":")[0] for e in read(out) if e.kind == "decision"] == ["started from scratch"]
 
 
+def test_overwrite_refused_by_a_tracker_leaves_the_old_run_intact(ws, run, monkeypatch, capsys):
+    """wandb without a login refuses at start: the old run (tensorboard folder included) is put back."""
+    import wandb
+
+    from specdraft.train.run_folder import SET_ASIDE
+
+    out = copy(ws, run.name, "overwrite-no-login")
+    (out / "tensorboard").mkdir()
+    (out / "tensorboard" / "events.old").write_text("old events")
+
+    def no_login(**kwargs):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", no_login)
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (
+        train_args(ws, out, "--epochs", "1", "--overwrite", "--report-to", "tensorboard,wandb"), out), "No API key")
+    assert "wandb login" in line and not (out / SET_ASIDE).exists()
+
+
+def test_overwrite_killed_while_trackers_start_is_restored_next_time(ws, run, monkeypatch, capsys):
+    from specdraft.train.run_folder import SET_ASIDE
+
+    out = copy(ws, run.name, "overwrite-killed")
+    aside = out / SET_ASIDE
+    aside.mkdir()
+    for name in ("metrics.jsonl", "config.yaml", "checkpoints", "best"):
+        (out / name).rename(aside / name)
+    (out / "tensorboard").mkdir()           # what the killed start's tracker made
+    code, err, _ = run_cli(monkeypatch, capsys, train_args(ws, out, "--epochs", "1"))
+    assert code == 2 and "restored the previous run" in err and "already holds a run" in err, err
+    assert not aside.exists() and not (out / "tensorboard").exists()
+    assert (out / "checkpoints" / "epoch-2").is_dir() and (out / "metrics.jsonl").is_file()
+
+
 def test_recipe_continues_a_started_run_with_the_right_flag(tmp_path):
     from specdraft.pipeline import _continue_run
 
