@@ -394,6 +394,24 @@ def c_remap_other_tokenizer(ws):
     return ["vocab", "remap", ws["root"] / "vocab.safetensors", path, "--out", ws["root"] / "remap.safetensors"], None
 
 
+def c_engine_args_model(ws):
+    return (["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", ws["root"] / "h-ea",
+             "--engine", "vllm", "--engine-args", json.dumps({"model": ws["other"], "max_model_len": 512})],
+            ws["root"] / "data")
+
+
+def c_engine_args_dtype_prepare(ws):
+    return (["prepare", "--model", ws["target"], "--conversations", ws["root"] / "good.jsonl", "--out",
+             ws["root"] / "d-ea", "--regenerate", "--engine", "vllm", "--engine-args",
+             '{"dtype": "float16", "tokenizer": "gpt2"}'], None)
+
+
+def c_engine_args_extraction_train(ws):
+    return (["train", "--online", "--prepared", ws["root"] / "data", "--model", ws["target"], "--vocab",
+             ws["root"] / "vocab.safetensors", "--out", ws["root"] / "run-ea", "--engine", "vllm", "--engine-args",
+             '{"speculative_config": {"method": "ngram"}}'], None)
+
+
 MATRIX = [
     Case("jsonl line that is not JSON", c_not_json, "line 2: not valid JSON"),
     Case("unknown role", c_unknown_role, "unknown role 'wizard'"),
@@ -452,6 +470,11 @@ MATRIX = [
     Case("--num-speculative-tokens -2 (export)", c_export_tokens_negative, "--num-speculative-tokens -2"),
     Case("--max-new-tokens -3 (generate)", c_generate_negative_tokens, "--max-new-tokens -3"),
     Case("vocab remap between different tokenizers", c_remap_other_tokenizer, "tokenizer"),
+    Case("--engine-args overriding the model (capture)", c_engine_args_model, "'model' may not be set here"),
+    Case("--engine-args overriding dtype and tokenizer (prepare)", c_engine_args_dtype_prepare,
+         "'dtype', 'tokenizer' may not be set here"),
+    Case("--engine-args overriding the hidden-state extraction (train --online)", c_engine_args_extraction_train,
+         "'speculative_config' may not be set here"),
 ]
 
 
