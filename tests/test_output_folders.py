@@ -159,6 +159,34 @@ def test_overwrite_killed_while_trackers_start_is_restored_next_time(ws, run, mo
     assert (out / "checkpoints" / "epoch-2").is_dir() and (out / "metrics.jsonl").is_file()
 
 
+def test_resume_with_other_settings_is_refused_with_each_difference(ws, run, monkeypatch, capsys):
+    """The restored optimizer keeps lr 1e-4 / weight decay 0.01: new values would only be written to
+    config.yaml, so they are refused, each named old -> new."""
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (
+        train_args(ws, run, "--resume", "--lr", "0.05", "--weight-decay", "0.5", "--epochs", "3"), run),
+        "these differ")
+    assert "--lr 0.0001 -> 0.05" in line and "--weight-decay 0.01 -> 0.5" in line, line
+    assert "--epochs" not in line and "start a new run in another --out" in line   # --epochs 3 is applied
+    print(f"\n{line}")
+
+
+@pytest.mark.parametrize("damage, phrase", [
+    (lambda run: (run / "config.yaml").unlink(), "config.yaml: not found"),
+    (lambda run: (run / "config.yaml").write_text("lr: [1, 2\n"), "not valid YAML"),
+    (lambda run: (run / "config.yaml").write_text("seed: seven\n"), "seed is 'seven'"),
+    (lambda run: (run / "checkpoints" / "epoch-2" / "progress.json").write_text("{\"step\": "),
+     "epoch-2/progress.json: no whole-number step"),
+    (lambda run: (run / "checkpoints" / "epoch-2" / "progress.json").unlink(), "epoch-2/progress.json: not found"),
+], ids=["config.yaml missing", "config.yaml not YAML", "config.yaml wrong type", "progress.json cut",
+        "progress.json missing"])
+def test_resume_with_a_missing_or_damaged_record_is_refused(ws, run, monkeypatch, capsys, damage, phrase):
+    out = copy(ws, run.name, "resume-damaged")
+    damage(out)
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (train_args(ws, out, "--resume"), out), phrase)
+    assert "resume" in line or "delete" in line, line
+    print(f"\n{line}")
+
+
 def test_recipe_continues_a_started_run_with_the_right_flag(tmp_path):
     from specdraft.pipeline import _continue_run
 

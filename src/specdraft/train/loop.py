@@ -27,7 +27,7 @@ from specdraft.train.inputs import INPUTS_FILE, check_inputs, data_identity, sto
 from specdraft.train.objective import TeacherHead, TTTObjective, add_sums, finalize_metrics
 from specdraft.train.progress import progress_bar
 from specdraft.train.provenance import write_provenance
-from specdraft.train.run_folder import note, own_run_folder, set_aside, start_summary, val_summary
+from specdraft.train.run_folder import check_resume_settings, note, own_run_folder, set_aside, start_summary, val_summary
 from specdraft.train.runtime import Runtime, TrainData, use_bf16
 from specdraft.train.step import (StepResult, Training, TrainState, advance, evaluate, optimizer_and_schedule,
                                   train_step)
@@ -60,6 +60,8 @@ def start(cfg: RunConfig, runtime: Runtime, data: TrainData | None, target) -> T
                              "use --attention sdpa on CPU")
     console = Console(stderr=True)
     log = (lambda msg: console.print(msg, highlight=False)) if runtime.is_main else (lambda msg: None)
+    if cfg.resume:
+        check_resume_settings(cfg)
     resume_from = resume_checkpoint(cfg) if cfg.resume else None
     vocab = vocab_mod.load(cfg.vocab)
     data = data or store_data(cfg, runtime)

@@ -106,6 +106,38 @@ def recover_set_aside(run_dir: Path) -> None:
                                    "interrupted --overwrite had set aside in .overwritten", highlight=False)
 
 
+# what a --resume may change: how the run is watched, logged and launched, how long it goes on (the
+# schedule follows --epochs), and the paths of its inputs (their contents are checked against the
+# checkpoint). Any other setting was baked into the optimizer, scheduler, split or weights.
+RESUME_MAY_CHANGE = {"out", "resume", "overwrite", "progress", "stop_after", "log_every", "val_every", "save_every",
+                     "keep_step_checkpoints", "report_to", "epochs", "baseline", "stop_if_behind", "watch_split",
+                     "watch_metric", "watch_margin", "watch_warmup_tokens", "watch_min_points", "store", "vocab",
+                     "model", "trust_remote_code", "attention"}
+
+
+def check_resume_settings(cfg: RunConfig) -> None:
+    """--resume continues the run as recorded in RUN/config.yaml: a setting that differs (a flag or
+    --config) would be written to config.yaml while the restored optimizer, schedule and split keep
+    the old one, so the differences are refused, each as --flag old -> new. A missing or damaged
+    record is refused too (defaults would change the split mid-run)."""
+    from specdraft.train.config import flag, load_yaml
+
+    path = Path(cfg.out) / "config.yaml"
+    fix = "restore it, or start a new run in another --out"
+    if not path.is_file():
+        raise SpecdraftError(f"{path}: not found; --resume continues a run with its recorded settings; {fix}")
+    try:
+        saved = RunConfig.from_dict(load_yaml(path), str(path))
+    except SpecdraftError as e:
+        raise SpecdraftError(f"{e}; --resume needs the run's record of its settings: {fix}") from None
+    differ = [f"{flag(name)} {getattr(saved, name)} -> {getattr(cfg, name)}"
+              for name in saved.to_dict() if name not in RESUME_MAY_CHANGE and getattr(saved, name) != getattr(cfg, name)]
+    if differ:
+        raise SpecdraftError(f"{path}: --resume continues the run with its recorded settings, but these differ: "
+                             f"{', '.join(differ)}; drop those flags (or --config) to resume, or start a new run "
+                             "in another --out")
+
+
 def note(run_dir: Path, kind: str, text: str) -> None:
     """An automatic RUN/journal.md entry from training (rank 0 only; callers check)."""
     journal.record(run_dir, kind, text, source="train")
