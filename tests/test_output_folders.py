@@ -4,6 +4,7 @@ are readable by other users (normal umask)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -236,3 +237,107 @@ def test_export_replaces_an_earlier_export_readable_by_everyone(ws, monkeypatch,
     assert out.stat().st_mode & 0o777 == 0o755
     for f in out.iterdir():
         assert f.stat().st_mode & 0o777 == 0o644, f
+
+
+# ----------------------------------------------------------------------------- single-file --out
+
+def _victim(ws, name: str, text: str = '{"mine": true}\n') -> Path:
+    path = ws["root"] / name
+    path.write_text(text)
+    return path
+
+
+def _link(ws, name: str, to: Path) -> Path:
+    link = ws["root"] / name
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(to)
+    return link
+
+
+def o_vocab_onto_manifest(ws, run):
+    store = ws["root"] / "hidden"
+    return ["vocab", "build", "--store", store, "--size", "16", "--out", store / "manifest.json"], store
+
+
+def o_eval_onto_metrics(ws, run):
+    return ["eval", "--drafter", run, "--store", ws["root"] / "hidden", "--model", ws["target"], "--out",
+            run / "metrics.jsonl"], run
+
+
+def o_eval_onto_vocab(ws, run):
+    return ["eval", "--drafter", run, "--store", ws["root"] / "hidden", "--model", ws["target"], "--out",
+            ws["root"] / "vocab.safetensors"], ws["root"] / "vocab.safetensors"
+
+
+def o_bench_onto_prompts(ws, run):
+    prompts = _victim(ws, "prompts-in.jsonl", '{"messages": [{"role": "user", "content": "hi"}]}\n')
+    return ["bench", "--model", ws["target"], "--methods", "greedy", "--prompts", prompts, "--out", prompts], prompts
+
+
+def o_bench_chart_is_a_link(ws, run):
+    victim = _victim(ws, "victim-chart.txt", "not a chart")
+    _link(ws, "bench-linked.png", victim)
+    return ["bench", "--model", ws["target"], "--methods", "greedy", "--out", ws["root"] / "bench-linked.json"], victim
+
+
+def o_remap_onto_its_input(ws, run):
+    vocab = ws["root"] / "vocab.safetensors"
+    return ["vocab", "remap", vocab, ws["root"] / "drafter", "--out", vocab], vocab
+
+
+def o_plan_onto_its_accept_file(ws, run):
+    accept = _victim(ws, "eval-accept.json", json.dumps({"cond_acc": [0.8, 0.6]}))
+    return ["plan", "--accept", accept, "--verify-ms", "10", "--draft-ms", "1", "--out", accept], accept
+
+
+def o_probe_onto_a_vocab(ws, run):
+    vocab = ws["root"] / "vocab.safetensors"
+    return ["probe", "--vocab", vocab, "--vocab", ws["root"] / "drafter", "--out", ws["root"] / "drafter" /
+            "config.json"], ws["root"] / "drafter"
+
+
+def o_report_onto_config(ws, run):
+    return ["report", run, "--out", run / "config.yaml"], run
+
+
+def o_eval_through_a_link(ws, run):
+    victim = _victim(ws, "victim.json")
+    link = _link(ws, "eval-link.json", victim)
+    return ["eval", "--drafter", run, "--store", ws["root"] / "hidden", "--model", ws["target"], "--out", link], victim
+
+
+OUT_CASES = [
+    (o_vocab_onto_manifest, "manifest.json is a file specdraft"),
+    (o_eval_onto_metrics, "metrics.jsonl is a file specdraft"),
+    (o_eval_onto_vocab, "existing .safetensors file"),
+    (o_bench_onto_prompts, "is also an input of this command"),
+    (o_bench_chart_is_a_link, "bench-linked.png: is a symbolic link"),
+    (o_remap_onto_its_input, "is also an input of this command"),
+    (o_plan_onto_its_accept_file, "is also an input of this command"),
+    (o_probe_onto_a_vocab, "config.json is a file specdraft"),
+    (o_report_onto_config, "config.yaml is a file specdraft"),
+    (o_eval_through_a_link, "is a symbolic link"),
+]
+
+
+@pytest.mark.parametrize("build, phrase", OUT_CASES, ids=[b.__name__[2:] for b, _ in OUT_CASES])
+def test_single_file_out_never_replaces_an_input_or_an_owned_file(ws, run, monkeypatch, capsys, build, phrase):
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: build(ws, run), phrase)
+    assert "choose another" in line or "remove the link" in line, line
+    print(f"\n{line}")
+
+
+def test_lock_file_planted_as_a_link_is_not_written_through(tmp_path):
+    from specdraft.io import LOCK_NAME, own_folder
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / LOCK_NAME).symlink_to(victim)
+    with pytest.raises(SpecdraftError, match="cannot create its lock file"):
+        with own_folder(folder, "capture"):
+            pass
+    assert victim.read_text() == "precious"
+
