@@ -341,3 +341,33 @@ def test_lock_file_planted_as_a_link_is_not_written_through(tmp_path):
             pass
     assert victim.read_text() == "precious"
 
+
+# ----------------------------------------------------------------------------- eval --split val
+
+def test_eval_val_split_on_another_store_is_refused(ws, run, monkeypatch, capsys):
+    """The run's held-out samples exist only in its own store: on another store the same seed and
+    fraction pick samples the run trained on, which were labelled "held-out samples of the run"."""
+    from rich.console import Console
+
+    from bad_workspace import conv, write_jsonl
+    from specdraft.analysis.evaluate import evaluate
+    from specdraft.data import capture as cap
+    from specdraft.data.prepare import prepare
+
+    root = ws["root"]
+    if not (root / "h-other-samples" / "manifest.json").exists():
+        src = write_jsonl(root / "other-samples.jsonl", [conv(f"other question {i}", f"reply {i} " * 3)
+                                                        for i in range(6)])
+        prepare(model=ws["target"], source=str(src), out=root / "d-other-samples",
+                console=Console(stderr=True, quiet=True))
+        cap.capture(model=ws["target"], data=root / "d-other-samples", out=root / "h-other-samples",
+                    layers=[2, 4, 5], dtype="float32", shard_tokens=200, progress=False)
+    other = root / "h-other-samples"
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (
+        ["eval", "--drafter", run, "--store", other, "--model", ws["target"], "--split", "val"], other),
+        "is not the store the run trained on")
+    assert f"--store {root / 'hidden'}" in line and "--split all" in line, line
+    print(f"\n{line}")
+    # the run's own store keeps its held-out split; another store is fine with --split all
+    assert "held-out samples of the run" in evaluate(run, root / "hidden", model=ws["target"], steps=2)["split"]
+    assert evaluate(run, other, model=ws["target"], split="all", steps=2)["split"] == "all (6 samples)"
