@@ -60,9 +60,9 @@ def start(cfg: RunConfig, runtime: Runtime, data: TrainData | None, target) -> T
                              "use --attention sdpa on CPU")
     console = Console(stderr=True)
     log = (lambda msg: console.print(msg, highlight=False)) if runtime.is_main else (lambda msg: None)
+    resume_from = resume_checkpoint(cfg) if cfg.resume else None
     if cfg.resume:
         check_resume_settings(cfg)
-    resume_from = resume_checkpoint(cfg) if cfg.resume else None
     vocab = vocab_mod.load(cfg.vocab)
     data = data or store_data(cfg, runtime)
     target = target or training_target(cfg)
