@@ -412,6 +412,28 @@ def c_engine_args_extraction_train(ws):
              '{"speculative_config": {"method": "ngram"}}'], None)
 
 
+def c_bench_null_content(ws):
+    f = write_jsonl(ws["root"] / "nullprompt.jsonl", [{"prompt": "fine"}, {"messages": [{"role": "user", "content": None}]}])
+    return ["bench", "--model", ws["target"], "--prompts", f, "--methods", "greedy"], None
+
+
+def c_bench_number_content(ws):
+    f = write_jsonl(ws["root"] / "numprompt.jsonl", [{"messages": [{"role": "user", "content": 42}]}])
+    return ["bench", "--model", ws["target"], "--prompts", f, "--methods", "greedy"], None
+
+
+def c_bench_prompts_not_utf8(ws):
+    f = ws["root"] / "latin1-prompts.jsonl"
+    f.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    return ["bench", "--model", ws["target"], "--prompts", f, "--methods", "greedy"], None
+
+
+def c_prepare_null_user(ws):
+    f = write_jsonl(ws["root"] / "nulluser.jsonl", [conv(), {"messages": [{"role": "user", "content": None},
+                                                                         {"role": "assistant", "content": "x"}]}])
+    return ["prepare", "--model", ws["target"], "--conversations", f, "--out", ws["root"] / "data"], ws["root"] / "data"
+
+
 MATRIX = [
     Case("jsonl line that is not JSON", c_not_json, "line 2: not valid JSON"),
     Case("unknown role", c_unknown_role, "unknown role 'wizard'"),
@@ -470,6 +492,10 @@ MATRIX = [
     Case("--num-speculative-tokens -2 (export)", c_export_tokens_negative, "--num-speculative-tokens -2"),
     Case("--max-new-tokens -3 (generate)", c_generate_negative_tokens, "--max-new-tokens -3"),
     Case("vocab remap between different tokenizers", c_remap_other_tokenizer, "tokenizer"),
+    Case("prompts line with null content (bench)", c_bench_null_content, "nullprompt.jsonl:2: user content is null"),
+    Case("prompts line with a number as content (bench)", c_bench_number_content, "numprompt.jsonl:1: user content is 42"),
+    Case("prompts file not UTF-8 (bench)", c_bench_prompts_not_utf8, "latin1-prompts.jsonl:2: not UTF-8"),
+    Case("user turn with null content (prepare)", c_prepare_null_user, "user content is null"),
     Case("--engine-args overriding the model (capture)", c_engine_args_model, "'model' may not be set here"),
     Case("--engine-args overriding dtype and tokenizer (prepare)", c_engine_args_dtype_prepare,
          "'dtype', 'tokenizer' may not be set here"),
