@@ -394,6 +394,46 @@ def c_remap_other_tokenizer(ws):
     return ["vocab", "remap", ws["root"] / "vocab.safetensors", path, "--out", ws["root"] / "remap.safetensors"], None
 
 
+def c_engine_args_model(ws):
+    return (["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", ws["root"] / "h-ea",
+             "--engine", "vllm", "--engine-args", json.dumps({"model": ws["other"], "max_model_len": 512})],
+            ws["root"] / "data")
+
+
+def c_engine_args_dtype_prepare(ws):
+    return (["prepare", "--model", ws["target"], "--conversations", ws["root"] / "good.jsonl", "--out",
+             ws["root"] / "d-ea", "--regenerate", "--engine", "vllm", "--engine-args",
+             '{"dtype": "float16", "tokenizer": "gpt2"}'], None)
+
+
+def c_engine_args_extraction_train(ws):
+    return (["train", "--online", "--prepared", ws["root"] / "data", "--model", ws["target"], "--vocab",
+             ws["root"] / "vocab.safetensors", "--out", ws["root"] / "run-ea", "--engine", "vllm", "--engine-args",
+             '{"speculative_config": {"method": "ngram"}}'], None)
+
+
+def c_bench_null_content(ws):
+    f = write_jsonl(ws["root"] / "nullprompt.jsonl", [{"prompt": "fine"}, {"messages": [{"role": "user", "content": None}]}])
+    return ["bench", "--model", ws["target"], "--prompts", f, "--methods", "greedy"], None
+
+
+def c_bench_number_content(ws):
+    f = write_jsonl(ws["root"] / "numprompt.jsonl", [{"messages": [{"role": "user", "content": 42}]}])
+    return ["bench", "--model", ws["target"], "--prompts", f, "--methods", "greedy"], None
+
+
+def c_bench_prompts_not_utf8(ws):
+    f = ws["root"] / "latin1-prompts.jsonl"
+    f.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    return ["bench", "--model", ws["target"], "--prompts", f, "--methods", "greedy"], None
+
+
+def c_prepare_null_user(ws):
+    f = write_jsonl(ws["root"] / "nulluser.jsonl", [conv(), {"messages": [{"role": "user", "content": None},
+                                                                         {"role": "assistant", "content": "x"}]}])
+    return ["prepare", "--model", ws["target"], "--conversations", f, "--out", ws["root"] / "data"], ws["root"] / "data"
+
+
 MATRIX = [
     Case("jsonl line that is not JSON", c_not_json, "line 2: not valid JSON"),
     Case("unknown role", c_unknown_role, "unknown role 'wizard'"),
@@ -452,6 +492,15 @@ MATRIX = [
     Case("--num-speculative-tokens -2 (export)", c_export_tokens_negative, "--num-speculative-tokens -2"),
     Case("--max-new-tokens -3 (generate)", c_generate_negative_tokens, "--max-new-tokens -3"),
     Case("vocab remap between different tokenizers", c_remap_other_tokenizer, "tokenizer"),
+    Case("prompts line with null content (bench)", c_bench_null_content, "nullprompt.jsonl:2: user content is null"),
+    Case("prompts line with a number as content (bench)", c_bench_number_content, "numprompt.jsonl:1: user content is 42"),
+    Case("prompts file not UTF-8 (bench)", c_bench_prompts_not_utf8, "latin1-prompts.jsonl:2: not UTF-8"),
+    Case("user turn with null content (prepare)", c_prepare_null_user, "user content is null"),
+    Case("--engine-args overriding the model (capture)", c_engine_args_model, "'model' may not be set here"),
+    Case("--engine-args overriding dtype and tokenizer (prepare)", c_engine_args_dtype_prepare,
+         "'dtype', 'tokenizer' may not be set here"),
+    Case("--engine-args overriding the hidden-state extraction (train --online)", c_engine_args_extraction_train,
+         "'speculative_config' may not be set here"),
 ]
 
 

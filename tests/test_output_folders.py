@@ -4,6 +4,7 @@ are readable by other users (normal umask)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -125,6 +126,68 @@ def test_train_overwrite_starts_the_run_over(ws, run, monkeypatch, capsys):
     assert [e.text.split(":")[0] for e in read(out) if e.kind == "decision"] == ["started from scratch"]
 
 
+def test_overwrite_refused_by_a_tracker_leaves_the_old_run_intact(ws, run, monkeypatch, capsys):
+    """wandb without a login refuses at start: the old run (tensorboard folder included) is put back."""
+    import wandb
+
+    from specdraft.train.run_folder import SET_ASIDE
+
+    out = copy(ws, run.name, "overwrite-no-login")
+    (out / "tensorboard").mkdir()
+    (out / "tensorboard" / "events.old").write_text("old events")
+
+    def no_login(**kwargs):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", no_login)
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (
+        train_args(ws, out, "--epochs", "1", "--overwrite", "--report-to", "tensorboard,wandb"), out), "No API key")
+    assert "wandb login" in line and not (out / SET_ASIDE).exists()
+
+
+def test_overwrite_killed_while_trackers_start_is_restored_next_time(ws, run, monkeypatch, capsys):
+    from specdraft.train.run_folder import SET_ASIDE
+
+    out = copy(ws, run.name, "overwrite-killed")
+    aside = out / SET_ASIDE
+    aside.mkdir()
+    for name in ("metrics.jsonl", "config.yaml", "checkpoints", "best"):
+        (out / name).rename(aside / name)
+    (out / "tensorboard").mkdir()           # what the killed start's tracker made
+    code, err, _ = run_cli(monkeypatch, capsys, train_args(ws, out, "--epochs", "1"))
+    assert code == 2 and "restored the previous run" in err and "already holds a run" in err, err
+    assert not aside.exists() and not (out / "tensorboard").exists()
+    assert (out / "checkpoints" / "epoch-2").is_dir() and (out / "metrics.jsonl").is_file()
+
+
+def test_resume_with_other_settings_is_refused_with_each_difference(ws, run, monkeypatch, capsys):
+    """The restored optimizer keeps lr 1e-4 / weight decay 0.01: new values would only be written to
+    config.yaml, so they are refused, each named old -> new."""
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (
+        train_args(ws, run, "--resume", "--lr", "0.05", "--weight-decay", "0.5", "--epochs", "3"), run),
+        "these differ")
+    assert "--lr 0.0001 -> 0.05" in line and "--weight-decay 0.01 -> 0.5" in line, line
+    assert "--epochs" not in line and "start a new run in another --out" in line   # --epochs 3 is applied
+    print(f"\n{line}")
+
+
+@pytest.mark.parametrize("damage, phrase", [
+    (lambda run: (run / "config.yaml").unlink(), "config.yaml: not found"),
+    (lambda run: (run / "config.yaml").write_text("lr: [1, 2\n"), "not valid YAML"),
+    (lambda run: (run / "config.yaml").write_text("seed: seven\n"), "seed is 'seven'"),
+    (lambda run: (run / "checkpoints" / "epoch-2" / "progress.json").write_text("{\"step\": "),
+     "epoch-2/progress.json: no whole-number step"),
+    (lambda run: (run / "checkpoints" / "epoch-2" / "progress.json").unlink(), "epoch-2/progress.json: not found"),
+], ids=["config.yaml missing", "config.yaml not YAML", "config.yaml wrong type", "progress.json cut",
+        "progress.json missing"])
+def test_resume_with_a_missing_or_damaged_record_is_refused(ws, run, monkeypatch, capsys, damage, phrase):
+    out = copy(ws, run.name, "resume-damaged")
+    damage(out)
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (train_args(ws, out, "--resume"), out), phrase)
+    assert "resume" in line or "delete" in line, line
+    print(f"\n{line}")
+
+
 def test_recipe_continues_a_started_run_with_the_right_flag(tmp_path):
     from specdraft.pipeline import _continue_run
 
@@ -174,3 +237,137 @@ def test_export_replaces_an_earlier_export_readable_by_everyone(ws, monkeypatch,
     assert out.stat().st_mode & 0o777 == 0o755
     for f in out.iterdir():
         assert f.stat().st_mode & 0o777 == 0o644, f
+
+
+# ----------------------------------------------------------------------------- single-file --out
+
+def _victim(ws, name: str, text: str = '{"mine": true}\n') -> Path:
+    path = ws["root"] / name
+    path.write_text(text)
+    return path
+
+
+def _link(ws, name: str, to: Path) -> Path:
+    link = ws["root"] / name
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(to)
+    return link
+
+
+def o_vocab_onto_manifest(ws, run):
+    store = ws["root"] / "hidden"
+    return ["vocab", "build", "--store", store, "--size", "16", "--out", store / "manifest.json"], store
+
+
+def o_eval_onto_metrics(ws, run):
+    return ["eval", "--drafter", run, "--store", ws["root"] / "hidden", "--model", ws["target"], "--out",
+            run / "metrics.jsonl"], run
+
+
+def o_eval_onto_vocab(ws, run):
+    return ["eval", "--drafter", run, "--store", ws["root"] / "hidden", "--model", ws["target"], "--out",
+            ws["root"] / "vocab.safetensors"], ws["root"] / "vocab.safetensors"
+
+
+def o_bench_onto_prompts(ws, run):
+    prompts = _victim(ws, "prompts-in.jsonl", '{"messages": [{"role": "user", "content": "hi"}]}\n')
+    return ["bench", "--model", ws["target"], "--methods", "greedy", "--prompts", prompts, "--out", prompts], prompts
+
+
+def o_bench_chart_is_a_link(ws, run):
+    victim = _victim(ws, "victim-chart.txt", "not a chart")
+    _link(ws, "bench-linked.png", victim)
+    return ["bench", "--model", ws["target"], "--methods", "greedy", "--out", ws["root"] / "bench-linked.json"], victim
+
+
+def o_remap_onto_its_input(ws, run):
+    vocab = ws["root"] / "vocab.safetensors"
+    return ["vocab", "remap", vocab, ws["root"] / "drafter", "--out", vocab], vocab
+
+
+def o_plan_onto_its_accept_file(ws, run):
+    accept = _victim(ws, "eval-accept.json", json.dumps({"cond_acc": [0.8, 0.6]}))
+    return ["plan", "--accept", accept, "--verify-ms", "10", "--draft-ms", "1", "--out", accept], accept
+
+
+def o_probe_onto_a_vocab(ws, run):
+    vocab = ws["root"] / "vocab.safetensors"
+    return ["probe", "--vocab", vocab, "--vocab", ws["root"] / "drafter", "--out", ws["root"] / "drafter" /
+            "config.json"], ws["root"] / "drafter"
+
+
+def o_report_onto_config(ws, run):
+    return ["report", run, "--out", run / "config.yaml"], run
+
+
+def o_eval_through_a_link(ws, run):
+    victim = _victim(ws, "victim.json")
+    link = _link(ws, "eval-link.json", victim)
+    return ["eval", "--drafter", run, "--store", ws["root"] / "hidden", "--model", ws["target"], "--out", link], victim
+
+
+OUT_CASES = [
+    (o_vocab_onto_manifest, "manifest.json is a file specdraft"),
+    (o_eval_onto_metrics, "metrics.jsonl is a file specdraft"),
+    (o_eval_onto_vocab, "existing .safetensors file"),
+    (o_bench_onto_prompts, "is also an input of this command"),
+    (o_bench_chart_is_a_link, "bench-linked.png: is a symbolic link"),
+    (o_remap_onto_its_input, "is also an input of this command"),
+    (o_plan_onto_its_accept_file, "is also an input of this command"),
+    (o_probe_onto_a_vocab, "config.json is a file specdraft"),
+    (o_report_onto_config, "config.yaml is a file specdraft"),
+    (o_eval_through_a_link, "is a symbolic link"),
+]
+
+
+@pytest.mark.parametrize("build, phrase", OUT_CASES, ids=[b.__name__[2:] for b, _ in OUT_CASES])
+def test_single_file_out_never_replaces_an_input_or_an_owned_file(ws, run, monkeypatch, capsys, build, phrase):
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: build(ws, run), phrase)
+    assert "choose another" in line or "remove the link" in line, line
+    print(f"\n{line}")
+
+
+def test_lock_file_planted_as_a_link_is_not_written_through(tmp_path):
+    from specdraft.io import LOCK_NAME, own_folder
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / LOCK_NAME).symlink_to(victim)
+    with pytest.raises(SpecdraftError, match="cannot create its lock file"):
+        with own_folder(folder, "capture"):
+            pass
+    assert victim.read_text() == "precious"
+
+
+# ----------------------------------------------------------------------------- eval --split val
+
+def test_eval_val_split_on_another_store_is_refused(ws, run, monkeypatch, capsys):
+    """The run's held-out samples exist only in its own store: on another store the same seed and
+    fraction pick samples the run trained on, which were labelled "held-out samples of the run"."""
+    from rich.console import Console
+
+    from bad_workspace import conv, write_jsonl
+    from specdraft.analysis.evaluate import evaluate
+    from specdraft.data import capture as cap
+    from specdraft.data.prepare import prepare
+
+    root = ws["root"]
+    if not (root / "h-other-samples" / "manifest.json").exists():
+        src = write_jsonl(root / "other-samples.jsonl", [conv(f"other question {i}", f"reply {i} " * 3)
+                                                        for i in range(6)])
+        prepare(model=ws["target"], source=str(src), out=root / "d-other-samples",
+                console=Console(stderr=True, quiet=True))
+        cap.capture(model=ws["target"], data=root / "d-other-samples", out=root / "h-other-samples",
+                    layers=[2, 4, 5], dtype="float32", shard_tokens=200, progress=False)
+    other = root / "h-other-samples"
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (
+        ["eval", "--drafter", run, "--store", other, "--model", ws["target"], "--split", "val"], other),
+        "is not the store the run trained on")
+    assert f"--store {root / 'hidden'}" in line and "--split all" in line, line
+    print(f"\n{line}")
+    # the run's own store keeps its held-out split; another store is fine with --split all
+    assert "held-out samples of the run" in evaluate(run, root / "hidden", model=ws["target"], steps=2)["split"]
+    assert evaluate(run, other, model=ws["target"], split="all", steps=2)["split"] == "all (6 samples)"

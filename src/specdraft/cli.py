@@ -182,6 +182,9 @@ def vocab_build(
         raise SpecdraftError("--prepared and --store: pick one (the tokens are counted in one of them)")
     source = renamed(prepared if store is None else store, data, "--data", "--prepared or --store")
     kind = "prepared" if prepared is not None else "store" if store is not None else None
+    from specdraft.io import check_output_file
+
+    check_output_file(out, [source, model], ".safetensors")
     summary = vocab.build_from_data(required(source, "--prepared WS/data or --store WS/hidden", "the tokens "
                                              "to count"), size, out, model=model, kind=kind)
     console.print(f"[green]vocab[/] {summary['draft_vocab_size']} of {summary['target_vocab_size']} tokens, "
@@ -209,7 +212,10 @@ def vocab_remap(a: Path = typer.Argument(..., help="Source mapping A."),
                 as_json: bool = AS_JSON):
     """Row permutation from A's draft ids to B's, and B's rows that have no source."""
     from specdraft import vocab
+    from specdraft.io import check_output_file
 
+    if out is not None:
+        check_output_file(out, [a, b], ".safetensors")
     r = vocab.remap(vocab.load(a), vocab.load(b))
     if out is not None:
         vocab.save_remap(r, out)
@@ -374,6 +380,10 @@ def probe_cmd(vocab: Optional[List[Path]] = typer.Option(None, "--vocab", help="
     from specdraft.analysis import probe
 
     data = renamed(prepared, data, "--data", "--prepared")
+    if out is not None:
+        from specdraft.io import check_output_file
+
+        check_output_file(out, [*(vocab or []), data, drafter], ".json")
     results = probe.run(vocabs=vocab or [], models=model or [], data=data, drafter=drafter, samples=samples,
                         max_tokens=max_tokens, steps=steps, run=run, out=out,
                         trust_remote_code=trust_remote_code)
@@ -405,6 +415,10 @@ def plan_cmd(drafter: Optional[Path] = typer.Option(None, "--drafter", help="Dra
     data = renamed(store, data, "--data", "--store")
     k_max = renamed(num_speculative_tokens, k_max, "--k-max", NUM_SPEC)
     k_max = 8 if k_max is None else k_max
+    if out is not None:
+        from specdraft.io import check_output_file
+
+        check_output_file(out, [accept, drafter, data], ".json")
     result = plan.run(drafter=drafter, model=model, accept=accept, data=data,
                       verify_ms=parse_floats(verify_ms, "--verify-ms"), draft_ms=draft_ms, k_max=k_max,
                       context=context, run=run, out=out, trust_remote_code=trust_remote_code, rounds=rounds)
@@ -421,6 +435,10 @@ def report_cmd(runs: List[Path] = typer.Argument(..., help="Run folders."),
     tables, the export's serve commands, stage timings, curves, journal and config."""
     from specdraft.analysis import report
 
+    if out is not None:
+        from specdraft.io import check_output_file
+
+        check_output_file(out, runs, ".html")
     path = report.build(runs, out)
     console.print(f"[green]report[/] -> {path}")
 
@@ -547,6 +565,11 @@ def bench(
     from specdraft.targets import DTYPES, load_target
 
     as_json, out = json_or_out(ctx, as_json, out)
+    if out is not None:   # the results JSON and the chart beside it
+        from specdraft.io import check_output_file
+
+        check_output_file(out, [prompts, drafter], ".json")
+        check_output_file(out.with_suffix(".png"), [prompts, drafter], ".png")
     names = [n.strip() for n in methods.split(",") if n.strip()]
     k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC), default_auto="eagle3" in names)
     stop = parse_draft_stop(draft_stop)
@@ -684,6 +707,10 @@ def eval_cmd(
 
     as_json, out = json_or_out(ctx, as_json, out)
     data = required(renamed(store, data, "--data", "--store"), "--store", "the hidden-state store (WS/hidden)")
+    if out is not None:
+        from specdraft.io import check_output_file
+
+        check_output_file(out, [drafter, data], ".json")
     result = evaluate(drafter, data, model=model, split=split, steps=steps, trust_remote_code=trust_remote_code)
     rates = " ".join(f"{a:.3f}" for a in result["cond_acc"])
     by_k = " ".join(f"K={k}:{a:.2f}" for k, a in enumerate(result["accept_len_by_k"]) if k)

@@ -56,6 +56,52 @@ def check_file_target(path: str | os.PathLike) -> Path:
     return path
 
 
+# Files that specdraft's folders (prepared data, store, run, checkpoint, export) and model folders are
+# made of: a single-file --out never replaces one (`eval --out RUN/metrics.jsonl` replaced the run's
+# log). Outputs a command re-writes on purpose (RUN/eval.json, bench.json, plan.json, report.html) are
+# not in it.
+OWNED_FILES = {"manifest.json", "prepare.json", "regen.jsonl", "questions.jsonl", "metrics.jsonl", "config.yaml",
+               "config.json", "progress.json", "trainer_state.pt", "inputs.json", "model.safetensors",
+               "model.safetensors.index.json", "journal.md", "provenance.json", "remap.json", "val.json",
+               "stages.json", ".specdraft.lock", ".journal.lock", "tokenizer.json", "tokenizer_config.json",
+               "generation_config.json", "special_tokens_map.json"}
+OWNED_PATTERN = re.compile(r"^(shard-\d+\.safetensors|model-\d+-of-\d+\.safetensors)$")
+# an existing file of these kinds is data (weights, a vocab, a store, conversations, a config), never
+# the result of a command that writes another kind
+DATA_SUFFIXES = {".safetensors", ".pt", ".bin", ".gguf", ".jsonl", ".parquet", ".yaml", ".yml"}
+
+
+def check_output_file(path: str | os.PathLike, inputs=(), writes: str | None = None,
+                      option: str = "--out") -> Path:
+    """A single-file output, checked before the command's work: not a folder, not a symbolic link
+    specdraft did not make, not one of the command's `inputs` (files or folders), not a file that a
+    specdraft or model folder is made of (OWNED_FILES), and not an existing data file of another kind
+    than the `writes` suffix. Each refusal is one line naming the file and the fix."""
+    path = check_file_target(path)
+    fix = f"choose another {option} (a new file)"
+    if path.is_symlink():
+        raise SpecdraftError(f"{option} {path}: is a symbolic link (to {os.readlink(path)}) that specdraft did not "
+                             f"make; it never writes through links: remove the link or {fix}")
+    resolved = path.resolve()
+    for given in inputs:
+        if given is None or not Path(given).exists():
+            continue
+        source = Path(given).resolve()
+        if source == resolved:
+            raise SpecdraftError(f"{option} {path}: is also an input of this command ({given}); writing it would "
+                                 f"replace it: {fix}")
+    name = path.name
+    owned = name in OWNED_FILES or OWNED_PATTERN.match(name)
+    parent_owned = path.parent.is_dir() and any((path.parent / n).is_file() for n in OWNED_FILES)
+    if owned and (path.exists() or parent_owned):
+        raise SpecdraftError(f"{option} {path}: {name} is a file specdraft (or a model folder) is made of; writing "
+                             f"it would replace it: {fix}")
+    if writes and path.is_file() and path.suffix.lower() in DATA_SUFFIXES and path.suffix.lower() != writes:
+        raise SpecdraftError(f"{option} {path}: is an existing {path.suffix} file (data: weights, a vocab, "
+                             f"conversations, a config?) and this command writes {writes}: {fix}")
+    return path
+
+
 # What to do about the OS errors a writer meets; anything else gets the OS's own words.
 OS_ERROR_FIXES = {
     errno.ENOSPC: "free disk space or choose another --out; files written before are intact",
@@ -165,7 +211,7 @@ def own_folder(path: str | os.PathLike, command: str) -> Iterator[Path]:
     lock = path / LOCK_NAME
     while True:
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)   # never through a planted link
         except OSError as e:
             raise SpecdraftError(f"{path}: cannot create its lock file {LOCK_NAME} ({e.strerror}); "
                                  "choose another --out") from None

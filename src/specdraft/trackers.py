@@ -102,4 +102,12 @@ class Wandb:
 def open_trackers(report_to: str, run_dir: Path, config: dict) -> list:
     """The trackers named by --report-to, each started with the run's config."""
     kinds = {"tensorboard": TensorBoard, "trackio": Trackio, "wandb": Wandb}
-    return [kinds[name](run_dir, config) for name in parse(report_to)]
+    opened = []
+    try:
+        for name in parse(report_to):
+            opened.append(kinds[name](run_dir, config))
+    except BaseException:   # one refused (wandb without a login): close those already started
+        for tracker in opened:
+            tracker.close()
+        raise
+    return opened

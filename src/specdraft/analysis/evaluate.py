@@ -31,6 +31,44 @@ def run_config_of(drafter: Path) -> dict:
     return {}
 
 
+def trained_store_of(checkpoint: Path) -> tuple[dict, Path | None]:
+    """What the run recorded of its training store (data_identity: fingerprint, samples, tokens): the
+    checkpoint's inputs.json, else one of its run's checkpoints (a run trains on one store: --resume
+    refuses another). ({}, None) for a run from before inputs.json."""
+    from specdraft.io import read_json
+    from specdraft.train.inputs import INPUTS_FILE
+
+    candidates = [checkpoint / INPUTS_FILE]
+    for folder in (checkpoint, checkpoint.parent, checkpoint.parent.parent):
+        if (folder / "config.yaml").is_file():
+            candidates += sorted((folder / "checkpoints").glob(f"*/{INPUTS_FILE}"))
+            break
+    for path in candidates:
+        if path.is_file():
+            return read_json(path, "checkpoint inputs"), path
+    return {}, None
+
+
+def check_trained_store(checkpoint: Path, hidden: HiddenStore, store, run_cfg: dict) -> None:
+    """--split val means the run's held-out samples, which exist only in the store it trained on: on
+    another store the same seed and fraction pick samples the run may have trained on."""
+    saved, where = trained_store_of(checkpoint)
+    data = hidden.manifest.get("data") if isinstance(hidden.manifest.get("data"), dict) else {}
+    now = {"data_fingerprint": data.get("fingerprint", ""), "num_samples": len(hidden),
+           "num_tokens": hidden.num_tokens}
+    trained = saved.get("store") or run_cfg.get("store")
+    fix = f"pass --store {trained} (the run's own) for its held-out samples, or --split all"
+    for key in ("data_fingerprint", "num_samples", "num_tokens"):
+        was, have = saved.get(key), now[key]
+        if was and have and was != have:
+            raise SpecdraftError(f"--split val: {store} is not the store the run trained on ({where} records "
+                                 f"{key} {was}, {store} has {have}), so the run's held-out samples are not "
+                                 f"there; {fix}")
+    if not saved and (not trained or Path(str(trained)).resolve() != Path(store).resolve()):
+        raise SpecdraftError(f"--split val: the run records no fingerprint of its training store and {store} is "
+                             f"not the store its config.yaml names ({trained}); {fix}")
+
+
 def chain_accept_lengths(cond_acc: list[float]) -> list[float]:
     """Expected tokens per target forward for chains of K = 0..len(cond_acc) draft tokens."""
     lengths, prod, total = [1.0], 1.0, 1.0
@@ -58,6 +96,7 @@ def evaluate(drafter: str | Path, store: str | Path, model: str = "default", spl
     run_cfg = run_config_of(Path(checkpoint))
     ids = list(range(len(hidden)))
     if split == "val" and run_cfg:
+        check_trained_store(Path(checkpoint), hidden, store, run_cfg)
         _, ids = split_samples(len(hidden), run_cfg.get("val_fraction", 0.05), run_cfg.get("seed", 0))
         split_used = f"val ({len(ids)} held-out samples of the run)"
     else:

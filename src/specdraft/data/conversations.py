@@ -173,6 +173,9 @@ def normalize(record: Any, where: str, allow_empty_assistant: bool = False) -> C
         if role is None:
             raise SpecdraftError(f"{where} turn {i}: unknown role {raw_role!r}; use system/user/assistant "
                                  "(or ShareGPT system/human/gpt)")
+        if content is None and role != "assistant":   # a null answer is for --regenerate to write; a null question is bad
+            raise SpecdraftError(f"{where} turn {i}: {role} content is null; give the turn its text (a string) "
+                                 "or drop the record")
         if content is None:
             content = ""
         if not isinstance(content, str):

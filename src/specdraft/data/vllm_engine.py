@@ -72,6 +72,20 @@ def engine_options(engine: str = "auto", tensor_parallel_size: int = 1, engine_a
     return EngineOptions(engine, tensor_parallel_size, args, endpoint.rstrip("/") if endpoint else None)
 
 
+# vllm.LLM arguments that would change what specdraft records (the store's or prepared data's target,
+# tokenizer, dtype, hidden-state extraction, seed): refused by name, with the specdraft option to use
+RESERVED_ENGINE_ARGS = {
+    **dict.fromkeys(("model", "revision", "code_revision", "hf_config_path", "hf_overrides", "quantization"),
+                    "--model names the target"),
+    **dict.fromkeys(("tokenizer", "tokenizer_revision", "tokenizer_mode", "skip_tokenizer_init"),
+                    "the target's own tokenizer is used"),
+    "dtype": "capture's --compute-dtype sets it", "seed": "--seed sets it",
+    **dict.fromkeys(("speculative_config", "kv_transfer_config"), "--layers chooses the captured layers"),
+    "enable_chunked_prefill": "the extraction needs each prompt in one step",
+    "enable_prefix_caching": "every token is recomputed",
+}
+
+
 def parse_engine_args(text: str | None) -> dict:
     if not text:
         return {}
@@ -83,6 +97,13 @@ def parse_engine_args(text: str | None) -> dict:
     if not isinstance(args, dict):
         raise SpecdraftError("--engine-args: expected a JSON object of vllm.LLM arguments, "
                              f"got {type(args).__name__}")
+    reserved = [key for key in args if key in RESERVED_ENGINE_ARGS]
+    if reserved:
+        key = reserved[0]
+        raise SpecdraftError(f"--engine-args: {', '.join(map(repr, reserved))} may not be set here: specdraft sets "
+                             f"{'it' if len(reserved) == 1 else 'them'} and records the value in its output; "
+                             f"drop {'it' if len(reserved) == 1 else 'them'} ({key}: "
+                             f"{RESERVED_ENGINE_ARGS[key]})")
     return args
 
 

@@ -98,7 +98,11 @@ def read_prompts(source: str, limit: int | None = None) -> list[list[dict]]:
         if not path.is_file():
             raise SpecdraftError(f"--prompts {source}: file not found; pass a jsonl file or builtin-holdout")
         conversations = []
-        for n, line in enumerate(path.read_text().splitlines(), start=1):
+        for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SpecdraftError(f"{path}:{n}: not UTF-8 (byte {e.start}); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
@@ -116,7 +120,10 @@ def read_prompts(source: str, limit: int | None = None) -> list[list[dict]]:
             for m in messages:
                 if not isinstance(m, dict) or m.get("role") == "assistant":
                     break
-                turns.append({"role": m.get("role"), "content": str(m.get("content", ""))})
+                if not isinstance(m.get("content"), str):   # str(None) was prompted as the text "None"
+                    raise SpecdraftError(f"{path}:{n}: {m.get('role')} content is "
+                                         f"{json.dumps(m.get('content'))[:40]}, not a string; give the turn its text")
+                turns.append({"role": m.get("role"), "content": m["content"]})
             if any(t["role"] == "user" for t in turns):
                 conversations.append(turns)
     if limit is not None:

@@ -158,11 +158,27 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, str, Path]]:
     if root.is_dir():
         for folder in root.iterdir():
             m = CHECKPOINT_NAME.match(folder.name)
-            if m and all((folder / f).is_file() for f in (STATE_FILE, PROGRESS_FILE, "config.json")):
-                step = json.loads((folder / PROGRESS_FILE).read_text())["step"]
-                found.append((int(step), m.group(1), folder))
+            if m and all((folder / f).is_file() for f in (STATE_FILE, "config.json")):
+                found.append((checkpoint_step(folder), m.group(1), folder))
     # at equal steps prefer the epoch checkpoint (it also holds that epoch's validation)
     return sorted(found, key=lambda x: (x[0], x[1] == "epoch"))
+
+
+def checkpoint_step(folder: Path) -> int:
+    """The step of a checkpoint, from its progress.json. Checkpoints are written whole (a temp
+    sibling swapped in), so one without a readable progress.json was damaged afterwards: refused,
+    never skipped (resuming an older checkpoint in its place would repeat steps silently)."""
+    path = folder / PROGRESS_FILE
+    fix = f"delete {folder} to resume from the checkpoint before it"
+    if not path.is_file():
+        raise SpecdraftError(f"{path}: not found; the checkpoint is damaged; {fix}")
+    try:
+        step = json.loads(path.read_text()).get("step")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        step = None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise SpecdraftError(f"{path}: no whole-number step (damaged or edited); {fix}")
+    return step
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

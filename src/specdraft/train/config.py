@@ -36,7 +36,8 @@ class RunConfig:
     trust_remote_code: bool = setting(False, "Allow the model's own Python code (only for models you trust).")
     from_pretrained: str | None = setting(None, "Start from this drafter folder instead of from scratch.")
     remap: bool = setting(True, "Remap a --from-pretrained lm_head to --vocab when the mappings differ (else refuse).")
-    resume: bool = setting(False, "Continue the latest checkpoint in --out exactly (with the run's config.yaml).")
+    resume: bool = setting(False, "Continue the latest checkpoint in --out exactly (with the run's config.yaml; "
+                           "flags that change its training settings are refused, --epochs and logging may change).")
     overwrite: bool = setting(False, "--out already holds a run: delete its files (metrics, checkpoints, best/, "
                               "journal) and start over (never saved as true).")
     # drafter
@@ -212,7 +213,13 @@ def resolve_config(config_file: str | Path | None = None, **overrides) -> RunCon
     RUN/config.yaml is the file, so `--out RUN --resume` continues with the run's settings."""
     if config_file is None and overrides.get("resume") and overrides.get("out"):
         saved = Path(overrides["out"]) / "config.yaml"
-        config_file = saved if saved.is_file() else None
+        config_file = saved if saved.is_file() else None   # missing: training refuses (check_resume_settings)
+        if config_file is not None:
+            try:
+                RunConfig.from_dict(load_yaml(config_file), str(config_file))
+            except SpecdraftError as e:
+                raise SpecdraftError(f"{e}; --resume needs the run's record of its settings: restore it, or "
+                                     "start a new run in another --out") from None
     values = load_yaml(config_file) if config_file else {}
     values.update(overrides)
     return RunConfig.from_dict(values, str(config_file or "options")).check()

@@ -9,6 +9,7 @@ the defaults are one process reading the hidden store.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from specdraft.model.registry import family_of
 from specdraft.train.objective import TeacherHead, add_sums, finalize_metrics
 from specdraft.train.progress import progress_bar
 from specdraft.train.provenance import write_provenance
-from specdraft.train.run_folder import note, own_run_folder, start_summary, val_summary, wipe_run
+from specdraft.train.run_folder import check_resume_settings, note, own_run_folder, set_aside, start_summary, val_summary
 from specdraft.train.runtime import Runtime, TrainData, use_bf16
 from specdraft.train.step import (StepResult, Training, TrainState, advance, evaluate, optimizer_and_schedule,
                                   train_step)
@@ -61,6 +62,8 @@ def start(cfg: RunConfig, runtime: Runtime, data: TrainData | None, target) -> T
     console = Console(stderr=True)
     log = (lambda msg: console.print(msg, highlight=False)) if runtime.is_main else (lambda msg: None)
     resume_from = resume_checkpoint(cfg) if cfg.resume else None
+    if cfg.resume:
+        check_resume_settings(cfg)
     vocab = vocab_mod.load(cfg.vocab)
     data = data or store_data(cfg, runtime)
     target = target or training_target(cfg)
@@ -83,9 +86,10 @@ def start(cfg: RunConfig, runtime: Runtime, data: TrainData | None, target) -> T
         scheduler.load_state_dict(saved["scheduler"])
         ckpt.set_rng_state(saved["rng"])
         state = TrainState.from_saved(saved)
-    if runtime.is_main and cfg.overwrite:   # every input check passed: only now delete the old run
-        wipe_run(Path(cfg.out), log)
-    metrics = MetricsLog(Path(cfg.out), runtime.is_main, console, cfg.report_to, cfg.to_dict())
+    # every input check passed: only now set the old run aside, start the trackers (wandb may refuse:
+    # the old run is put back), and delete it once they started
+    with set_aside(Path(cfg.out), log) if runtime.is_main and cfg.overwrite else contextlib.nullcontext():
+        metrics = MetricsLog(Path(cfg.out), runtime.is_main, console, cfg.report_to, cfg.to_dict())
     t = Training(cfg, runtime, data, drafter, model, optimizer, scheduler, metrics, watch, log,
                  use_bf16(cfg, runtime.device), batches_per_epoch, state)
     open_run(t, resume_from, remap_report)

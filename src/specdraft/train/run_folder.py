@@ -28,6 +28,7 @@ def own_run_folder(cfg: RunConfig, runtime: Runtime):
         if runtime.is_main:
             try:
                 held.enter_context(own_folder(cfg.out, "train"))
+                recover_set_aside(Path(cfg.out))
                 check_run_folder(cfg)
             except SpecdraftError as e:
                 error = e
@@ -46,20 +47,95 @@ def check_run_folder(cfg: RunConfig) -> None:
                              "--overwrite to start over, or choose another --out")
 
 
-def wipe_run(run_dir: Path, log) -> None:
-    """--overwrite: delete what an earlier train wrote in RUN, so the folder holds one run only."""
-    removed = []
-    for name in RUN_FILES:
+# --overwrite sets the old run aside here (one rename per file) while the new run's trackers start:
+# a tracker that refuses (wandb without a login) puts it back; once they started, it is deleted.
+SET_ASIDE = ".overwritten"
+
+
+@contextlib.contextmanager
+def set_aside(run_dir: Path, log):
+    """--overwrite, in the order README promises: move the old run's files into RUN/.overwritten,
+    run the block (open the trackers), then delete them; if the block fails, the old run is put
+    back as it was and the error goes on."""
+    aside = run_dir / SET_ASIDE
+    names = [name for name in RUN_FILES if (run_dir / name).exists() or (run_dir / name).is_symlink()]
+    if not names:
+        yield
+        return
+    aside.mkdir()
+    for name in names:
+        (run_dir / name).rename(aside / name)
+    try:
+        yield
+    except BaseException:
+        restore_set_aside(run_dir)
+        raise
+    dropped = run_dir / (SET_ASIDE + "-drop")     # renamed first: a half-deleted old run is never restored
+    aside.rename(dropped)
+    shutil.rmtree(dropped)
+    log(f"--overwrite: deleted the previous run's {', '.join(names)}")
+
+
+def restore_set_aside(run_dir: Path) -> list[str]:
+    """Put the files of RUN/.overwritten back, replacing what the failed start made in their place."""
+    aside = run_dir / SET_ASIDE
+    for name in RUN_FILES:        # made by the start that failed (a tracker's folder): not the old run's
         path = run_dir / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
-        else:
-            continue
-        removed.append(name)
-    if removed:
-        log(f"--overwrite: deleted the previous run's {', '.join(removed)}")
+    names = sorted(p.name for p in aside.iterdir())
+    for name in names:
+        (aside / name).rename(run_dir / name)
+    aside.rmdir()
+    return names
+
+
+def recover_set_aside(run_dir: Path) -> None:
+    """A train --overwrite killed while its trackers started left the old run in RUN/.overwritten:
+    put it back (the new run had not begun), or finish deleting one that was being deleted."""
+    dropped = run_dir / (SET_ASIDE + "-drop")
+    if dropped.is_dir():
+        shutil.rmtree(dropped)
+    if (run_dir / SET_ASIDE).is_dir():
+        names = restore_set_aside(run_dir)
+        from rich.console import Console
+
+        Console(stderr=True).print(f"{run_dir}: restored the previous run's {', '.join(names)} that an "
+                                   "interrupted --overwrite had set aside in .overwritten", highlight=False)
+
+
+# what a --resume may change: how the run is watched, logged and launched, how long it goes on (the
+# schedule follows --epochs), and the paths of its inputs (their contents are checked against the
+# checkpoint). Any other setting was baked into the optimizer, scheduler, split or weights.
+RESUME_MAY_CHANGE = {"out", "resume", "overwrite", "progress", "stop_after", "log_every", "val_every", "save_every",
+                     "keep_step_checkpoints", "report_to", "epochs", "baseline", "stop_if_behind", "watch_split",
+                     "watch_metric", "watch_margin", "watch_warmup_tokens", "watch_min_points", "store", "vocab",
+                     "model", "trust_remote_code", "attention"}
+
+
+def check_resume_settings(cfg: RunConfig) -> None:
+    """--resume continues the run as recorded in RUN/config.yaml: a setting that differs (a flag or
+    --config) would be written to config.yaml while the restored optimizer, schedule and split keep
+    the old one, so the differences are refused, each as --flag old -> new. A missing or damaged
+    record is refused too (defaults would change the split mid-run)."""
+    from specdraft.train.config import flag, load_yaml
+
+    path = Path(cfg.out) / "config.yaml"
+    fix = "restore it, or start a new run in another --out"
+    if not path.is_file():
+        raise SpecdraftError(f"{path}: not found; --resume continues a run with its recorded settings; {fix}")
+    try:
+        saved = RunConfig.from_dict(load_yaml(path), str(path))
+    except SpecdraftError as e:
+        raise SpecdraftError(f"{e}; --resume needs the run's record of its settings: {fix}") from None
+    differ = [f"{flag(name)} {getattr(saved, name)} -> {getattr(cfg, name)}"
+              for name in saved.to_dict() if name not in RESUME_MAY_CHANGE and getattr(saved, name) != getattr(cfg, name)]
+    if differ:
+        raise SpecdraftError(f"{path}: --resume continues the run with its recorded settings, but these differ: "
+                             f"{', '.join(differ)}; drop those flags (or --config) to resume, or start a new run "
+                             "in another --out")
 
 
 def note(run_dir: Path, kind: str, text: str) -> None:
