@@ -5,7 +5,7 @@
 
 Drafter: H=576, intermediate 1536, 9 heads / 3 kv heads, head_dim 64, target vocab 49152, draft
 vocab 8192 (SmolLM2-135M's shapes); random aux/last/ids, rows packed with 2-4 documents each, loss
-mask all ones (the most compute per token). A step = `train.objective.ttt_forward` + backward +
+mask all ones (the most compute per token). A step = `model.eagle3.objective.ttt_forward` + backward +
 AdamW step, i.e. exactly what train/loop.py does per batch. Reported:
 
 - training tokens/s (B*T real tokens per step / median step time),
@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from specdraft.model.eagle3 import module as drafter_mod
 from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.model.eagle3.module import Eagle3Drafter, KVCache
-from specdraft.train.objective import TeacherHead, ttt_forward
+from specdraft.model.eagle3.objective import ttt_forward
+from specdraft.train.objective import TeacherHead
 
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
                head_dim=64, vocab_size=49152, draft_vocab_size=8192, aux_layer_ids=[2, 15, 27],

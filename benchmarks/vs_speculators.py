@@ -304,7 +304,8 @@ def evaluate_drafter(folder: Path, store, val_ids: list[int], target, vocab, cfg
 
     from specdraft.formats.checkpoints import load_drafter
     from specdraft.train.batches import StoreBatches
-    from specdraft.train.objective import TeacherHead, TTTObjective
+    from specdraft.model.eagle3.objective import TTTObjective
+    from specdraft.train.objective import TeacherHead
     from specdraft.train.runtime import Runtime
     from specdraft.train.step import evaluate
 

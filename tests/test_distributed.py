@@ -114,7 +114,8 @@ import torch
 from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.model.eagle3.module import Eagle3Drafter
 from specdraft.train import checkpoint, distributed
-from specdraft.train.objective import TeacherHead, TTTObjective
+from specdraft.model.eagle3.objective import TTTObjective
+from specdraft.train.objective import TeacherHead
 
 
 def build():

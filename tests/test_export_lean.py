@@ -188,7 +188,8 @@ def test_a_drafter_sglang_cannot_serve_gets_vllm_commands_only(tmp_path):
     """An EAGLE-3.1 drafter (fc_norm / norm_output, the quick profile's): the card and the report
     name the engine that serves it and say why SGLang does not, instead of an export that fails."""
     from specdraft.analysis.report import sglang_missing
-    from specdraft.formats import card, sglang
+    from specdraft.formats import card
+    from specdraft.model.eagle3 import sglang
 
     from test_formats import tiny_config
 

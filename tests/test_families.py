@@ -12,7 +12,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import load_checkpoint, load_drafter
 from specdraft.infer.speculative import Profile, generate
 from specdraft.infer.tree import Draft
-from specdraft.model import registry
+from specdraft import families as registry
 from specdraft.train.loop import train
 from test_train import config, ws  # noqa: F401  (the tiny workspace fixture)
 

@@ -17,7 +17,8 @@ from torch.nn.attention.flex_attention import create_mask
 from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.model.eagle3.module import Eagle3Drafter, ttt_block_mask, ttt_mask
 from specdraft.testing import tiny_llama
-from specdraft.train.objective import TeacherHead, TTTObjective, finalize_metrics, ttt_forward
+from specdraft.model.eagle3.objective import TTTObjective, ttt_forward
+from specdraft.train.objective import TeacherHead, finalize_metrics
 
 
 # two documents and two padding positions in row 0; one document then padding in row 1

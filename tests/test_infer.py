@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.model.eagle3.proposer import EagleProposer, TreeShape, check_drafter_fits
+from specdraft.infer.bench import check_drafter_fits
+from specdraft.infer.tree import TreeShape
+from specdraft.model.eagle3.proposer import EagleProposer
 from specdraft.infer.ngram import NgramProposer, lookup
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import (Profile, TargetRunner, cache_kwarg, few_row_matmul, generate,
@@ -285,7 +287,8 @@ def test_ttt_steps_equal_the_chain_drafts_under_teacher_forcing(target, drafter,
     tokens as the ground truth (tokens[:t+2] + drafts) and the aux rows the chain saw: the argmax
     of ttt_forward's step-k logits at position t, as a target id, must be d_k for every k (k>0
     being the unrolled steps: positions, masks, token shift and the fed-back hidden state)."""
-    from specdraft.train.objective import TeacherHead, ttt_forward
+    from specdraft.model.eagle3.objective import ttt_forward
+    from specdraft.train.objective import TeacherHead
 
     net = copy.deepcopy(drafter).double()        # float64: no near-tie flips between the two paths
     net.config.norm_output = norm_output

@@ -8,8 +8,8 @@ import torch
 from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.model.eagle3.module import Eagle3Drafter
 from specdraft.testing import tiny_llama
-from specdraft.train.objective import (TeacherHead, add_sums, finalize_metrics, ttt_forward,
-                                       valid_positions)
+from specdraft.model.eagle3.objective import ttt_forward
+from specdraft.train.objective import TeacherHead, add_sums, finalize_metrics, valid_positions
 
 
 

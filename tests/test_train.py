@@ -172,7 +172,7 @@ def test_training_loads_only_the_target_head_and_trains_as_with_the_whole_target
 
 
 def test_train_on_prompts_trains_every_position_and_validates_on_the_mask(ws, tmp_path, monkeypatch):
-    from specdraft.train import objective
+    from specdraft.model.eagle3 import objective
 
     seen = []                                               # (training?, positions, loss-masked positions)
     original = objective.TTTObjective.forward

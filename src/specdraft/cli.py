@@ -71,7 +71,7 @@ def info(model: str = MODEL, trust_remote_code: bool = TRUST,
          as_json: bool = AS_JSON):
     """Architecture, layers, hidden size, vocab, tied lm_head, chat template, default aux layers, and
     the drafter families `train --family` takes."""
-    from specdraft.model.registry import names
+    from specdraft.families import names
     from specdraft.targets import info as target_info
 
     data = {**target_info(model, trust_remote_code), "drafter_families": names()}
@@ -473,7 +473,7 @@ def generate(
 ):
     """Speculative generation for one prompt: streams the answer, then tokens/s and acceptance length."""
     from specdraft.infer import bench as B
-    from specdraft.model.eagle3.proposer import TreeShape
+    from specdraft.infer.tree import TreeShape
     from specdraft.infer.sampling import Sampling
     from specdraft.infer.speculative import eos_ids_of
     from specdraft.targets import DTYPES, load_target
@@ -559,7 +559,7 @@ def bench(
     """Wall-clock speed of greedy (transformers generate), plain (specdraft's loop, no drafter), n-gram
     and EAGLE-3 on the same prompts, in interleaved rounds (median and spread per method)."""
     from specdraft.infer import bench as B
-    from specdraft.model.eagle3.proposer import TreeShape
+    from specdraft.infer.tree import TreeShape
     from specdraft.io import write_json
     from specdraft.progress import progress as progress_of
     from specdraft.targets import DTYPES, load_target

@@ -24,7 +24,8 @@ from specdraft.infer.bench import load_drafter_for
 from specdraft.io import write_json
 from specdraft.progress import progress, track
 from specdraft.targets import default_aux_layers, load_target
-from specdraft.train.objective import MAX_TTT_STEPS, TeacherHead, add_sums, finalize_metrics, ttt_forward
+from specdraft.model.eagle3.objective import ttt_forward
+from specdraft.train.objective import MAX_TTT_STEPS, TeacherHead, add_sums, finalize_metrics
 from specdraft.vocab import format_diff
 
 # Hidden-state verdict thresholds (per-token cosine and linear CKA, worst aux layer).

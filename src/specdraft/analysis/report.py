@@ -20,9 +20,9 @@ from pathlib import Path
 from specdraft import journal, metrics
 from specdraft.analysis import compare
 from specdraft.errors import SpecdraftError
-from specdraft.formats import card, sglang
+from specdraft.families import family
+from specdraft.formats import card
 from specdraft.infer.bench import why_not_faster
-from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.io import atomic_path
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -257,9 +257,10 @@ def export_html(run: Path) -> str:
 def sglang_missing(export: str) -> str | None:
     """What SGLang lacks for the exported drafter (its config.json's specdraft block), or None."""
     try:
-        block = json.loads((Path(export) / "config.json").read_text()).get("specdraft") or {}
-        return sglang.unsupported(DrafterConfig.from_dict(block["drafter_config"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        config = json.loads((Path(export) / "config.json").read_text())
+        fam = family(config.get("speculators_model_type", "eagle3"))
+        return card.sglang_missing(fam.config_type.from_dict(config["specdraft"]["drafter_config"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, SpecdraftError):
         return None
 
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specdraft.formats import sglang
+from specdraft.families import family_of, layout
 from specdraft.io import write_json
-from specdraft.model.eagle3.config import DrafterConfig
 
 UNKNOWN = "unknown"
 
@@ -60,7 +59,7 @@ def _tokens_trained(metrics: Path) -> int | None:
     return last if isinstance(last, int) else None
 
 
-def facts(ckpt: Path, cfg: DrafterConfig, target_identity: dict | None = None) -> dict:
+def facts(ckpt: Path, cfg, target_identity: dict | None = None) -> dict:
     """What the card says about the drafter's origin, from the run around `ckpt` when there is one."""
     run = run_folder_of(ckpt)
     inputs = _json(ckpt / "inputs.json")
@@ -92,7 +91,7 @@ def facts(ckpt: Path, cfg: DrafterConfig, target_identity: dict | None = None) -
     return out
 
 
-def render(facts: dict, cfg: DrafterConfig, *, out: Path, layout: str, dtype: str, embeddings: bool,
+def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: bool,
            speculative_tokens: int, weight_bytes: int) -> str:
     """The README.md text."""
     target, export = facts["target"], str(Path(out).resolve())
@@ -121,7 +120,7 @@ def render(facts: dict, cfg: DrafterConfig, *, out: Path, layout: str, dtype: st
         "τ is the mean number of tokens accepted per target forward pass (1 = no speedup).",
         "",
     ]
-    for engine, note, command in serve_commands(target, export, speculative_tokens, layout, sglang.unsupported(cfg)):
+    for engine, note, command in serve_commands(target, export, speculative_tokens, layout, sglang_missing(cfg)):
         lines += [f"## Serve with {engine}", ""] + ([note, ""] if note else []) + ["```bash", command, "```", ""]
     lines += ["See specdraft's docs/serving.md for what each engine reads from this folder.", ""]
     return "\n".join(lines)
@@ -145,12 +144,19 @@ def record_export(ckpt: Path, out: Path, layout: str, dtype: str, speculative_to
     write_json(run / EXPORTS_FILE, {"exports": entries})
 
 
+def sglang_missing(cfg) -> str | None:
+    """What of this drafter SGLang cannot serve: its family's answer, or the family itself when it
+    has no SGLang layout."""
+    sglang = layout(family_of(cfg), "sglang")
+    return f"{family_of(cfg).model_type} drafters" if sglang is None else sglang.unsupported(cfg)
+
+
 def serve_commands(target: str, export: str | Path, speculative_tokens: int, layout: str,
                    sglang_missing: str | None = None) -> list[tuple[str, str, str]]:
     """(engine, note, command) to paste for an export folder: the model card and `specdraft report`
     both show these, so the two never disagree. SGLang reads only the SGLang layout: for another
     layout the note says to export again, and the command names that second folder; a drafter using
-    what SGLang lacks (`sglang.unsupported`) gets vLLM's command only."""
+    what SGLang lacks (`sglang_missing`) gets vLLM's command only."""
     serve_target = target if target and target != UNKNOWN else "TARGET"
     export, k = str(export), int(speculative_tokens)
     spec = json.dumps({"method": "eagle3", "model": export, "num_speculative_tokens": k})

@@ -3,7 +3,7 @@ SGLang layout, and the official EAGLE-3 repo layout; export and import between t
 
 Everything here works on (tensors dict with canonical names, the family's config); what a
 family's config.json and tensors hold is the family's own (model/<family>/, found through
-model/registry.py). The SGLang and EAGLE-repo layouts hold EAGLE-3 drafters only.
+families.py). The SGLang and EAGLE-repo layouts hold EAGLE-3 drafters only.
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from typing import Callable
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.formats import card, sglang
-from specdraft.model.registry import family, family_of, names
+from specdraft.families import Layout, family, family_of, layout as layout_of, layouts, names
+from specdraft.formats import card
 from specdraft.io import LOCK_NAME, fsync_dir, os_error_line, read_json, with_umask, write_json
 from specdraft.targets import load_target_head
 from specdraft.vocab import check_mapping, integer_d2t, t2d_from_d2t
 from specdraft.weights import WEIGHT_FILES, read_weights, weights_file
 
-LAYOUTS = ("speculators", "sglang")           # what we write
-DETECTED = ("speculators", "sglang", "eagle")  # what we read ("eagle": .bin from the official repo)
+LAYOUTS = ("speculators", "sglang")           # what we write: speculators, or a family's other layout
 IGNORED_KEYS = ("verifier_norm.weight", "verifier_lm_head.weight")  # older speculators saves
 
 
@@ -116,15 +115,15 @@ def save_checkpoint(folder: str | Path, tensors: dict[str, torch.Tensor], cfg,
     fam = family_of(cfg)
     fam.validate(tensors, cfg, str(folder))
     dtype = checkpoint_dtype(tensors)
+    other = layout_of(fam, layout)
     if layout == "speculators":
         config = fam.checkpoint_config(cfg, dtype, speculative_tokens, verifier_architectures(cfg.verifier))
         on_disk = tensors
-    elif fam.model_type != "eagle3":
-        raise SpecdraftError(f"--format {layout}: SGLang's layout holds EAGLE-3 drafters only, this is a "
-                             f"{fam.model_type} drafter; export --format speculators")
+    elif other is None:
+        raise SpecdraftError(f"--format {layout}: a {fam.model_type} drafter has no {layout} layout; "
+                             "export --format speculators")
     else:
-        config = sglang.build_config(cfg, dtype, str(folder))
-        on_disk = sglang.to_sglang_names(tensors)
+        config, on_disk = other.write(cfg, tensors, dtype, str(folder))
 
     def write(tmp: Path) -> None:
         save_file(on_disk, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -137,10 +136,15 @@ def save_checkpoint(folder: str | Path, tensors: dict[str, torch.Tensor], cfg,
 
 
 def detect_layout(folder: Path, config: dict | None = None) -> str:
-    """'speculators', 'sglang' or 'eagle', or fail listing what was looked for."""
-    looked_for = (f"config.json with speculators_model_type {' or '.join(map(repr, names()))} (speculators/vLLM), or with "
-                  "architectures ['LlamaForCausalLMEagle3'] (SGLang / EAGLE-3), plus "
-                  + " or ".join(WEIGHT_FILES))
+    """'speculators', or the name a family's other layout gives it ('sglang', 'eagle'), or fail
+    listing what was looked for."""
+    return _detect(folder, config)[0]
+
+
+def _detect(folder: Path, config: dict | None = None) -> tuple[str, Layout | None]:
+    others = "".join(f", or {lay.looks_like or lay.name}" for _fam, lay in layouts())
+    looked_for = (f"config.json with speculators_model_type {' or '.join(map(repr, names()))} (speculators/vLLM)"
+                  f"{others}, plus " + " or ".join(WEIGHT_FILES))
     if not folder.is_dir():
         raise SpecdraftError(f"{folder}: not a folder; expected a drafter checkpoint ({looked_for})")
     if config is None:
@@ -154,9 +158,11 @@ def detect_layout(folder: Path, config: dict | None = None) -> str:
         if config["speculators_model_type"] not in names():
             raise SpecdraftError(f"{folder}: speculators_model_type {config['speculators_model_type']!r} is not "
                                  f"supported; registered drafter families: {', '.join(names())}")
-        return "speculators"
-    if sglang.ARCHITECTURE in (config.get("architectures") or []):
-        return "eagle" if weights.name == "pytorch_model.bin" else "sglang"
+        return "speculators", None
+    for _fam, lay in layouts():
+        found = lay.detect(config, weights)
+        if found:
+            return found, lay
     raise SpecdraftError(f"{folder}: unknown checkpoint layout (architectures {config.get('architectures')}); "
                          f"looked for {looked_for}")
 
@@ -165,17 +171,15 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, torch.Tensor], object
     """Read any supported layout -> (tensors with canonical names, the family's config, layout)."""
     folder = Path(folder)
     config = read_json(folder / "config.json", "drafter config") if (folder / "config.json").is_file() else None
-    layout = detect_layout(folder, config)
+    layout, other = _detect(folder, config)
     tensors = read_weights(folder)
     for k in IGNORED_KEYS:
         tensors.pop(k, None)
     where = str(folder)
-    if layout == "speculators":
+    if other is None:
         cfg = family(config["speculators_model_type"]).parse_config(config, where)
     else:
-        tensors = sglang.to_canonical_names(tensors)
-        lm_head = tensors.get("lm_head.weight")
-        cfg = sglang.parse_config(config, where, None if lm_head is None else lm_head.shape[0])
+        tensors, cfg = other.read(config, tensors, where)
     if "d2t" in tensors:
         tensors["d2t"] = integer_d2t(tensors["d2t"], where, "save the drafter's d2t as int64 (re-export it)")
         if "t2d" in tensors:

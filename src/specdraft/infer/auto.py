@@ -20,7 +20,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from, conditional,
                                        stop_threshold)
-from specdraft.model.registry import family_of
+from specdraft.families import family_of
 from specdraft.infer.kernels import mm_flags
 from specdraft.infer.speculative import cache_kwarg, few_row_matmul, generate, per_position_accept, target_linears
 from specdraft.infer.timing import interleaved_ms

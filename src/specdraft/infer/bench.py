@@ -17,13 +17,13 @@ import torch
 from specdraft.data.builtin_prompts import builtin_prompts
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import load_drafter, resolve_checkpoint
-from specdraft.model.eagle3.proposer import TreeShape, check_drafter_fits
 from specdraft.infer.ngram import NgramProposer
 from specdraft.infer.sampling import Sampling
+from specdraft.infer.tree import TreeShape
 from specdraft.infer.speculative import Generation, Profile, eos_ids_of, generate, per_position_accept
 from specdraft.infer.timing import busy_warning, machine_load, rotated, spread
 from specdraft.io import atomic_path
-from specdraft.model.registry import family, family_of
+from specdraft.families import family, family_of
 from specdraft.targets import default_aux_layers
 
 # greedy: transformers' generate (what a user runs without us; every speedup is against it).
@@ -57,6 +57,25 @@ def untrained_drafter(target_model, draft_vocab_size: int = 8192, seed: int = 0,
     t2d[:n] = True
     fam.init_from_target(drafter, SimpleNamespace(model=target_model), torch.zeros(n, dtype=torch.long), t2d)
     return drafter.eval()
+
+
+def check_drafter_fits(drafter, target_model, target_name: str = "") -> list[str]:
+    """Raise on shape mismatches; return warnings (e.g. a different verifier name)."""
+    cfg, tc = drafter.config, target_model.config
+    where = f"--drafter (verifier {cfg.verifier or 'unnamed'})"
+    if cfg.hidden_size != tc.hidden_size:
+        raise SpecdraftError(f"{where}: hidden size {cfg.hidden_size} != target's {tc.hidden_size}; "
+                             "this drafter was trained for another target")
+    if cfg.vocab_size != tc.vocab_size:
+        raise SpecdraftError(f"{where}: vocab size {cfg.vocab_size} != target's {tc.vocab_size}; "
+                             "this drafter was trained for another target")
+    if not all(0 <= l < tc.num_hidden_layers for l in cfg.aux_layer_ids):
+        raise SpecdraftError(f"{where}: aux layer ids {cfg.aux_layer_ids} do not fit a "
+                             f"{tc.num_hidden_layers}-layer target")
+    warnings = []
+    if cfg.verifier and target_name and cfg.verifier != target_name:
+        warnings.append(f"drafter was trained for {cfg.verifier}, running against {target_name}")
+    return warnings
 
 
 def load_drafter_for(spec: str | Path, target, device: str = "cpu", dtype: torch.dtype = torch.float32):

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdraft.errors import SpecdraftError
+
 
 @dataclass
 class Draft:
@@ -71,3 +73,23 @@ def greedy_path(draft: Draft, target_choice: list[int]) -> list[int]:
         if nxt is None:
             return path
         path.append(nxt)
+
+
+@dataclass
+class TreeShape:
+    """EAGLE-2: expand the top-`topk` children of the `topk` best nodes per depth, for `depth`
+    depths, then keep the `total` best nodes by cumulative draft log-prob."""
+
+    depth: int
+    topk: int
+    total: int
+
+    @classmethod
+    def parse(cls, text: str) -> "TreeShape":
+        try:
+            depth, topk, total = (int(x) for x in text.split(","))
+        except ValueError:
+            raise SpecdraftError(f"--tree {text!r}: expected depth,topk,total such as 5,4,16") from None
+        if depth < 1 or topk < 1 or total < 1:
+            raise SpecdraftError(f"--tree {text!r}: depth, topk and total must all be >= 1")
+        return cls(depth, topk, total)

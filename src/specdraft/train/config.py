@@ -119,7 +119,7 @@ class RunConfig:
             raise SpecdraftError(f"--min-lr-ratio {self.min_lr_ratio}: must be in [0, 1]")
         if self.lr <= 0:
             raise SpecdraftError(f"--lr {self.lr}: must be positive")
-        from specdraft.model.registry import family
+        from specdraft.families import family
         family(self.family)                # an unknown family fails here, naming the registered ones
         if self.stop_if_behind and not self.baseline:
             raise SpecdraftError("--stop-if-behind: needs --baseline RUN (the run to compare with)")

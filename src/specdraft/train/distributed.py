@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from specdraft.errors import SpecdraftError
-from specdraft.model.registry import family_of
+from specdraft.families import family_of
 from specdraft.train.loop import train
 from specdraft.train.runtime import Runtime, use_bf16
 

@@ -11,7 +11,7 @@ import torch
 from specdraft import vocab as vocab_mod
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import load_drafter
-from specdraft.model.registry import family, family_of
+from specdraft.families import family, family_of
 from specdraft.train import checkpoint as ckpt
 from specdraft.train.config import RunConfig
 from specdraft.train.inputs import check_resume_inputs

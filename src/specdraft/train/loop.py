@@ -17,6 +17,7 @@ from rich.console import Console
 
 from specdraft import vocab as vocab_mod
 from specdraft.errors import SpecdraftError
+from specdraft.families import family_of
 from specdraft.io import write_json
 from specdraft.metrics import MetricsLog
 from specdraft.train import checkpoint as ckpt
@@ -24,14 +25,13 @@ from specdraft.train.baseline import load_watch, replay_run, watch_record
 from specdraft.train.config import RunConfig, save_yaml
 from specdraft.train.drafters import start_drafter
 from specdraft.train.inputs import INPUTS_FILE, check_inputs, data_identity, store_data, training_target
-from specdraft.model.registry import family_of
 from specdraft.train.objective import TeacherHead, add_sums, finalize_metrics
 from specdraft.train.progress import progress_bar
 from specdraft.train.provenance import write_provenance
 from specdraft.train.run_folder import check_resume_settings, note, own_run_folder, set_aside, start_summary, val_summary
 from specdraft.train.runtime import Runtime, TrainData, use_bf16
 from specdraft.train.step import (StepResult, Training, TrainState, advance, evaluate, optimizer_and_schedule,
-                                  train_step)
+                                  restore_state, train_step)
 
 
 def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None = None,
@@ -79,13 +79,7 @@ def start(cfg: RunConfig, runtime: Runtime, data: TrainData | None, target) -> T
     if sum(batches_per_epoch) == 0:
         raise SpecdraftError(f"{data.source}: no training samples (val_fraction {cfg.val_fraction} took them all?)")
     optimizer, scheduler = optimizer_and_schedule(cfg, drafter, sum(batches_per_epoch))
-    state = TrainState()
-    if resume_from is not None:
-        saved = ckpt.load_trainer_state(resume_from)
-        ckpt.load_optimizer_state(drafter, optimizer, saved["optimizer"])   # collective under FSDP2
-        scheduler.load_state_dict(saved["scheduler"])
-        ckpt.set_rng_state(saved["rng"])
-        state = TrainState.from_saved(saved)
+    state = restore_state(resume_from, drafter, optimizer, scheduler) if resume_from is not None else TrainState()
     # every input check passed: only now set the old run aside, start the trackers (wandb may refuse:
     # the old run is put back), and delete it once they started
     with set_aside(Path(cfg.out), log) if runtime.is_main and cfg.overwrite else contextlib.nullcontext():

@@ -104,6 +104,15 @@ def lr_lambda(cfg: RunConfig, total_steps: int) -> Callable[[int], float]:
     return factor
 
 
+def restore_state(resume_from: Path, drafter: torch.nn.Module, optimizer, scheduler) -> TrainState:
+    """--resume: the optimizer, the schedule and the RNG as the checkpoint saved them, and where it stopped."""
+    saved = ckpt.load_trainer_state(resume_from)
+    ckpt.load_optimizer_state(drafter, optimizer, saved["optimizer"])   # collective under FSDP2
+    scheduler.load_state_dict(saved["scheduler"])
+    ckpt.set_rng_state(saved["rng"])
+    return TrainState.from_saved(saved)
+
+
 def optimizer_and_schedule(cfg: RunConfig, drafter: torch.nn.Module, total_steps: int):
     """AdamW over the trainable parameters, with the learning-rate schedule over the whole run."""
     params = [p for p in drafter.parameters() if p.requires_grad]

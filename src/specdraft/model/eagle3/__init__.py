@@ -1,14 +1,14 @@
 """EAGLE-3 (with the EAGLE-3.1 options): one decoder layer over fc(aux layers) + the token embedding,
 trained with training-time test (TTT). Served by vLLM as `speculators_model_type: "eagle3"`.
 
-config.py the drafter's config · module.py the nn.Module · proposer.py chain / tree drafting for the
-generation loop · checkpoint.py the speculators config.json · tensors.py the tensor names and shapes.
-The training forward is train/objective.py's TTT objective.
+config.py the drafter's config · module.py the nn.Module · objective.py the TTT training forward ·
+proposer.py chain / tree drafting for the generation loop · checkpoint.py the speculators
+config.json · tensors.py the tensor names and shapes · sglang.py the SGLang / EAGLE-repo layout.
 """
 
 from __future__ import annotations
 
-from specdraft.model.registry import Family, register
+from specdraft.families import Family, Layout, register
 
 
 def new_config(target_config, draft_vocab_size: int, aux_layer_ids: list[int], verifier: str = "", run=None):
@@ -36,7 +36,7 @@ def init_from_target(drafter, target, d2t, t2d, run=None) -> None:
 
 
 def objective(drafter, teacher, run):
-    from specdraft.train.objective import TTTObjective
+    from specdraft.model.eagle3.objective import TTTObjective
 
     return TTTObjective(drafter, teacher, run.ttt_steps, run.step_decay, run.loss, run.aux_noise, run.attention,
                         run.ttt_inputs)
@@ -72,6 +72,34 @@ def fsdp_units(drafter) -> list:
     return [drafter.embed_tokens, drafter.fc, drafter.lm_head]
 
 
+def sglang_detect(config: dict, weights) -> str | None:
+    from specdraft.model.eagle3.sglang import ARCHITECTURE
+
+    if ARCHITECTURE not in (config.get("architectures") or []):
+        return None
+    return "eagle" if weights.name == "pytorch_model.bin" else "sglang"     # the official EAGLE repo: .bin
+
+
+def sglang_read(config: dict, tensors: dict, where: str):
+    from specdraft.model.eagle3 import sglang
+
+    tensors = sglang.to_canonical_names(tensors)
+    lm_head = tensors.get("lm_head.weight")
+    return tensors, sglang.parse_config(config, where, None if lm_head is None else lm_head.shape[0])
+
+
+def sglang_write(cfg, tensors: dict, dtype: str, where: str):
+    from specdraft.model.eagle3 import sglang
+
+    return sglang.build_config(cfg, dtype, where), sglang.to_sglang_names(tensors)
+
+
+def sglang_unsupported(cfg):
+    from specdraft.model.eagle3.sglang import unsupported
+
+    return unsupported(cfg)
+
+
 def _config_type():
     from specdraft.model.eagle3.config import DrafterConfig
 
@@ -81,4 +109,6 @@ def _config_type():
 FAMILY = register(Family(model_type="eagle3", config_type=_config_type(), new_config=new_config, build=build,
                          init_from_target=init_from_target, objective=objective, proposer=proposer,
                          checkpoint_config=checkpoint_config, parse_config=parse_config, validate=validate,
-                         fsdp_units=fsdp_units))
+                         fsdp_units=fsdp_units,
+                         layouts=(Layout("sglang", sglang_detect, sglang_read, sglang_write, sglang_unsupported,
+                                        "config.json with architectures ['LlamaForCausalLMEagle3'] (SGLang / EAGLE repo)"),)))

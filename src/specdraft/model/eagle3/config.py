@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class DrafterConfig:
-    model_type = "eagle3"                 # the family (model/registry.py); a class attribute, not a field
+    model_type = "eagle3"                 # the family (families.py); a class attribute, not a field
     hidden_size: int                      # H, the target's hidden size
     intermediate_size: int                # MLP width of the single decoder layer
     num_attention_heads: int

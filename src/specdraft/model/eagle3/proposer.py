@@ -9,7 +9,6 @@ the token just drafted, at position t+k. The drafter's KVCache keeps one entry p
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 
@@ -17,47 +16,8 @@ from specdraft.errors import SpecdraftError
 from specdraft.infer.sampling import Sampling, probabilities, sample
 from specdraft.infer.kernels import mm_flags
 from specdraft.infer.speculative import Profile, few_row_matmul, target_linears
-from specdraft.infer.tree import Draft
+from specdraft.infer.tree import Draft, TreeShape
 from specdraft.model.eagle3.module import Eagle3Drafter, KVCache
-
-
-@dataclass
-class TreeShape:
-    """EAGLE-2: expand the top-`topk` children of the `topk` best nodes per depth, for `depth`
-    depths, then keep the `total` best nodes by cumulative draft log-prob."""
-
-    depth: int
-    topk: int
-    total: int
-
-    @classmethod
-    def parse(cls, text: str) -> "TreeShape":
-        try:
-            depth, topk, total = (int(x) for x in text.split(","))
-        except ValueError:
-            raise SpecdraftError(f"--tree {text!r}: expected depth,topk,total such as 5,4,16") from None
-        if depth < 1 or topk < 1 or total < 1:
-            raise SpecdraftError(f"--tree {text!r}: depth, topk and total must all be >= 1")
-        return cls(depth, topk, total)
-
-
-def check_drafter_fits(drafter: Eagle3Drafter, target_model, target_name: str = "") -> list[str]:
-    """Raise on shape mismatches; return warnings (e.g. a different verifier name)."""
-    cfg, tc = drafter.config, target_model.config
-    where = f"--drafter (verifier {cfg.verifier or 'unnamed'})"
-    if cfg.hidden_size != tc.hidden_size:
-        raise SpecdraftError(f"{where}: hidden size {cfg.hidden_size} != target's {tc.hidden_size}; "
-                             "this drafter was trained for another target")
-    if cfg.vocab_size != tc.vocab_size:
-        raise SpecdraftError(f"{where}: vocab size {cfg.vocab_size} != target's {tc.vocab_size}; "
-                             "this drafter was trained for another target")
-    if len(cfg.aux_layer_ids) != 3 or not all(0 <= l < tc.num_hidden_layers for l in cfg.aux_layer_ids):
-        raise SpecdraftError(f"{where}: aux layer ids {cfg.aux_layer_ids} do not fit a "
-                             f"{tc.num_hidden_layers}-layer target")
-    warnings = []
-    if cfg.verifier and target_name and cfg.verifier != target_name:
-        warnings.append(f"drafter was trained for {cfg.verifier}, running against {target_name}")
-    return warnings
 
 
 def causal_chunk_mask(cached: int, new: int, device) -> torch.Tensor | None:

@@ -2,15 +2,17 @@
 
 A family is one package under model/ (model/eagle3/ is the first) that fills in a `Family`: its
 config, its module, its training forward, its proposer for the generation loop and its checkpoint
-schema. train/, infer/ and formats/ reach a drafter only through these functions, so a new family
-is its own folder plus one line in BUILTIN (or a `register` call, as the toy family in
-tests/test_families.py does).
+schema. train/, infer/ and formats/ reach a drafter only through these functions (they never import
+model/), so a new family is its own folder plus one line in BUILTIN (or a `register` call, as the
+toy family in tests/test_families.py does). This module sits low in the import layers; the family
+packages sit above train/ and infer/, whose primitives they use, and are imported by name here.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -23,13 +25,27 @@ BUILTIN = (
 
 
 @dataclass(frozen=True)
+class Layout:
+    """A checkpoint layout other than speculators that a family also reads (and maybe writes)."""
+
+    name: str                                               # export --format NAME
+    # (config.json, weights file) -> the layout name the folder holds (a family may read several), or None
+    detect: Callable[[dict, Path], str | None]
+    read: Callable[[dict, dict, str], tuple[dict, Any]]     # (config.json, tensors, where) -> (canonical, config)
+    # (config, canonical tensors, dtype name, where) -> (config.json, tensors as the layout names them)
+    write: Callable[[Any, dict, str, str], tuple[dict, dict]]
+    unsupported: Callable[[Any], str | None] = lambda cfg: None   # what of this drafter the engine lacks
+    looks_like: str = ""                                    # how its config.json is recognised, for errors
+
+
+@dataclass(frozen=True)
 class Family:
     model_type: str                  # speculators_model_type in config.json, and the registry key
     config_type: type                # a dataclass with aux_layer_ids, draft_vocab_size, to_dict()
-    # (target config, draft vocab size, aux layer ids, verifier id, **options of RunConfig) -> config
+    # (target config, draft vocab size, aux layer ids, verifier id, run config or None) -> config
     new_config: Callable[..., Any]
     build: Callable[[Any], torch.nn.Module]                       # config -> an untrained drafter
-    # (drafter, target model, d2t, t2d, run config) -> None: weights taken from the target at the start
+    # (drafter, target (.model, .config), d2t, t2d, run config or None) -> None: what it takes from the target
     init_from_target: Callable[..., None]
     # (drafter, teacher head, run config) -> module whose forward(batch) returns (loss, metric sums)
     objective: Callable[..., torch.nn.Module]
@@ -42,6 +58,7 @@ class Family:
     validate: Callable[[dict, Any, str], None]
     # drafter -> the wide submodules FSDP2 shards as their own units
     fsdp_units: Callable[[torch.nn.Module], list[torch.nn.Module]] = lambda drafter: []
+    layouts: tuple[Layout, ...] = ()                               # other engines' layouts (EAGLE-3: SGLang)
 
 
 FAMILIES: dict[str, Family] = {}
@@ -74,3 +91,13 @@ def family_of(obj) -> Family:
 def names() -> list[str]:
     _load_builtin()
     return sorted(FAMILIES)
+
+
+def layouts() -> list[tuple[Family, Layout]]:
+    """Every registered family's other layouts."""
+    _load_builtin()
+    return [(f, layout) for f in FAMILIES.values() for layout in f.layouts]
+
+
+def layout(fam: Family, name: str) -> Layout | None:
+    return next((lay for lay in fam.layouts if lay.name == name), None)
