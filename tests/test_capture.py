@@ -164,8 +164,8 @@ def test_refusals(tiny_target, prepared, target, tmp_path):
     out = tmp_path / "hidden"
     with pytest.raises(SpecdraftError, match="aux layer id 8 out of range"):
         run(tiny_target, prepared, out, layers=[2, 4, 8])
-    with pytest.raises(SpecdraftError, match="exactly 3"):
-        run(tiny_target, prepared, out, layers=[2, 4])
+    with pytest.raises(SpecdraftError, match="distinct aux layer ids"):
+        run(tiny_target, prepared, out, layers=[2, 2, 4])
     with pytest.raises(SpecdraftError, match="--dtype int8"):
         run(tiny_target, prepared, out, dtype="int8")
     run(tiny_target, prepared, out)
@@ -252,3 +252,15 @@ def test_cli_capture_and_verify(tiny_target, prepared, tmp_path, monkeypatch, ca
     shard.write_bytes(bytes(data))
     code, err = cli(monkeypatch, capsys, "capture", "--out", out, "--verify")
     assert code == 2 and "shard-00002.safetensors" in err and "Traceback" not in err
+
+
+def test_any_number_of_aux_layers_is_captured(tiny_target, prepared, tmp_path):
+    """--layers takes any count (EAGLE-3's default is 3; a family may ask for more): the store keeps
+    one aux slot per layer and says so in its manifest."""
+    from specdraft.data.store import HiddenStore
+
+    for layers in ([3], [1, 2, 4, 5]):
+        out = tmp_path / f"hidden-{len(layers)}"
+        run(tiny_target, prepared, out, layers=layers)
+        store = HiddenStore(out)
+        assert store.layer_ids == layers and store[0]["aux"].shape[1:] == (len(layers), store.hidden_size)

@@ -166,3 +166,33 @@ def test_an_unknown_family_is_one_line_listing_the_registered_ones(ws, tmp_path)
     with pytest.raises(SpecdraftError, match="drafter family 'nope'"):       # at parse time, before any work
         config(ws, tmp_path / "run", family="nope").check()
     assert not (tmp_path / "run").exists()
+
+
+def test_a_store_with_four_aux_layers_trains_eagle3_exports_and_generates_losslessly(ws, tmp_path,  # noqa: F811
+                                                                                   monkeypatch):
+    """The aux layers' number comes from the store: 4 captured layers give an EAGLE-3 drafter whose fc
+    reads 4H, whose speculators config names the 4 ids (vLLM sizes fc from them), and which drafts
+    losslessly in our loop."""
+    import json
+
+    import test_train
+
+    from specdraft.formats.checkpoints import export
+    from specdraft.model.eagle3.proposer import EagleProposer
+
+    root, target = tmp_path / "four", ws["target"]
+    monkeypatch.setattr(test_train, "LAYERS", [1, 2, 4, 5])                  # the store's capture layers
+    test_train.write_workspace(root, target, ws["samples"], ws["masks"])
+    run = tmp_path / "run"
+    train(config(ws, run, store=str(root / "hidden"), vocab=str(root / "vocab.safetensors"), epochs=1))
+    drafter = load_drafter(run / "best")
+    assert drafter.config.aux_layer_ids == [1, 2, 4, 5] and drafter.fc.weight.shape[1] == 4 * target.hidden_size
+    info = export(run, tmp_path / "export", "speculators")
+    config_json = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert info["layout"] == "speculators" and config_json["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4, 5]
+    for prompt in ws["samples"][:3]:
+        x = torch.tensor([prompt[:10]])
+        ref = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False,
+                                    eos_token_id=None, pad_token_id=0)[0, 10:].tolist()
+        out = generate(target.model, prompt[:10], EagleProposer(drafter, k=3), max_new_tokens=16, eos_token_ids=set())
+        assert out.token_ids == ref

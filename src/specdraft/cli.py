@@ -130,7 +130,7 @@ def capture(
     prepared: Optional[Path] = typer.Option(None, "--prepared", help="Prepared data folder (WS/data, from `specdraft prepare`)."),
     out: Path = typer.Option(..., "--out", help="Store folder (WS/hidden)."),
     model: str = MODEL,
-    layers: Optional[str] = typer.Option(None, help="Aux layer ids, e.g. 2,15,27 (default [2, L//2, L-3])."),
+    layers: Optional[str] = typer.Option(None, help="Aux layer ids, any number of them, e.g. 2,15,27 (default [2, L//2, L-3], EAGLE-3's 3)."),
     dtype: str = typer.Option("bfloat16", help="Stored dtype: bfloat16, float16 or float32."),
     batch_tokens: int = typer.Option(4096, help="Tokens per forward (length-bucketed batches)."),
     shard_tokens: int = typer.Option(65536, help="Tokens per shard file."),

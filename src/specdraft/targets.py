@@ -423,8 +423,10 @@ def default_aux_layers(num_layers: int) -> list[int]:
 
 
 def check_aux_layers(layer_ids: list[int], num_layers: int, where: str = "--layers") -> list[int]:
-    if len(layer_ids) != 3:
-        raise SpecdraftError(f"{where}: EAGLE-3 needs exactly 3 aux layer ids, got {layer_ids}")
+    """Any number of distinct layer ids (EAGLE-3 taps 3 by default; a family may ask for more)."""
+    if not layer_ids or len(set(layer_ids)) != len(layer_ids):
+        raise SpecdraftError(f"{where}: {layer_ids}: give one or more distinct aux layer ids, such as "
+                             f"{','.join(map(str, default_aux_layers(num_layers)))}")
     for lid in layer_ids:
         if not 0 <= lid < num_layers:
             raise SpecdraftError(f"{where}: aux layer id {lid} out of range for a {num_layers}-layer "

@@ -106,7 +106,7 @@ def load_samples(data: str | Path, samples: int, max_tokens: int) -> tuple[list[
 
 def target_hidden(target, samples: list[list[int]], layer_ids: list[int],
                   label: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """aux [N, 3, H] and last [N, H] (fp32) with capture's exact semantics (its hooks); progress
+    """aux [N, n_aux, H] and last [N, H] (fp32) with capture's exact semantics (its hooks); progress
     over tokens is shown under `label` when given."""
     with progress(label or "", sum(map(len, samples)), 0, "tokens", enabled=label is not None) as tracker:
         aux, last, _ = capture_samples(target.model, samples, layer_ids, torch.float32, 4096,

@@ -1,5 +1,5 @@
 """`specdraft capture`: run the target over prepared data and store, per token, the residual
-stream entering the three aux layers and the last decoder layer's output before the final norm.
+stream entering the aux layers (3 by default, any number with --layers) and the last decoder layer's output before the final norm.
 
 Which tensor is aux and which is last is targets.tap_hidden_states (hooks: aux id l = the input of
 decoder layer l, HF's hidden_states[l]; last = the last decoder layer's output before the final
@@ -98,7 +98,7 @@ class Recorder:
 
     def __init__(self):
         self.rows: list[tuple[int, int, int]] = []   # (batch row, first token in shard, length)
-        self.aux: torch.Tensor | None = None          # [shard tokens, 3, H]
+        self.aux: torch.Tensor | None = None          # [shard tokens, n_aux, H]
         self.last: torch.Tensor | None = None         # [shard tokens, H]
 
     def copy_aux(self, slot: int, hidden: torch.Tensor) -> None:
@@ -121,14 +121,15 @@ def recording(model, layer_ids: list[int]):
 def hidden_state_engine(engine: str, target, layer_ids: list[int], store_dtype: torch.dtype, batch_tokens: int,
                         compute_dtype: str = "float32", opts=None, max_len: int = 2048, scratch: Path | None = None,
                         on_batch=None):
-    """A function (samples, first_index) -> (aux [N, 3, H], last [N, H], offsets [S+1]) that runs the
+    """A function (samples, first_index) -> (aux [N, n_aux, H], last [N, H], offsets [S+1]) that runs the
     target over token-id lists with `engine`: 'hf' (forward hooks in this process) or 'vllm'
     (extract_hidden_states in a vLLM engine; `scratch` holds its per-request files). The two give
     the same tensors (tests/test_vllm_engine.py), so capture and online training take either."""
     if engine == "vllm":
         with capture_engine(target, layer_ids, compute_dtype, opts, max_len, scratch) as (llm, _):
             def run_vllm(samples: list[list[int]], first_index: int = 0):
-                aux, last, offsets = vllm_capture_samples(llm, samples, store_dtype, target.hidden_size, on_batch)
+                aux, last, offsets = vllm_capture_samples(llm, samples, store_dtype, target.hidden_size, on_batch,
+                                                          num_aux=len(layer_ids))
                 check_finite(aux, last, offsets, layer_ids, first_index)
                 return aux, last, offsets
             yield run_vllm
@@ -144,7 +145,7 @@ def capture_samples(model, samples: list[list[int]], layer_ids: list[int], store
                     batch_tokens: int, rec: Recorder | None = None, on_batch=None, first_index: int = 0):
     """Forward `samples` (token id lists, kept in their order) in length-bucketed batches.
 
-    Returns aux [N, 3, H], last [N, H] in store_dtype and offsets [S+1], N = total tokens.
+    Returns aux [N, n_aux, H], last [N, H] in store_dtype and offsets [S+1], N = total tokens.
     `rec` is an open `recording` (capture keeps one for all shards); None records for this call.
     """
     if rec is None:
@@ -156,7 +157,7 @@ def capture_samples(model, samples: list[list[int]], layer_ids: list[int], store
     offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
     offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
     total = int(offsets[-1])
-    rec.aux = torch.empty(total, 3, H, dtype=store_dtype)   # [N, 3, H]
+    rec.aux = torch.empty(total, len(layer_ids), H, dtype=store_dtype)   # [N, n_aux, H]
     rec.last = torch.empty(total, H, dtype=store_dtype)     # [N, H]
     device = next(model.parameters()).device
     for batch in length_batches(lengths, batch_tokens):
@@ -241,11 +242,11 @@ def _resume_manifest(out: Path, want: dict) -> dict:
     return manifest
 
 
-def _check_disk(out: Path, tokens: int, hidden_size: int, dtype: str) -> None:
-    need = tokens * st.bytes_per_token(hidden_size, dtype)
+def _check_disk(out: Path, tokens: int, hidden_size: int, dtype: str, num_aux: int) -> None:
+    need = tokens * st.bytes_per_token(hidden_size, dtype, num_aux=num_aux)
     free = shutil.disk_usage(out).free
     if need > free:
-        raise SpecdraftError(f"{out}: not enough disk space: {tokens:,} tokens x 4 x {hidden_size} x "
+        raise SpecdraftError(f"{out}: not enough disk space: {tokens:,} tokens x {num_aux + 1} x {hidden_size} x "
                              f"{st.STORE_DTYPES[dtype].itemsize} B needs {_size(need)} but only "
                              f"{_size(free)} is free; free space, choose another --out, or use --limit "
                              "at prepare time")
@@ -320,7 +321,7 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     writer = st.StoreWriter(out, manifest)
     todo = plan[writer.next_shard:]
     remaining = sum(lengths[writer.next_sample:])
-    _check_disk(out, remaining, target.hidden_size, dtype)
+    _check_disk(out, remaining, target.hidden_size, dtype, len(manifest["layer_ids"]))
 
     store_dtype = st.STORE_DTYPES[dtype]
     with progress_of("capture", sum(lengths), sum(lengths) - remaining, "tokens", enabled=progress) as tracker:

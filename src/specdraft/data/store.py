@@ -2,7 +2,7 @@
 
     WS/hidden/manifest.json             format, target identity, layer ids, dtype, H, shards
     WS/hidden/shard-00000.safetensors   many samples, token-major:
-        aux        [tokens, 3, H]  residual stream entering the 3 aux layers (bf16 | fp16 | fp32)
+        aux        [tokens, n, H]  residual stream entering the n aux layers (bf16 | fp16 | fp32)
         last       [tokens, H]     last decoder layer output, before the final norm
         input_ids  [tokens]        int64 (int32 accepted)
         loss_mask  [tokens]        uint8, 1 on trained (assistant) tokens
@@ -50,9 +50,9 @@ def dtype_name(dtype: str | torch.dtype) -> str:
     return str(STORE_DTYPES[dtype]).removeprefix("torch.")
 
 
-def bytes_per_token(hidden_size: int, dtype: str | torch.dtype, ids_bytes: int = 8) -> int:
-    """Store bytes per token: 3 aux + last hidden states, plus the id and mask byte."""
-    return 4 * hidden_size * STORE_DTYPES[dtype_name(dtype)].itemsize + ids_bytes + 1
+def bytes_per_token(hidden_size: int, dtype: str | torch.dtype, ids_bytes: int = 8, num_aux: int = 3) -> int:
+    """Store bytes per token: the aux layers' + the last hidden states, plus the id and mask byte."""
+    return (num_aux + 1) * hidden_size * STORE_DTYPES[dtype_name(dtype)].itemsize + ids_bytes + 1
 
 
 def plan_shards(lengths: list[int], shard_tokens: int) -> list[tuple[int, int]]:
@@ -125,8 +125,8 @@ def read_manifest(root: str | Path) -> dict:
         raise manifest_error(path, "target", f"must be an object naming the target (id, fingerprint), "
                                              f"got {json.dumps(target)}")
     layer_ids = manifest["layer_ids"]
-    if not isinstance(layer_ids, list) or len(layer_ids) != 3 or not all(is_int(i) and i >= 0 for i in layer_ids):
-        raise manifest_error(path, "layer_ids", f"must be a list of 3 layer numbers, got {json.dumps(layer_ids)}")
+    if not isinstance(layer_ids, list) or not layer_ids or not all(is_int(i) and i >= 0 for i in layer_ids):
+        raise manifest_error(path, "layer_ids", f"must be a list of layer numbers, got {json.dumps(layer_ids)}")
     if not isinstance(manifest["dtype"], str) or manifest["dtype"] not in STORE_DTYPES:
         raise manifest_error(path, "dtype", f"must be bfloat16, float16 or float32, got {json.dumps(manifest['dtype'])}")
     for key in ("hidden_size", "num_samples", "num_tokens"):
@@ -222,8 +222,8 @@ class StoreWriter:
         """Write the next shard (samples next_sample.. next_sample + len(offsets) - 1)."""
         from safetensors.torch import save_file
 
-        n, H = int(offsets[-1]), self.hidden_size
-        if aux.shape != (n, 3, H) or last.shape != (n, H) or input_ids.shape != (n,) or loss_mask.shape != (n,):
+        n, H, n_aux = int(offsets[-1]), self.hidden_size, len(self.manifest["layer_ids"])
+        if aux.shape != (n, n_aux, H) or last.shape != (n, H) or input_ids.shape != (n,) or loss_mask.shape != (n,):
             raise ValueError(f"shard tensors disagree: aux {tuple(aux.shape)}, last {tuple(last.shape)}, "
                              f"input_ids {tuple(input_ids.shape)}, loss_mask {tuple(loss_mask.shape)}, {n} tokens")
         start = self.next_sample
@@ -289,12 +289,13 @@ def check_shard(path: Path, handle, entry: dict, manifest: dict) -> None:
         if got != dtype:
             raise SpecdraftError(f"{path}: tensor '{name}' is {got} but {MANIFEST} says dtype "
                                  f"{manifest['dtype']}; {fix}")
-    shapes = {"aux": [n, 3, H], "last": [n, H], "input_ids": [n], "loss_mask": [n], "offsets": [end - start + 1]}
+    n_aux = len(manifest["layer_ids"])
+    shapes = {"aux": [n, n_aux, H], "last": [n, H], "input_ids": [n], "loss_mask": [n], "offsets": [end - start + 1]}
     for name, want in shapes.items():
         got = list(handle.get_slice(name).get_shape())
         if got != want:
             raise SpecdraftError(f"{path}: tensor '{name}' has shape {got} but {MANIFEST} implies {want} "
-                                 f"(num_tokens {n}, 3 aux layers, hidden_size {H}, samples [{start}, {end})); {fix}")
+                                 f"(num_tokens {n}, {n_aux} aux layers, hidden_size {H}, samples [{start}, {end})); {fix}")
 
 
 def open_shard(path: Path):
@@ -338,7 +339,7 @@ def verify_shards(root: str | Path, manifest: dict | None = None) -> None:
 
 class HiddenStore(torch.utils.data.Dataset):
     """Random access to captured samples: store[i] -> dict(input_ids [T] long, loss_mask [T] uint8,
-    aux [T, 3, H], last [T, H]) read through memory-mapped safetensors, one sample at a time.
+    aux [T, n_aux, H], last [T, H]) read through memory-mapped safetensors, one sample at a time.
 
     verify=True re-hashes every shard first (slow on big stores, but never trusts a bad one).
     Shards open lazily per process, so DataLoader workers each map their own.
@@ -427,7 +428,7 @@ class HiddenStore(torch.utils.data.Dataset):
         a, b = self._offsets[k][j], self._offsets[k][j + 1]
         return {"input_ids": handle.get_slice("input_ids")[a:b].long(),
                 "loss_mask": handle.get_slice("loss_mask")[a:b],
-                "aux": handle.get_slice("aux")[a:b],      # [T, 3, H]
+                "aux": handle.get_slice("aux")[a:b],      # [T, n_aux, H]
                 "last": handle.get_slice("last")[a:b]}    # [T, H]
 
     def __getstate__(self):

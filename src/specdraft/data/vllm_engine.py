@@ -337,10 +337,11 @@ def capture_engine(target, layer_ids: list[int], compute_dtype: str, opts: Engin
         shutil.rmtree(storage, ignore_errors=True)
 
 
-def vllm_capture_samples(llm, samples: list[list[int]], store_dtype, hidden_size: int, on_batch=None):
+def vllm_capture_samples(llm, samples: list[list[int]], store_dtype, hidden_size: int, on_batch=None,
+                         num_aux: int = 3):
     """Prefill every sample once in vLLM (1 new token each) and read back its hidden states.
 
-    Returns aux [N, 3, H], last [N, H] in store_dtype and offsets [S+1], samples in their order,
+    Returns aux [N, num_aux, H], last [N, H] in store_dtype and offsets [S+1], samples in their order,
     exactly the shapes data.capture.capture_samples returns.
     """
     import torch
@@ -353,7 +354,7 @@ def vllm_capture_samples(llm, samples: list[list[int]], store_dtype, hidden_size
     lengths = [len(s) for s in samples]
     offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
     offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
-    aux = torch.empty(int(offsets[-1]), 3, hidden_size, dtype=store_dtype)    # [N, 3, H]
+    aux = torch.empty(int(offsets[-1]), num_aux, hidden_size, dtype=store_dtype)    # [N, num_aux, H]
     last = torch.empty(int(offsets[-1]), hidden_size, dtype=store_dtype)      # [N, H]
     outputs = llm.generate([{"prompt_token_ids": s} for s in samples],
                            SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False)
@@ -364,13 +365,13 @@ def vllm_capture_samples(llm, samples: list[list[int]], store_dtype, hidden_size
                                  "did not run; check --engine-args does not override kv_transfer_config")
         saved = load_hidden_states(path)
         cleanup_hidden_states(path)
-        hidden, ids = saved["hidden_states"], saved["token_ids"]              # [T, 4, H], [T]
-        if ids.tolist() != samples[i] or hidden.shape != (lengths[i], 4, hidden_size):
+        hidden, ids = saved["hidden_states"], saved["token_ids"]              # [T, num_aux + 1, H], [T]
+        if ids.tolist() != samples[i] or hidden.shape != (lengths[i], num_aux + 1, hidden_size):
             raise SpecdraftError(f"vLLM returned hidden states for other tokens than sample {i} (shape "
                                  f"{tuple(hidden.shape)}); its engine or connector is not compatible")
         a, b = int(offsets[i]), int(offsets[i + 1])
-        aux[a:b].copy_(hidden[:, :3])
-        last[a:b].copy_(hidden[:, 3])
+        aux[a:b].copy_(hidden[:, :num_aux])
+        last[a:b].copy_(hidden[:, num_aux])
         if on_batch is not None:
             on_batch(lengths[i])
     return aux, last, offsets

@@ -75,7 +75,7 @@ class Proposer(Protocol):
     def reset(self) -> None: ...
 
     def observe(self, aux: torch.Tensor | None) -> None:
-        """aux [T, 3, H] of the positions just written into the target's cache, in order."""
+        """aux [T, n_aux, H] of the positions just written into the target's cache, in order."""
 
     def propose(self, tokens: list[int], budget: int, sampling: Sampling,
                 generator: torch.Generator) -> Draft:
@@ -178,7 +178,7 @@ class TargetRunner:
     @torch.no_grad()
     def forward(self, ids: list[int], positions: list[int], mask: torch.Tensor | None = None,
                 last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> logits [T, V] (or [1, V] with last_only), aux [T, 3, H] (None without aux layers)."""
+        """-> logits [T, V] (or [1, V] with last_only), aux [T, n_aux, H] (None without aux layers)."""
         captured: dict[int, torch.Tensor] = {}                                    # slot -> [T, H]
         input_ids = torch.tensor([ids], device=self.device)                       # [1, T]
         position_ids = torch.tensor([positions], device=self.device)              # [1, T]

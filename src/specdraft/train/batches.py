@@ -112,7 +112,7 @@ class StoreBatches:
         """One packed row: its samples one after another, cut at max_tokens, padding after."""
         T, H, dtype = self.max_tokens, self.store.hidden_size, self.store.dtype
         packed = {"input_ids": torch.zeros(T, dtype=torch.long),
-                  "aux": torch.zeros(T, 3, H, dtype=dtype),
+                  "aux": torch.zeros(T, len(self.store.layer_ids), H, dtype=dtype),
                   "last": torch.zeros(T, H, dtype=dtype),
                   "loss_mask": torch.zeros(T, dtype=torch.uint8),
                   "doc_ids": torch.full((T,), -1, dtype=torch.long),

@@ -1,7 +1,7 @@
-"""The EAGLE-3 drafter: fc over three aux hidden states, one Llama decoder layer whose attention
+"""The EAGLE-3 drafter: fc over n aux hidden states (3 by default), one Llama decoder layer whose attention
 takes [embed(token); hidden] (2H wide), a final norm, and an lm_head over the draft vocab.
 
-    aux [B,T,3H] --fc--> h [B,T,H]        (fc_norm: each H-wide aux chunk RMS-normed first)
+    aux [B,T,nH] --fc--> h [B,T,H]        (fc_norm: each H-wide aux chunk RMS-normed first)
     x = cat(input_layernorm(embed(tok)), hidden_norm(h))          [B,T,2H]
     h = residual + attn(x)        residual = h (or hidden_norm(h) with norm_before_residual)
     h = h + mlp(post_attention_layernorm(h))                      decode() -> out (pre-norm) [B,T,H]
@@ -131,7 +131,7 @@ class Eagle3Drafter(nn.Module):
             self.embed_tokens.weight.requires_grad_(False)
 
     def combine_aux(self, aux: torch.Tensor) -> torch.Tensor:
-        """aux [B,T,3,H] or [B,T,3H] -> (fc_norm per chunk) -> fc -> [B,T,H]."""
+        """aux [B,T,n,H] or [B,T,nH] -> (fc_norm per chunk) -> fc -> [B,T,H]."""
         if self.fc_norm is not None:
             chunks = aux.unbind(-2) if aux.dim() == 4 else aux.chunk(len(self.fc_norm), dim=-1)
             return self.fc(torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1))

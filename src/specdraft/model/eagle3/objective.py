@@ -44,7 +44,7 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
     B, T = input_ids.shape
     teacher_logp, teacher_top, compact_index = teacher_targets(teacher, batch)
 
-    aux = batch["aux"].to(drafter.fc.weight.dtype)                                # [B,T,3,H]
+    aux = batch["aux"].to(drafter.fc.weight.dtype)                                # [B,T,n_aux,H]
     if aux_noise > 0 and drafter.training:
         aux = aux + (torch.rand_like(aux) * 2 - 1) * aux_noise
     hidden = drafter.combine_aux(aux)                                             # [B,T,H]

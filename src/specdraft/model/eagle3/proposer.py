@@ -122,12 +122,12 @@ class EagleProposer:
         the positions the target just accepted; the last one predicts the first draft.
         -> (logits [Vd], hidden_out [1, H]) at the last real position t."""
         aux = (self.pending[0] if len(self.pending) == 1 else torch.cat(self.pending)).to(self.param.dtype)
-        self.pending = []                                                          # aux [P, 3, H]
+        self.pending = []                                                          # aux [P, n_aux, H]
         start, n = len(self.cache), aux.shape[0]
         ids = torch.tensor(tokens[start + 1:start + 1 + n], device=self.param.device).view(1, -1)   # [1, P]
         rows = few_row_matmul(self.drafter, self.linears, self.mm_flags) if n > 1 else nullcontext()
         with self.profile.timed("draft_s"), rows:
-            hidden = self.drafter.combine_aux(aux.flatten(-2))                     # [P, 3H] -> [P, H]
+            hidden = self.drafter.combine_aux(aux.flatten(-2))                     # [P, n_aux*H] -> [P, H]
             out = self.drafter.decode(ids, hidden[None], self.positions(start, n),
                                       causal_chunk_mask(start, n, self.param.device), self.cache)[:, -1:]
             logits = self.drafter.compute_logits(out)                              # [1, 1, Vd]

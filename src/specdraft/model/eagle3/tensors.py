@@ -74,9 +74,7 @@ def validate(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, where: str) -
     elif cfg.draft_vocab_size != cfg.vocab_size:
         raise SpecdraftError(f"{where}: no d2t tensor but draft_vocab_size {cfg.draft_vocab_size} != vocab_size "
                              f"{cfg.vocab_size}; the draft-to-target mapping is required")
-    ids = list(cfg.aux_layer_ids)
-    if ids and len(ids) != 3:
-        raise SpecdraftError(f"{where}: eagle_aux_hidden_state_layer_ids {ids}: EAGLE-3 needs exactly 3")
+    ids = list(cfg.aux_layer_ids)        # any count: vLLM sizes fc by len(eagle_aux_hidden_state_layer_ids)
     if ids and cfg.target_num_layers:
         bad = [i for i in ids if not 0 <= i < cfg.target_num_layers]
         if bad:
