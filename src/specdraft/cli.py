@@ -83,7 +83,7 @@ def between(low, high):
 
 NUMBER_BOUNDS = {
     "max_new_tokens": between(1, COUNT_MAX), "max_length": between(2, COUNT_MAX),
-    "min_assistant_tokens": between(0, COUNT_MAX), "limit": between(1, COUNT_MAX),
+    "min_assistant_tokens": between(1, COUNT_MAX), "limit": between(1, COUNT_MAX),
     "batch_size": between(1, COUNT_MAX), "batch_tokens": between(1, COUNT_MAX),
     "shard_tokens": between(1, COUNT_MAX), "samples": between(1, COUNT_MAX), "max_tokens": between(2, COUNT_MAX),
     "context": between(1, COUNT_MAX), "size": between(1, COUNT_MAX), "seed": between(0, SEED_MAX),
