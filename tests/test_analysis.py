@@ -235,3 +235,63 @@ def test_watch_check_journals_the_verdict_once(tmp_path):
     assert fired.count(True) == 1
     [entry] = journal.read(run)
     assert entry.kind == "warning" and entry.source == "watch" and "behind baseline" in entry.text
+
+
+# ----------------------------------------------------------------------------- NaN is never "not behind" (issue 25)
+
+def poison(folder, split: str, nth: int, metric: str = "full_acc_0", value: float = float("nan")) -> int:
+    """Set `metric` of the nth record of `split` in folder/metrics.jsonl to NaN (or inf); its line number."""
+    path = folder / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    seen = 0
+    for n, line in enumerate(lines):
+        rec = json.loads(line)
+        if rec["split"] == split:
+            if seen == nth:
+                rec[metric] = value
+                lines[n] = json.dumps(rec)   # json writes NaN / Infinity, as training's json.dumps would
+                path.write_text("\n".join(lines) + "\n")
+                return n + 1
+            seen += 1
+    raise AssertionError("no such record")
+
+
+@pytest.mark.parametrize("split,value,word", [("val", float("nan"), "NaN"), ("train", float("inf"), "inf")])
+def test_watch_reports_a_nan_run_as_no_number_with_its_record(tmp_path, split, value, word):
+    """A comparison with NaN is never "behind": a diverged run used to pass the watch (and compare
+    called it "not behind baseline"). Now the first NaN/inf fires a "no number" verdict naming the
+    file and line."""
+    base = metrics.load_run(fake_run(tmp_path / "scratch", 0.747, epochs=4))
+    healthy = fake_run(tmp_path / "diverged", 0.76, epochs=4)
+    line = poison(healthy, split, 2, value=value)
+    verdict, _ = watch.replay(metrics.load_run(healthy), base, watch.WatchConfig(split=split))
+    assert verdict is not None and verdict.kind == "no number", verdict
+    assert f"{split} full_acc_0 is {word}" in verdict.message
+    assert f"{healthy / 'metrics.jsonl'}:{line}" in verdict.message
+    if split == "val":   # compare's watch reads val points
+        res = compare.compare([healthy], baseline=tmp_path / "scratch")
+        assert res["watch"]["diverged"].startswith("no number:"), res["watch"]
+
+
+def test_watch_live_check_journals_a_nan_record(tmp_path):
+    fake_run(tmp_path / "scratch", 0.747, epochs=4)
+    w = watch.BaselineWatch.from_run(tmp_path / "scratch")
+    run = tmp_path / "live"
+    run.mkdir()
+    assert w.check({"split": "val", "step": 7, "tokens_seen": 150_000, "metrics": {"full_acc_0": float("nan")}}, run)
+    [entry] = journal.read(run)
+    assert entry.kind == "warning" and "val full_acc_0 is NaN" in entry.text and "step 7" in entry.text
+    assert str(run / "metrics.jsonl") in entry.text
+
+
+def test_nan_baseline_is_refused_by_the_watch_and_gives_compare_no_verdict(tmp_path):
+    """Interpolating a baseline across a NaN point made every run "not behind" there."""
+    base = fake_run(tmp_path / "scratch", 0.747, epochs=4)
+    line = poison(base, "val", 1)
+    crippled = fake_run(tmp_path / "k2", 0.383, epochs=4)
+    with pytest.raises(SpecdraftError, match=rf"metrics.jsonl:{line}: baseline val full_acc_0 is NaN"):
+        watch.BaselineWatch.from_run(base)
+    res = compare.compare([crippled], baseline=base)
+    assert res["watch"]["k2"].startswith("no verdict:") and f"metrics.jsonl:{line}" in res["watch"]["k2"]
+    # the epoch table shows the NaN as NaN, not "nan%"
+    assert compare.compare([base])["rows"][1][1] == "NaN"

@@ -138,3 +138,98 @@ def test_both_names_at_once_and_missing_inputs_are_one_line(calls, tmp_path):
 def test_version():
     res = invoke("--version")
     assert res.exit_code == 0 and res.stdout.strip() == f"specdraft {__version__}"
+
+
+# ----------------------------------------------------------------------------- numbers at their limits (issue 25)
+
+def numeric_options():
+    """(command words, parameter name, flag, is_int, required argv) of every int/float option of every
+    command, read from the commands' signatures; train's settings come from RunConfig."""
+    import inspect
+    import typing
+
+    from specdraft import cli
+
+    found = []
+    for words, group in (((), cli.app), (("vocab",), cli.vocab_app), (("journal",), cli.journal_app)):
+        for info in group.registered_commands:
+            fn = inspect.unwrap(info.callback)
+            name = info.name or fn.__name__
+            if name == "train":
+                continue
+            hints = typing.get_type_hints(fn)
+            params = inspect.signature(fn).parameters
+            required = []
+            for pname, p in params.items():
+                d = p.default
+                if getattr(d, "default", None) is ... :
+                    decls = getattr(d, "param_decls", ()) or ()
+                    if type(d).__name__ == "ArgumentInfo":
+                        required.append("x")
+                    else:
+                        required += [decls[0] if decls else "--" + pname.replace("_", "-"),
+                                     "1" if hints[pname] is int else "x"]
+            for pname, p in params.items():
+                if hints.get(pname) in (int, float, typing.Optional[int], typing.Optional[float]):
+                    decls = getattr(p.default, "param_decls", ()) or ()
+                    flag = decls[0] if decls else "--" + pname.replace("_", "-")
+                    found.append(((*words, name), pname, flag, int in typing.get_args(hints[pname]) or
+                                  hints[pname] is int, required))
+    return found
+
+
+def one_line_refusal(monkeypatch, capsys, argv):
+    import sys
+
+    from specdraft import cli
+
+    monkeypatch.setattr(sys, "argv", ["specdraft", *map(str, argv)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(lines) == 1 and "Traceback" not in err, (argv, err)
+    return lines[0]
+
+
+def test_every_numeric_option_is_bounded_and_refused_before_any_work(monkeypatch, capsys, calls):
+    """`--limit -1` kept all prompts but the last; `--seed 2**70` overflowed torch.manual_seed once the
+    model had loaded. Each int option of every command gets -1 and 2**70, each float one nan, inf and
+    -1: one line naming the option, exit 2, and no stage ran (they are recorders here)."""
+    from specdraft import cli
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    options = numeric_options()
+    assert {o[1] for o in options} <= set(cli.NUMBER_BOUNDS), "a numeric option without bounds in cli.NUMBER_BOUNDS"
+    assert len(options) >= 30
+    for words, name, flag, is_int, required in options:
+        for bad in ([-1, 2**70] if is_int else ["nan", "inf", -1]):
+            argv = [*words, *required]
+            if flag in argv:   # a required number (vocab build --size): replace its placeholder
+                i = argv.index(flag)
+                del argv[i:i + 2]
+            line = one_line_refusal(monkeypatch, capsys, [*argv, flag, bad])
+            shown = {"nan": "nan", "inf": "inf"}.get(bad, str(float(bad)) if not is_int else str(bad))
+            assert line.startswith(f"error: {flag} {shown}: must be"), (words, flag, line)
+    assert not calls, calls
+
+
+def test_train_settings_at_their_limits_are_refused_before_any_work(monkeypatch, capsys, calls):
+    import dataclasses
+    import typing
+
+    from specdraft.train.config import RunConfig
+
+    hints = typing.get_type_hints(RunConfig)
+    ints = [f.name for f in dataclasses.fields(RunConfig) if hints[f.name] is int]
+    assert {"seed", "epochs", "max_tokens", "warmup_steps"} <= set(ints)
+    for name in ints:
+        flag = "--" + name.replace("_", "-")
+        for bad in (-1, 2**70):
+            line = one_line_refusal(monkeypatch, capsys, ["train", flag, bad])
+            assert line.startswith(f"error: {flag} {bad}: must be"), line
+    for flag in ("--nproc", "--tensor-parallel-size"):   # the launcher's, bounded in cli.NUMBER_BOUNDS
+        assert one_line_refusal(monkeypatch, capsys, ["train", flag, 0]).startswith(f"error: {flag} 0: must be 1..")
+    line = one_line_refusal(monkeypatch, capsys, ["train", "--epochs", 10**12])
+    assert "--epochs 1000000000000: must be 1..100000" in line
+    assert not calls, calls

@@ -362,3 +362,115 @@ def test_good_index_and_eight_layer_target_still_load(ws, tmp_path):
     import_checkpoint(folder, tmp_path / "imported")
     assert load_checkpoint(tmp_path / "imported")[1].aux_layer_ids == [2, 4, 5]
     assert info(ws["target"])["default_aux_layers"] == [2, 4, 5]
+
+
+# ----------------------------------------------------------------------------- typed reading of side files (issue 25)
+
+def example_of(fields: dict) -> dict:
+    """A document with every field of a reader's schema at a value of its type ('*' becomes one
+    entry named 'x' of an object, or one item of a list)."""
+    good = {dict: {}, list: [], str: "s", int: 3, float: 0.5, bool: True}
+    doc: dict = {}
+    for name in sorted(fields, key=lambda n: n.count(".")):
+        kinds = fields[name] if isinstance(fields[name], tuple) else (fields[name],)
+        *parents, last = name.split(".")
+        node = doc
+        for part in parents:
+            node = node[0] if isinstance(node, list) else node.setdefault("x" if part == "*" else part, {})
+        value = good[kinds[0]] if kinds[0] not in (dict, list) else type(good[kinds[0]])()
+        if isinstance(node, list):
+            node.append(value) if not node else None
+        elif last == "*":
+            node["x"] = value
+        else:
+            node[last] = value
+    return doc
+
+
+def set_wrong(doc: dict, name: str, kinds) -> object:
+    """Set field `name` of `doc` to a value of none of `kinds`; returns it."""
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    wrong = next(v for v in ("text", 7, ["a"], {"a": 1}, True)
+                 if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds))
+    *parents, last = name.split(".")
+    node = doc
+    for part in parents:
+        node = node[0] if isinstance(node, list) else node["x" if part == "*" else part]
+    if isinstance(node, list):
+        node[0] = wrong
+    else:
+        node["x" if last == "*" else last] = wrong
+    return wrong
+
+
+def readers(tmp: Path):
+    """(name, schema, file, read(file)) of every side-file reader that checks types: report's
+    (bench, eval, probe/plan results, inputs.json, exports, stages, config.yaml) and eval's
+    (config.yaml, inputs.json)."""
+    import yaml
+
+    from specdraft.analysis import evaluate, report
+
+    def as_yaml(path, doc):
+        path.write_text(yaml.safe_dump(doc))
+
+    def as_json(path, doc):
+        path.write_text(json.dumps(doc))
+
+    run = tmp / "run"
+    (run / "best").mkdir(parents=True, exist_ok=True)
+    return [
+        ("report bench.json", report.BENCH_FIELDS, run / "bench.json", as_json, report.headline_html, run),
+        ("report eval.json", report.EVAL_FIELDS, run / "eval.json", as_json, report.eval_html, run),
+        ("report probe result", report.RESULT_FIELDS, run / "plan.json", as_json, report.results_html, run),
+        ("report inputs.json", report.INPUTS_FIELDS, run / "best" / "inputs.json", as_json, report.checkpoint_inputs,
+         run),
+        ("report exports.json", report.EXPORTS_FIELDS, run / "exports.json", as_json, report.export_html, run),
+        ("report config.yaml", report.CONFIG_FIELDS, run / "config.yaml", as_yaml, report.run_config, run),
+        ("eval config.yaml", evaluate.RUN_CONFIG_FIELDS, run / "config.yaml", as_yaml, evaluate.run_config_of,
+         run / "best"),
+        ("eval inputs.json", evaluate.INPUTS_FIELDS, run / "best" / "inputs.json", as_json,
+         lambda ckpt: evaluate.trained_store_of(ckpt)[0], run / "best"),
+    ]
+
+
+def test_every_side_file_reader_names_the_file_and_field_of_a_wrong_type(tmp_path):
+    """Generated from each reader's schema: the good document reads; each field given a value of
+    another type is one line naming the file and the field (it used to be a traceback, e.g.
+    `bench.json` with "config": [] or eval's config.yaml with seed: 'x')."""
+    import re
+
+    from specdraft.errors import SpecdraftError
+
+    checked = 0
+    for name, fields, path, write, read, arg in readers(tmp_path):
+        for other in path.parent.parent.rglob("*"):
+            if other.is_file():
+                other.unlink()
+        doc = example_of(fields)
+        write(path, doc)
+        read(arg)   # the good document reads
+        for field, kinds in fields.items():
+            bad = example_of(fields)
+            wrong = set_wrong(bad, field, kinds)
+            write(path, bad)
+            with pytest.raises(SpecdraftError) as e:
+                read(arg)
+            message = str(e.value)
+            # the field by its path in the file: '*' is the entry 'x' of an object or item 0 of a list
+            pattern = r"\.".join("(x|0)" if part == "*" else part for part in field.split("."))
+            assert re.match(rf"{re.escape(str(path))}: field '{pattern}' is .*, expected ", message), (name, field, message)
+            assert "\n" not in message and json.dumps(wrong)[:20] in message or isinstance(wrong, (list, dict)), message
+            checked += 1
+        path.unlink()
+    assert checked >= 40
+
+
+def test_report_with_a_wrongly_typed_bench_json_is_one_line(ws, monkeypatch, capsys):
+    def build(ws):
+        run = copy(ws, "drafter", "run-badbench")
+        (run / "metrics.jsonl").write_text('{"split": "val", "epoch": 0, "step": 1, "tokens_seen": 5, '
+                                           '"full_acc_0": 0.5}\n')
+        (run / "bench.json").write_text(json.dumps({"config": [1], "methods": {}}))
+        return ["report", run], run
+    check_refusal(ws, monkeypatch, capsys, build, "bench.json: field 'config' is list, expected an object")

@@ -18,8 +18,10 @@ def random_samples(n: int, seed: int = 0) -> list[dict]:
     out = []
     for i in range(n):
         T = 3 + (i * 7) % 11
+        mask = (torch.rand(T, generator=g) > 0.5).to(torch.uint8)
+        mask[-1] = 1   # every sample trains on at least one token (the store refuses one that does not)
         out.append({"input_ids": torch.randint(0, 1000, (T,), generator=g),
-                    "loss_mask": (torch.rand(T, generator=g) > 0.5).to(torch.uint8),
+                    "loss_mask": mask,
                     "aux": torch.randn(T, 3, H, generator=g), "last": torch.randn(T, H, generator=g)})
     return out
 
@@ -115,9 +117,8 @@ def test_truncated_shard_is_one_line_error(tmp_path):
     write_store(tmp_path / "h", random_samples(9))
     shard = tmp_path / "h" / "shard-00000.safetensors"
     shard.write_bytes(shard.read_bytes()[:-100])
-    store = st.HiddenStore(tmp_path / "h")
     with pytest.raises(SpecdraftError, match="shard-00000.safetensors: corrupt or truncated") as e:
-        store[0]
+        st.HiddenStore(tmp_path / "h")   # every shard is opened (and checked) with the store
     assert "\n" not in str(e.value)
 
 
@@ -155,3 +156,107 @@ def test_incomplete_and_foreign_manifests(tmp_path):
         st.HiddenStore(tmp_path / "h")
     with pytest.raises(SpecdraftError, match="not found"):
         st.HiddenStore(tmp_path / "nowhere")
+
+
+# ----------------------------------------------------------------------------- consistent with its hashes, not itself
+
+def rewrite_shard(root: Path, index: int, **tensors) -> None:
+    """Replace tensors of shard `index` and re-hash it in the manifest: a store whose hashes all
+    match, so only its own consistency can refuse it."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    path = root / st.shard_name(index)
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
+    save_file({**load_file(str(path)), **tensors}, str(path), metadata=metadata)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["shards"][index]["sha256"] = st.sha256_file(path)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def edit_manifest(root: Path, **target) -> None:
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["target"].update(target)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def offsets_not_increasing(root):
+    from safetensors.torch import load_file
+    off = load_file(str(root / st.shard_name(1)))["offsets"].clone()
+    off[1], off[2] = off[2], off[1]
+    rewrite_shard(root, 1, offsets=off)
+
+
+def sample_without_trained_token(root):
+    from safetensors.torch import load_file
+    shard = load_file(str(root / st.shard_name(1)))
+    mask, off = shard["loss_mask"].clone(), shard["offsets"]
+    mask[off[1]:off[2]] = 0
+    rewrite_shard(root, 1, loss_mask=mask)
+
+
+def token_beyond_vocab(root):
+    edit_manifest(root, vocab_size=1000)
+    from safetensors.torch import load_file
+    ids = load_file(str(root / st.shard_name(1)))["input_ids"].clone()
+    ids[3] = 1000
+    rewrite_shard(root, 1, input_ids=ids)
+
+
+def negative_token(root):
+    from safetensors.torch import load_file
+    ids = load_file(str(root / st.shard_name(0)))["input_ids"].clone()
+    ids[0] = -5
+    rewrite_shard(root, 0, input_ids=ids)
+
+
+def offsets_short_of_the_tokens(root):
+    from safetensors.torch import load_file
+    off = load_file(str(root / st.shard_name(0)))["offsets"].clone()
+    off[-1] -= 1
+    rewrite_shard(root, 0, offsets=off)
+
+
+SELF_INCONSISTENT = [
+    ("offsets not matching the shard's token count", offsets_short_of_the_tokens,
+     r"shard-00000.safetensors: offsets disagree with the manifest"),
+    ("offsets not increasing", offsets_not_increasing, r"shard-00001.safetensors: offsets are not increasing at sample"),
+    ("a sample with no trained token", sample_without_trained_token,
+     r"shard-00001.safetensors: sample \d+ has no trained token"),
+    ("a token id beyond the target's vocabulary", token_beyond_vocab,
+     r"shard-00001.safetensors: sample \d+ holds token id 1000, outside the target's vocabulary of 1000"),
+    ("a negative token id", negative_token, r"shard-00000.safetensors: sample 0 holds token id -5"),
+    ("aux layer ids beyond the target's layers", lambda root: edit_manifest(root, num_layers=3),
+     r"manifest.json: field 'layer_ids' \[1, 2, 3\] reach beyond the target's 3 layers"),
+    ("hidden size other than the target's", lambda root: edit_manifest(root, hidden_size=H * 2),
+     r"manifest.json: field 'hidden_size' is 16 but the target's is 32"),
+    ("target.vocab_size not a number", lambda root: edit_manifest(root, vocab_size="big"),
+     r"manifest.json: field 'target.vocab_size' must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize("name,damage,phrase", SELF_INCONSISTENT, ids=[c[0] for c in SELF_INCONSISTENT])
+def test_store_consistent_with_its_hashes_but_not_itself_is_refused_at_open(tmp_path, name, damage, phrase):
+    """Each store below passes `capture --verify` (every hash matches): only its own numbers disagree.
+    It is refused when opened, by the store's file and sample, before any training or eval."""
+    root = tmp_path / "h"
+    write_store(root, random_samples(9))
+    damage(root)
+    if "manifest.json" not in phrase:
+        st.verify_shards(root)   # the hashes match
+    with pytest.raises(SpecdraftError, match=phrase) as e:
+        st.HiddenStore(root)
+    assert str(root) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_shard_ranges_with_gaps_or_overlaps_are_refused(tmp_path):
+    root = tmp_path / "h"
+    write_store(root, random_samples(9))
+    manifest = json.loads((root / "manifest.json").read_text())
+    for shift in (-1, 1):   # overlap with the previous shard, or a gap after it
+        bad = json.loads(json.dumps(manifest))
+        bad["shards"][1]["samples"][0] += shift
+        (root / "manifest.json").write_text(json.dumps(bad))
+        with pytest.raises(SpecdraftError, match="shard-00001.safetensors covers samples"):
+            st.HiddenStore(root)

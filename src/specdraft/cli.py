@@ -66,6 +66,72 @@ def parse_layers(text: Optional[str]) -> Optional[list[int]]:
         raise SpecdraftError(f"--layers {text!r}: expected comma-separated integers such as 2,15,27") from None
 
 
+# The numeric options of every command (by parameter name) and the values they accept, checked
+# before the command does anything (no model loads, no file is read): `--limit -1` kept all prompts
+# but the last, `--seed 2**70` overflowed torch.manual_seed after the model loaded. Train's settings
+# are bounded in RunConfig (train/config.py) instead; tests/test_flags.py feeds each option here a
+# value beyond its bounds, from the commands' signatures.
+COUNT_MAX = 2**31 - 1          # counts of tokens, samples, prompts: what an int32 index holds
+SEED_MAX = 2**32 - 1           # torch.manual_seed and numpy take 64 bits; the loader mixes the seed further
+K_MAX = 256                    # draft tokens per round: far beyond any drafter's use, far below a typo's
+MAX_TTT_STEPS = 7
+
+
+def between(low, high):
+    return (lambda v: low <= v <= high), f"must be {low}..{high}"
+
+
+NUMBER_BOUNDS = {
+    "max_new_tokens": between(1, COUNT_MAX), "max_length": between(2, COUNT_MAX),
+    "min_assistant_tokens": between(1, COUNT_MAX), "limit": between(1, COUNT_MAX),
+    "batch_size": between(1, COUNT_MAX), "batch_tokens": between(1, COUNT_MAX),
+    "shard_tokens": between(1, COUNT_MAX), "samples": between(1, COUNT_MAX), "max_tokens": between(2, COUNT_MAX),
+    "context": between(1, COUNT_MAX), "size": between(1, COUNT_MAX), "seed": between(0, SEED_MAX),
+    "rounds": between(1, 10_000), "tensor_parallel_size": between(1, 1024), "nproc": between(1, 1024),
+    "num_speculative_tokens": between(1, K_MAX), "speculative_tokens": between(1, K_MAX), "k_max": between(1, K_MAX),
+    "steps": between(1, MAX_TTT_STEPS), "ngram_max": between(1, 64), "ngram_min": between(1, 64),
+    "temperature": ((lambda v: v >= 0), "must be >= 0 (0 = greedy)"),
+    "top_p": ((lambda v: 0 < v <= 1), "must be in (0, 1]"),
+    "margin": ((lambda v: v >= 0), "must be >= 0"),
+    "draft_ms": ((lambda v: v > 0), "must be > 0"),
+}
+
+
+def option_flag(name: str) -> str:
+    return NUM_SPEC if name == "num_speculative_tokens" else "--" + name.replace("_", "-")
+
+
+def check_numbers(values: dict, skip=()) -> None:
+    """Refuse a numeric option beyond its NUMBER_BOUNDS, or not finite, in one line naming it."""
+    import math
+
+    for name, value in values.items():
+        if name in skip or name not in NUMBER_BOUNDS or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue   # unset, or a text option parsed later (-k auto)
+        ok, rule = NUMBER_BOUNDS[name]
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecdraftError(f"{option_flag(name)} {value}: must be a finite number")
+        if not ok(value):
+            raise SpecdraftError(f"{option_flag(name)} {value}: {rule}")
+
+
+def numbers_checked_first(command):
+    """Wrap a command so that check_numbers runs on its options before its body."""
+    import dataclasses
+    import functools
+
+    from specdraft.train.config import RunConfig
+
+    settings = {f.name for f in dataclasses.fields(RunConfig)}   # train's: RunConfig.check bounds them
+
+    @functools.wraps(command)
+    def checked(*args, **kwargs):
+        check_numbers(kwargs, skip=settings if command is train_command else ())
+        return command(*args, **kwargs)
+
+    return checked
+
+
 @app.command()
 def info(model: str = MODEL, trust_remote_code: bool = TRUST,
          as_json: bool = AS_JSON):
@@ -634,8 +700,8 @@ def parse_k(text: Optional[str], default_auto: bool = False) -> Optional[int]:
         k = int(text)
     except ValueError:
         raise SpecdraftError(f"{NUM_SPEC} {text}: expected a whole number >= 1 or auto") from None
-    if k < 1:
-        raise SpecdraftError(f"{NUM_SPEC} {k}: must be >= 1 (or auto)")
+    if not 1 <= k <= K_MAX:
+        raise SpecdraftError(f"{NUM_SPEC} {k}: must be 1..{K_MAX} (or auto)")
     return k
 
 
@@ -743,6 +809,11 @@ def json_or_out(ctx: typer.Context, as_json: bool, out: Optional[Path]) -> tuple
 
         check_file_target(out)   # before minutes of work, not after
     return as_json, out
+
+
+for _group in (app, vocab_app, journal_app):
+    for _command in _group.registered_commands:
+        _command.callback = numbers_checked_first(_command.callback)
 
 
 def main() -> None:

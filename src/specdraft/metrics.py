@@ -92,6 +92,14 @@ class Run:
     name: str
     path: Path                      # the run folder (or the metrics file's folder)
     records: list[dict] = field(default_factory=list)
+    file: Path | None = None        # the metrics file read, and the line number of each record in it
+    lines: list[int] = field(default_factory=list)
+
+    def where(self, index: int) -> str:
+        """FILE:LINE of records[index], for messages that name a record."""
+        if self.file is not None and index < len(self.lines):
+            return f"{self.file}:{self.lines[index]}"
+        return str(self.path / METRICS_FILE)
 
     def split(self, name: str) -> list[dict]:
         return [r for r in self.records if r.get("split") == name]
@@ -130,7 +138,7 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
     file = path / METRICS_FILE if path.is_dir() else path
     if not file.exists():
         raise SpecdraftError(f"{path}: no metrics.jsonl; pass a run folder written by `specdraft train`")
-    records = []
+    records, numbers = [], []
     lines = file.read_text().splitlines()
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -145,8 +153,9 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
             raise SpecdraftError(f"{file}:{n}: expected a JSON object per line")
         check_record(flatten(rec), f"{file}:{n}")
         records.append(flatten(rec))
+        numbers.append(n)
     folder = file.parent
-    return Run(name or folder.name, folder, records)
+    return Run(name or folder.name, folder, records, file, numbers)
 
 
 def ema(values: np.ndarray, alpha: float) -> np.ndarray:

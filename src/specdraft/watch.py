@@ -16,6 +16,7 @@ Wiring in a training loop (one call per log record; `check` also writes the jour
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,9 +56,10 @@ class Verdict:
     margin: float
     evidence: list[Point]             # the consecutive behind points, oldest first
     message: str = ""
+    kind: str = "behind"              # "behind", or "no number": the run logged NaN/inf (diverged?)
 
     def to_dict(self) -> dict:
-        return {"metric": self.metric, "margin": self.margin, "message": self.message,
+        return {"metric": self.metric, "margin": self.margin, "message": self.message, "kind": self.kind,
                 "evidence": [vars(p) for p in self.evidence]}
 
 
@@ -78,6 +80,9 @@ class BaselineWatch:
         if not len(self._base[0]):
             raise SpecdraftError(f"{self.baseline.path}: baseline has no {c.split} records with "
                                  f"{c.metric} and tokens_seen; train it longer or choose another baseline")
+        problem = baseline_without_number(self.baseline, c)
+        if problem:   # interpolating across it compares with NaN, which is never "behind": no verdict ever
+            raise SpecdraftError(problem)
 
     @classmethod
     def from_run(cls, path: str | Path, config: WatchConfig | None = None) -> "BaselineWatch":
@@ -102,13 +107,29 @@ class BaselineWatch:
             return None
         return float(np.interp(tokens, x, y))
 
-    def update(self, record: dict) -> Verdict | None:
-        """Feed one metrics record; returns the Verdict once, when the run is found behind."""
+    def update(self, record: dict, where: str | None = None) -> Verdict | None:
+        """Feed one metrics record; returns the Verdict once, when the run is found behind, or when
+        a metric it compares is NaN or infinite (kind "no number": a comparison with NaN is never
+        "behind", so without this a diverged run would pass as level). `where` names the record
+        (FILE:LINE) in that message."""
         c, rec = self.config, flatten(record)
         if rec.get("split") != c.split or rec.get("tokens_seen") is None:
             return None
         value, loss = self._smoothed(rec, c.metric), self._smoothed(rec, c.loss_metric)
         tokens = float(rec["tokens_seen"])
+        bad = [(m, rec[m]) for m, v in ((c.metric, value), (c.loss_metric, loss))
+               if v is not None and not math.isfinite(v) and (m == c.metric or c.loss_margin is not None)]
+        if bad:
+            point = Point(tokens, float("nan") if value is None else value, float("nan"), loss, None, False)
+            self.points.append(point)
+            if self.verdict is not None:
+                return None
+            metric, raw = bad[0]
+            self.verdict = Verdict(c.metric, c.margin, [point], kind="no number", message=(
+                f"no number: {c.split} {metric} is {number_word(raw)} at {tokens:,.0f} tokens (step "
+                f"{rec.get('step', '?')}, {where or 'the record fed to the watch'}); the run diverged or logged "
+                "no number there, so it cannot be compared with the baseline"))
+            return self.verdict
         base = self._at(self._base, tokens)
         if value is None or base is None:
             return None
@@ -130,12 +151,34 @@ class BaselineWatch:
 
     def check(self, record: dict, run_dir: str | Path | None = None) -> bool:
         """update(); when it fires, append the verdict to RUN/journal.md as a warning. True = fired."""
-        verdict = self.update(record)
+        where = f"{Path(run_dir) / 'metrics.jsonl'}" if run_dir is not None else None
+        verdict = self.update(record, where)
         if verdict is None:
             return False
 
         journal.record(run_dir, "warning", verdict.message, source="watch")
         return True
+
+
+def number_word(value) -> str:
+    """NaN, inf or -inf as people write them."""
+    value = float(value)
+    return "NaN" if value != value else ("inf" if value > 0 else "-inf")
+
+
+def baseline_without_number(baseline: Run, c: WatchConfig) -> str | None:
+    """The one-line problem when a baseline metric the watch compares with is NaN or infinite
+    (first such record, by FILE:LINE); None when every one is a number."""
+    metrics = [c.metric] + ([c.loss_metric] if c.loss_margin is not None else [])
+    for i, rec in enumerate(baseline.records):
+        if rec.get("split") != c.split or rec.get("tokens_seen") is None:
+            continue
+        for m in metrics:
+            if rec.get(m) is not None and not math.isfinite(float(rec[m])):
+                return (f"{baseline.where(i)}: baseline {c.split} {m} is {number_word(rec[m])} (step "
+                        f"{rec.get('step', '?')}); the baseline diverged or logged no number there, so no run can "
+                        "be compared with it: choose another baseline run")
+    return None
 
 
 def describe(streak: list[Point], c: WatchConfig) -> str:
@@ -152,6 +195,6 @@ def describe(streak: list[Point], c: WatchConfig) -> str:
 def replay(run: Run, baseline: Run, config: WatchConfig | None = None) -> tuple[Verdict | None, list[Point]]:
     """Run the watch offline over a finished run's records (used by compare and tests)."""
     watch = BaselineWatch(baseline, config or WatchConfig())
-    for rec in run.records:
-        watch.update(rec)
+    for i, rec in enumerate(run.records):
+        watch.update(rec, run.where(i))
     return watch.verdict, watch.points

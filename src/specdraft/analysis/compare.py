@@ -13,7 +13,7 @@ from pathlib import Path
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_path, ensure_writable_dir
 from specdraft.metrics import Run, curve, load_run
-from specdraft.watch import WatchConfig, replay
+from specdraft.watch import WatchConfig, baseline_without_number, replay
 
 DEFAULT_TABLE_METRICS = ("full_acc_0", "cond_acc_1", "accept_len", "loss_0")
 STEP_METRIC = re.compile(r"^(loss|full_acc|cond_acc)_(\d+)$")
@@ -53,6 +53,8 @@ def epoch_table(runs: list[Run], metrics: tuple[str, ...] = DEFAULT_TABLE_METRIC
 def format_value(metric: str, value) -> str:
     if value is None:
         return "-"
+    if float(value) != float(value):
+        return "NaN"
     if "acc" in metric and metric != "accept_len":
         return f"{100 * float(value):.1f}%"
     return f"{float(value):.3f}"
@@ -117,9 +119,14 @@ def compare(paths: list[str | Path], out: str | Path | None = None,
     result = {"runs": [r.name for r in runs], "header": header, "rows": rows, "files": {}, "watch": {}}
     if baseline is not None:
         base = load_run(baseline)
+        config = WatchConfig(margin=margin)
+        unusable = baseline_without_number(base, config)   # NaN there: never "not behind", say why
         for r in runs:
             if r.path.resolve() != base.path.resolve():
-                verdict, _ = replay(r, base, WatchConfig(margin=margin))
+                if unusable:
+                    result["watch"][r.name] = f"no verdict: {unusable}"
+                    continue
+                verdict, _ = replay(r, base, config)
                 result["watch"][r.name] = verdict.message if verdict else "not behind baseline"
     if out is not None:
         out = ensure_writable_dir(out)

@@ -22,20 +22,26 @@ from specdraft.train.batches import StoreBatches, split_samples
 
 def run_config_of(drafter: Path) -> dict:
     """The training run's config.yaml when `drafter` is RUN, RUN/best or RUN/checkpoints/epoch-N."""
-    import yaml
+    from specdraft.io import check_fields
+    from specdraft.train.config import load_yaml
 
     for folder in (drafter, drafter.parent, drafter.parent.parent):
         cfg = folder / "config.yaml"
-        if cfg.is_file():
-            return yaml.safe_load(cfg.read_text()) or {}
+        if cfg.is_file():   # not YAML, or a field of the wrong type: one line naming it
+            return check_fields(load_yaml(cfg), RUN_CONFIG_FIELDS, cfg, "fix it (the run's record of its settings)")
     return {}
+
+
+# The fields eval reads from a run's config.yaml and a checkpoint's inputs.json, and their types.
+RUN_CONFIG_FIELDS = {"val_fraction": (int, float), "seed": int, "store": str}
+INPUTS_FIELDS = {"data_fingerprint": str, "num_samples": int, "num_tokens": int, "store": str}
 
 
 def trained_store_of(checkpoint: Path) -> tuple[dict, Path | None]:
     """What the run recorded of its training store (data_identity: fingerprint, samples, tokens): the
     checkpoint's inputs.json, else one of its run's checkpoints (a run trains on one store: --resume
     refuses another). ({}, None) for a run from before inputs.json."""
-    from specdraft.io import read_json
+    from specdraft.io import check_fields, read_json
     from specdraft.train.inputs import INPUTS_FILE
 
     candidates = [checkpoint / INPUTS_FILE]
@@ -45,7 +51,8 @@ def trained_store_of(checkpoint: Path) -> tuple[dict, Path | None]:
             break
     for path in candidates:
         if path.is_file():
-            return read_json(path, "checkpoint inputs"), path
+            return check_fields(read_json(path, "checkpoint inputs"), INPUTS_FIELDS, path,
+                                "restore it from the run, or pass --split all"), path
     return {}, None
 
 

@@ -23,7 +23,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.families import family
 from specdraft.formats import card
 from specdraft.infer.bench import why_not_faster
-from specdraft.io import atomic_path
+from specdraft.io import atomic_path, check_fields
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
@@ -55,14 +55,39 @@ def image_html(png: Path, alt: str) -> str:
     return f'<img alt="{esc(alt)}" src="data:image/png;base64,{data}">'
 
 
-def read_json(path: Path):
-    """The file's JSON; None when absent; the string "invalid" when it cannot be read as JSON."""
+# The fields the report reads from each side file of a run, and their types (io.check_fields): a
+# wrong type is one line naming the file and the field, not a traceback deep in the HTML.
+NUMBER = (int, float)
+BENCH_FIELDS = {"config": dict, "config.num_prompts": int, "config.prompts": str, "config.k": (int, str),
+                "config.device": str, "config.model": str, "config.max_new_tokens": int, "config.dtype": str,
+                "methods": dict, "methods.*": dict, "methods.*.tokens_per_s": NUMBER, "methods.*.speedup": NUMBER,
+                "methods.*.speedup_over_plain": NUMBER, "methods.*.accept_len": NUMBER,
+                "methods.*.per_position_accept": list, "methods.*.per_position_accept.*": NUMBER,
+                "methods.*.identical_to_greedy": bool, "methods.*.prompts_identical": int}
+EVAL_FIELDS = {"cond_acc": list, "cond_acc.*": NUMBER, "full_acc": list, "full_acc.*": NUMBER,
+               "accept_len_by_k": list, "accept_len_by_k.*": NUMBER, "accept_len": NUMBER, "split": str,
+               "drafter": str}
+RESULT_FIELDS = {"verdict": str, "best": dict, "best.k": int, "best.tokens_per_s": NUMBER}   # probe-*, plan
+INPUTS_FIELDS = {"num_samples": int, "num_tokens": int, "target": dict, "target.id": str}
+EXPORTS_FIELDS = {"exports": list, "exports.*": dict, "exports.*.out": str, "exports.*.layout": str,
+                  "exports.*.dtype": str, "exports.*.num_speculative_tokens": int}
+STAGES_FIELDS = {"*": dict, "*.seconds": NUMBER, "*.command": str}
+CONFIG_FIELDS = {"store": str, "data": str, "model": str}
+MANIFEST_FIELDS = {"num_samples": int, "num_tokens": int}
+
+
+def read_json(path: Path, fields: dict | None = None):
+    """The file's JSON; None when absent; the string "invalid" when it cannot be read as JSON. With
+    `fields`, an object whose fields have the wrong types is refused in one line."""
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         return "invalid"
+    if fields and isinstance(data, dict):
+        check_fields(data, fields, path, "fix or delete that file, then re-run report")
+    return data
 
 
 def number(value, fmt: str = ".2f") -> str:
@@ -80,7 +105,7 @@ def checkpoint_inputs(run: Path) -> dict:
     epochs = sorted((run / "checkpoints").glob("epoch-*"), key=lambda p: int(p.name.split("-")[-1])
                     if p.name.split("-")[-1].isdigit() else -1)
     for ckpt in [run / "best", *reversed(epochs)]:
-        data = read_json(ckpt / "inputs.json")
+        data = read_json(ckpt / "inputs.json", INPUTS_FIELDS)
         if isinstance(data, dict):
             return data
     return {}
@@ -91,9 +116,11 @@ def run_config(run: Path) -> dict:
 
     try:
         data = yaml.safe_load((run / "config.yaml").read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
+    if not isinstance(data, dict):
+        return {}
+    return check_fields(data, CONFIG_FIELDS, run / "config.yaml", "fix it, then re-run report")
 
 
 def data_size(run: Path) -> str:
@@ -102,7 +129,7 @@ def data_size(run: Path) -> str:
     inputs, source = checkpoint_inputs(run), "checkpoint inputs.json"
     if "num_samples" not in inputs:
         store = run_config(run).get("store") or run_config(run).get("data")
-        manifest = read_json(Path(store) / "manifest.json") if store else None
+        manifest = read_json(Path(store) / "manifest.json", MANIFEST_FIELDS) if store else None
         inputs, source = (manifest, f"store {store}") if isinstance(manifest, dict) else ({}, "")
     if "num_samples" not in inputs:
         return "unknown"
@@ -124,7 +151,7 @@ def timestamp(value) -> float | None:
 
 def recipe_stages(run: Path) -> dict:
     """The recipe's stage timings (pipeline.py's WS/stages.json) when `run` is a recipe's WS/runs/NAME."""
-    data = read_json(run.resolve().parent.parent / "stages.json") if run.resolve().parent.name == "runs" else None
+    data = read_json(run.resolve().parent.parent / "stages.json", STAGES_FIELDS) if run.resolve().parent.name == "runs" else None
     return data if isinstance(data, dict) else {}
 
 
@@ -158,7 +185,7 @@ def duration(seconds: float) -> str:
 
 def headline_html(run: Path) -> str:
     """The answer first: τ, speedup, lossless or not, how much data, how long."""
-    bench, ev = read_json(run / "bench.json"), read_json(run / "eval.json")
+    bench, ev = read_json(run / "bench.json", BENCH_FIELDS), read_json(run / "eval.json", EVAL_FIELDS)
     eagle, cfg = eagle3_of(bench), (bench.get("config") or {}) if isinstance(bench, dict) else {}
     if isinstance(eagle.get("accept_len"), (int, float)):
         tau = (number(eagle["accept_len"]), f"on {cfg.get('num_prompts', '?')} held-out prompts "
@@ -191,7 +218,7 @@ def headline_html(run: Path) -> str:
 
 
 def bench_html(run: Path) -> str:
-    bench = read_json(run / "bench.json")
+    bench = read_json(run / "bench.json", BENCH_FIELDS)
     if bench is None:
         return ""
     if not isinstance(bench, dict) or not isinstance(bench.get("methods"), dict):
@@ -217,7 +244,7 @@ def bench_html(run: Path) -> str:
 def eval_html(run: Path) -> str:
     parts = []
     for f in sorted(run.glob("eval*.json")):
-        ev = read_json(f)
+        ev = read_json(f, EVAL_FIELDS)
         if not isinstance(ev, dict) or not isinstance(ev.get("cond_acc"), list):
             parts.append(f"<h3>{esc(f.name)}</h3><p class=meta>not valid JSON, skipped</p>")
             continue
@@ -235,7 +262,7 @@ def eval_html(run: Path) -> str:
 def export_html(run: Path) -> str:
     """Where the drafter was exported (RUN/exports.json, written by `specdraft export`) and the
     commands that serve it, the same ones as the export's model card."""
-    data = read_json(run / card.EXPORTS_FILE)
+    data = read_json(run / card.EXPORTS_FILE, EXPORTS_FIELDS)
     exports = data.get("exports") if isinstance(data, dict) else None
     if not exports:
         return ("<h3>Export</h3><p class=meta>not exported yet: specdraft export "
@@ -289,7 +316,7 @@ def results_html(run: Path) -> str:
     parts = []
     for pattern in OTHER_RESULTS:
         for f in sorted(run.glob(pattern)):
-            data = read_json(f)
+            data = read_json(f, RESULT_FIELDS)
             if data == "invalid":
                 parts.append(f"<h3>{esc(f.name)}</h3><p class=meta>not valid JSON, skipped</p>")
                 continue

@@ -28,8 +28,8 @@ def check_options(max_length: int, min_assistant_tokens: int, limit: int | None,
                   max_new_tokens: int, temperature: float) -> None:
     if max_length < 2:
         raise SpecdraftError(f"--max-length {max_length}: must be at least 2 tokens")
-    if min_assistant_tokens < 0:
-        raise SpecdraftError(f"--min-assistant-tokens {min_assistant_tokens}: must be >= 0")
+    if min_assistant_tokens < 1:   # a sample with no trained token: the store refuses it (store.check_samples)
+        raise SpecdraftError(f"--min-assistant-tokens {min_assistant_tokens}: must be >= 1")
     if limit is not None and limit < 1:
         raise SpecdraftError(f"--limit {limit}: must be at least 1 (omit it to keep every sample)")
     if batch_size < 1:

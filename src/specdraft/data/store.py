@@ -133,6 +133,7 @@ def read_manifest(root: str | Path) -> dict:
         if not is_int(manifest[key]) or manifest[key] < (1 if key == "hidden_size" else 0):
             raise manifest_error(path, key, f"must be a {'positive' if key == 'hidden_size' else 'non-negative'} "
                                             f"integer, got {json.dumps(manifest[key])}")
+    check_against_target(path, manifest)
     if not isinstance(manifest.get("complete", False), bool):
         raise manifest_error(path, "complete", f"must be true or false, got {json.dumps(manifest['complete'])}")
     if not isinstance(manifest["shards"], list):
@@ -163,6 +164,43 @@ def read_manifest(root: str | Path) -> dict:
     if manifest.get("complete"):
         check_all_shards_listed(root, manifest)
     return manifest
+
+
+def check_against_target(path: Path, manifest: dict) -> None:
+    """The manifest's own numbers against the target it records (target.num_layers, hidden_size,
+    vocab_size; older stores may lack them): layer ids beyond the target, or another width, were
+    trusted until a drafter built from them failed (or trained on the wrong layers)."""
+    target = manifest["target"]
+    for key in ("num_layers", "hidden_size", "vocab_size"):
+        if key in target and (not is_int(target[key]) or target[key] < 1):
+            raise manifest_error(path, f"target.{key}", f"must be a positive integer, got {json.dumps(target[key])}")
+    layers = target.get("num_layers")
+    if layers is not None and any(i >= layers for i in manifest["layer_ids"]):
+        raise manifest_error(path, "layer_ids", f"{json.dumps(manifest['layer_ids'])} reach beyond the target's "
+                                                f"{layers} layers (target.num_layers; ids are 0..{layers - 1})")
+    width = target.get("hidden_size")
+    if width is not None and width != manifest["hidden_size"]:
+        raise manifest_error(path, "hidden_size", f"is {manifest['hidden_size']} but the target's is {width} "
+                                                  "(target.hidden_size)")
+
+
+def check_samples(path: Path, handle, start: int, offsets: list[int], vocab_size: int | None) -> None:
+    """A shard's token ids within the target's vocabulary and at least one trained token (loss_mask
+    1) in every sample: reads only input_ids and loss_mask (9 bytes a token), once, at open."""
+    fix = "the store is damaged or was written by another tool: re-capture into an empty --out"
+    ids = handle.get_tensor("input_ids")
+    bad = (ids < 0) | (ids >= vocab_size) if vocab_size is not None else ids < 0
+    if bool(bad.any()):
+        t = int(bad.nonzero()[0])
+        sample = start + bisect.bisect_right(offsets, t) - 1
+        limit = f"the target's vocabulary of {vocab_size} (target.vocab_size)" if vocab_size else "0"
+        raise SpecdraftError(f"{path}: sample {sample} holds token id {int(ids[t])}, outside {limit}; {fix}")
+    trained = torch.cat([torch.zeros(1, dtype=torch.int64), handle.get_tensor("loss_mask").to(torch.int64).cumsum(0)])
+    ends = torch.tensor(offsets)
+    empty = (trained[ends[1:]] - trained[ends[:-1]] == 0).nonzero()
+    if len(empty):
+        raise SpecdraftError(f"{path}: sample {start + int(empty[0])} has no trained token (its loss_mask is all "
+                             f"0), so it teaches nothing and counts as data; {fix}")
 
 
 def check_all_shards_listed(root: Path, manifest: dict) -> None:
@@ -358,6 +396,13 @@ class HiddenStore(torch.utils.data.Dataset):
         self._starts = [s["samples"][0] for s in self.shards]
         self._handles: OrderedDict[int, object] = OrderedDict()   # open shards, least recently used first
         self._offsets: dict[int, list[int]] = {}
+        # every shard's header, offsets, token ids and loss masks checked now, naming the store's file
+        # and sample, not halfway through a run (DataLoader workers' copies do not repeat it)
+        vocab_size = self.manifest["target"].get("vocab_size")
+        for k, entry in enumerate(self.shards):
+            handle = self._handle(k)
+            check_samples(safe_shard_path(self.root, entry["file"]), handle, entry["samples"][0], self._offsets[k],
+                          vocab_size)
 
     # -- metadata
     def __len__(self) -> int:
@@ -406,6 +451,12 @@ class HiddenStore(torch.utils.data.Dataset):
             if len(off) != end - start + 1 or off[0] != 0 or off[-1] != self.shards[k]["num_tokens"]:
                 raise SpecdraftError(f"{path}: offsets disagree with the manifest (samples [{start}, {end}), "
                                      f"{self.shards[k]['num_tokens']} tokens); re-run capture")
+            shrinking = [j for j in range(len(off) - 1) if off[j + 1] <= off[j]]
+            if shrinking:
+                j = shrinking[0]
+                raise SpecdraftError(f"{path}: offsets are not increasing at sample {start + j} (offsets[{j}] = "
+                                     f"{off[j]}, offsets[{j + 1}] = {off[j + 1]}): a sample of no tokens, or "
+                                     "samples overlapping; re-run capture into an empty --out")
             self._offsets[k] = off
         self._handles[k] = handle
         # Every open memory map keeps the pages it has read resident: with all shards open, a

@@ -27,8 +27,9 @@ def replay_run(watch, run_dir: Path, log) -> None:
     reported on the console, not journaled again (the first run journaled it)."""
     if not (run_dir / "metrics.jsonl").exists():
         return
-    for rec in load_run(run_dir).records:
-        watch.update(rec)
+    run = load_run(run_dir)
+    for i, rec in enumerate(run.records):
+        watch.update(rec, run.where(i))
     if watch.verdict is not None:
         log(f"[yellow]watch (before resume):[/] {watch.verdict.message}")
 

@@ -19,6 +19,9 @@ from specdraft.io import atomic_path
 from specdraft.watch import WatchConfig
 
 
+INT_MAX = 2**31 - 1   # the bound of an integer setting that names no other: counts of steps, rows, tokens
+
+
 def setting(default, help: str, *, low=None, high=None, short: str | None = None):
     """A RunConfig field with its help text, its bounds (`low <= value <= high`, checked by
     RunConfig.check) and an optional short flag: what the command line shows and checks."""
@@ -65,9 +68,9 @@ class RunConfig:
     max_tokens: int = setting(2048, "Tokens per packed row.", low=1)
     rows_per_batch: int = setting(1, "Packed rows per optimizer step (per rank).", low=1)
     val_fraction: float = setting(0.05, "Samples held out for validation (by sample, seeded), in [0, 1).")
-    seed: int = setting(0, "Seed of the split, the shuffle and the initial weights.")
+    seed: int = setting(0, "Seed of the split, the shuffle and the initial weights.", low=0, high=2**32 - 1)
     # optimisation
-    epochs: int = setting(2, "Passes over the training samples.", low=1)
+    epochs: int = setting(2, "Passes over the training samples.", low=1, high=100_000)
     lr: float = setting(1e-4, "Peak learning rate (> 0).")
     min_lr_ratio: float = setting(0.1, "Final lr = lr * min_lr_ratio, in [0, 1].")
     schedule: Literal["cosine", "linear", "constant"] = setting("cosine", "Learning-rate decay after warm-up.")
@@ -95,13 +98,15 @@ class RunConfig:
                                                    "curve (train).")
     watch_metric: str = setting("full_acc_0", "Metric the watch compares (higher is better).")
     watch_margin: float = setting(0.05, "Behind when run < baseline - margin.", low=0)
-    watch_warmup_tokens: int = setting(0, "No watch verdict before this many tokens.", low=0)
+    watch_warmup_tokens: int = setting(0, "No watch verdict before this many tokens.", low=0, high=10**15)
     watch_min_points: int = setting(2, "Consecutive behind points before the watch fires.", low=1)
 
     def check(self) -> "RunConfig":
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             value, low, high = getattr(self, f.name), f.metadata["low"], f.metadata["high"]
+            if high is None and low is not None and isinstance(value, int) and not isinstance(value, bool):
+                high = INT_MAX   # a count of 2**70 overflows the first tensor or seed it reaches
             if isinstance(value, float) and not math.isfinite(value):
                 raise SpecdraftError(f"{flag(f.name)} {value}: must be a finite number")
             if low is not None and high is not None and not low <= value <= high:
