@@ -518,7 +518,8 @@ def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="User message (the chat template is applied)."),
     model: str = MODEL,
     drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter checkpoint or run folder; 'untrained[:N]' = random (timing only)."),
-    method: str = typer.Option("eagle3", "--method", help="greedy (no drafting), ngram or eagle3."),
+    method: str = typer.Option("eagle3", "--method", help="greedy (no drafting), ngram, or the drafter's family "
+                               "(eagle3, peagle, ...: `specdraft info` lists them)."),
     num_speculative_tokens: Optional[str] = typer.Option(None, NUM_SPEC, "-k", help="Draft tokens per round, "
                                                          "or auto (the default for the eagle3 chain): chosen from "
                                                          "measured verify/draft costs and the drafter's acceptance; "
@@ -546,8 +547,9 @@ def generate(
 
     k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC), default_auto=method == "eagle3" and not tree)
     stop = parse_draft_stop(draft_stop)
-    if method not in ("greedy", "ngram", "eagle3"):
-        raise SpecdraftError(f"--method {method}: unknown; choose greedy, ngram or eagle3")
+    choices = ["greedy", "ngram", *(n for n in B.all_methods() if B.needs_drafter(n) and not n.endswith(B.TREE))]
+    if method not in choices:
+        raise SpecdraftError(f"--method {method}: unknown; choose {', '.join(choices)}")
     if (k is None or stop is not None) and (method != "eagle3" or tree):
         raise SpecdraftError(f"{NUM_SPEC} auto and --draft-stop: only with --method eagle3 (a chain, no --tree)")
     if max_new_tokens < 1:
@@ -558,16 +560,17 @@ def generate(
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
     if shape is not None and (method != "eagle3" or not sampling.greedy):
         raise SpecdraftError("--tree: only with --method eagle3 and greedy decoding (--temperature 0)")
-    if method == "eagle3" and drafter is None:
-        raise SpecdraftError("--method eagle3: needs --drafter (a checkpoint, a run folder, or untrained)")
+    name = method + B.TREE if shape else method
+    if drafter is None:
+        B.check_drafter_methods([name], None)
     dev = B.resolve_device(device)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
-    draft_model = B.load_drafter_for(drafter, target, dev, DTYPES[dtype]) if method == "eagle3" else None
-    names = {"greedy": "greedy", "ngram": "ngram", "eagle3": "eagle3-tree" if shape else "eagle3"}
+    draft_model = B.load_drafter_for(drafter, target, dev, DTYPES[dtype]) if B.needs_drafter(method) else None
+    B.check_drafter_methods([name], draft_model)
     tok = target.tokenizer
     ids = B.prompt_ids(tok, [{"role": "user", "content": prompt}])
     k, stop, _ = auto_settings(target, draft_model, drafter, ids, k, stop)
-    m = B.build_methods([names[method]], draft_model, k, shape, ngram_max, ngram_min, stop)[0]
+    m = B.build_methods([name], draft_model, k, shape, ngram_max, ngram_min, stop)[0]
     shown = {"ids": [], "text": ""}
 
     def stream(new):
@@ -639,9 +642,9 @@ def bench(
     names = [n.strip() for n in methods.split(",") if n.strip()]
     k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC), default_auto="eagle3" in names)
     stop = parse_draft_stop(draft_stop)
-    bad = [n for n in names if n not in B.METHODS]
+    bad = [n for n in names if n not in B.all_methods()]
     if bad or not names:
-        raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(B.METHODS)}")
+        raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(B.all_methods())}")
     if max_new_tokens < 1 or rounds < 1:
         raise SpecdraftError(f"--max-new-tokens {max_new_tokens} --rounds {rounds}: each must be >= 1")
     if dtype not in DTYPES:
@@ -649,13 +652,14 @@ def bench(
     if (k is None or stop is not None) and "eagle3" not in names:
         raise SpecdraftError(f"{NUM_SPEC} auto and --draft-stop: for the eagle3 chain; add eagle3 to --methods")
     shape = TreeShape.parse(tree or B.DEFAULT_TREE)
-    if any(n.startswith("eagle3") for n in names) and drafter is None:
-        raise SpecdraftError("--methods eagle3: needs --drafter (a checkpoint, a run folder, or untrained)")
+    if drafter is None:
+        B.check_drafter_methods(names, None)
     conversations = B.read_prompts(prompts, limit)
     dev = B.resolve_device(device)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     draft_model = (B.load_drafter_for(drafter, target, dev, DTYPES[dtype])
-                   if any(n.startswith("eagle3") for n in names) else None)
+                   if any(B.needs_drafter(n) for n in names) else None)
+    B.check_drafter_methods(names, draft_model)          # --methods peagle for a P-EAGLE drafter
     ids = B.prompt_ids(target.tokenizer, conversations[0])
     k, stop, choice = auto_settings(target, draft_model, drafter, ids, k, stop)
     total = len(conversations) * len(set(names) | {"greedy"}) * rounds

@@ -21,6 +21,7 @@ from specdraft.errors import SpecdraftError
 
 BUILTIN = (
     "specdraft.model.eagle3",
+    "specdraft.model.peagle",
 )
 
 

@@ -23,13 +23,35 @@ from specdraft.infer.tree import TreeShape
 from specdraft.infer.speculative import Generation, Profile, eos_ids_of, generate, per_position_accept
 from specdraft.infer.timing import busy_warning, machine_load, rotated, spread
 from specdraft.io import atomic_path
+from specdraft import families
 from specdraft.families import family, family_of
 from specdraft.targets import default_aux_layers
 
 # greedy: transformers' generate (what a user runs without us; every speedup is against it).
 # plain: specdraft's own loop with no drafter, on the kernel paths measured for this machine
 # (infer/kernels.py): eagle3's speedup over plain is what the drafts alone bring.
-METHODS = ("greedy", "plain", "ngram", "eagle3", "eagle3-tree")
+# Then a drafter's own chain under its family's name (eagle3, peagle, ...), and eagle3-tree.
+BASE_METHODS = ("greedy", "plain", "ngram")
+TREE = "-tree"
+
+
+def all_methods() -> tuple[str, ...]:
+    return (*BASE_METHODS, *families.names(), "eagle3" + TREE)
+
+
+def needs_drafter(name: str) -> bool:
+    return name.removesuffix(TREE) in families.names()
+
+
+def check_drafter_methods(names: list[str], drafter) -> None:
+    """A drafter method names the drafter's family: --methods peagle runs a P-EAGLE checkpoint."""
+    wanted = [n for n in names if needs_drafter(n)]
+    if wanted and drafter is None:
+        raise SpecdraftError(f"--methods {wanted[0]}: needs --drafter (a checkpoint, a run folder, or untrained)")
+    for name in wanted:
+        have = family_of(drafter).model_type
+        if name.removesuffix(TREE) != have:
+            raise SpecdraftError(f"--methods {name}: the --drafter is a {have} drafter; name it --methods {have}")
 DEFAULT_TREE = "4,4,16"
 UNTRAINED = "untrained"
 
@@ -179,20 +201,20 @@ class Method:
 def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngram_max: int,
                   ngram_min: int, draft_stop: float | None = None, ngram_k: int | None = None) -> list[Method]:
     methods = []
+    unknown = [n for n in names if n not in all_methods()]
+    if unknown:
+        raise SpecdraftError(f"--methods {unknown[0]}: unknown; choose from {', '.join(all_methods())}")
+    check_drafter_methods(names, drafter)
     for name in names:
-        if name not in METHODS:
-            raise SpecdraftError(f"--methods {name}: unknown; choose from {', '.join(METHODS)}")
-        if name.startswith("eagle3") and drafter is None:
-            raise SpecdraftError(f"--methods {name}: needs --drafter (a checkpoint, a run folder, or untrained)")
         if name == "greedy":
             methods.append(Method(name, None, hf=True))
         elif name == "plain":
             methods.append(Method(name, None))
         elif name == "ngram":
             methods.append(Method(name, NgramProposer(ngram_k or k, ngram_max, ngram_min)))
-        elif name == "eagle3" and k == 0:        # -k auto found no chain that pays here: plain decoding
+        elif k == 0 and not name.endswith(TREE):   # -k auto found no chain that pays here: plain decoding
             methods.append(Method(name, None))
-        elif name == "eagle3":
+        elif not name.endswith(TREE):
             methods.append(Method(name, family_of(drafter).proposer(drafter, k=k, stop=draft_stop)))
         else:
             methods.append(Method(name, family_of(drafter).proposer(drafter, tree=tree or TreeShape.parse(DEFAULT_TREE))))

@@ -27,8 +27,12 @@ from specdraft.train.objective import (ATTENTION, LOSSES, MAX_TTT_STEPS, TTT_INP
 
 def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, torch.Tensor], steps: int = 3,
                 step_decay: float = 1.0, loss: str = "kl", aux_noise: float = 0.0, attention: str = "sdpa",
-                inputs: str = "data") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                inputs: str = "data", parallel: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Unroll `steps` draft steps over a packed batch -> (loss, metric sums).
+
+    parallel=True is P-EAGLE (model/peagle): every step k>0 is a mask slot, the mask token with
+    fc(mask_hidden) instead of the next token with the step before's output, so the K drafts of a
+    serving round come from one forward; the attention pattern (and so this unroll) is TTT's.
 
     loss = sum_k step_decay**k * mean over trained positions of `position_loss` (KL(teacher || draft)
     by default). inputs="draft" feeds step k>0 the drafter's own step k-1 prediction (argmax, as a
@@ -57,6 +61,9 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
     for k in range(steps):
         tokens = (shift_left(input_ids, k + 1, 0) if drafted is None                # token t+k+1 at position t
                   else drafted.view(B, T))                                        # ... or as step k-1 drafted it
+        if parallel and k > 0:                                                    # a P-EAGLE mask slot
+            tokens = torch.full_like(input_ids, drafter.config.mask_token_id)
+            hidden = drafter.combine_aux(drafter.mask_hidden).expand(B, T, -1)   # [B,T,H]
         mask = make_mask(doc_ids, k)                                              # [B,1,T,(k+1)T] (or BlockMask)
         out = drafter.decode(tokens, hidden, position_ids + k, mask, cache)       # [B,T,H] pre-norm
 
@@ -93,12 +100,13 @@ class TTTObjective(nn.Module):
     FSDP can wrap the whole training computation as one module call."""
 
     def __init__(self, drafter: Eagle3Drafter, teacher: TeacherHead, steps: int = 3, step_decay: float = 1.0,
-                 loss: str = "kl", aux_noise: float = 0.0, attention: str = "sdpa", inputs: str = "data"):
+                 loss: str = "kl", aux_noise: float = 0.0, attention: str = "sdpa", inputs: str = "data",
+                 parallel: bool = False):
         super().__init__()
         self.drafter, self.teacher = drafter, teacher
         self.steps, self.step_decay, self.loss, self.aux_noise = steps, step_decay, loss, aux_noise
-        self.attention, self.inputs = attention, inputs
+        self.attention, self.inputs, self.parallel = attention, inputs, parallel
 
     def forward(self, batch: dict[str, torch.Tensor]):
         return ttt_forward(self.drafter, self.teacher, batch, self.steps, self.step_decay, self.loss,
-                           self.aux_noise if self.training else 0.0, self.attention, self.inputs)
+                           self.aux_noise if self.training else 0.0, self.attention, self.inputs, self.parallel)
