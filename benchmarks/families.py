@@ -1,0 +1,123 @@
+"""Drafter families side by side on one store: EAGLE-3 chain, EAGLE-3 tree and P-EAGLE.
+
+    .venv/bin/python benchmarks/families.py --workspace ws/demo [--prompts builtin-holdout]
+        [--limit 6] [--max-new-tokens 96] [--rounds 2] [--peagle-steps 4] [--out benchmarks/results/families.json]
+
+Trains each family on WS/hidden with WS/vocab.safetensors and the quick recipe's settings (P-EAGLE
+with --peagle-steps parallel steps: its K drafts are its trained steps), unless WS/runs/family-F/best
+exists. Then one bench, every method in interleaved rounds on the same prompts against transformers'
+greedy: plain (our loop, no drafter), the EAGLE-3 chain at K = 1, 2, 4, the EAGLE-3 tree and P-EAGLE at
+K = 2, 4. Reports training time and tokens/s, τ and tok/s vs greedy, and whether each output equals
+greedy's. Writes JSON and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from specdraft.families import family_of
+from specdraft.formats.checkpoints import load_drafter
+from specdraft.infer import bench as B
+from specdraft.infer.speculative import eos_ids_of
+from specdraft.infer.timing import rotated
+from specdraft.infer.tree import TreeShape
+from specdraft.targets import load_target
+
+QUICK = Path(__file__).parent.parent / "src" / "specdraft" / "recipes" / "quick.yaml"
+
+
+def train_family(ws: Path, family: str, steps: int | None) -> dict:
+    run = ws / "runs" / f"family-{family}"
+    if not (run / "best" / "config.json").is_file():
+        cmd = [sys.executable, "-m", "specdraft.cli", "train", "--config", str(QUICK), "--family", family,
+               "--store", str(ws / "hidden"), "--vocab", str(ws / "vocab.safetensors"), "--out", str(run),
+               "--overwrite", "--no-progress", *(["--ttt-steps", str(steps)] if steps else [])]
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True)
+        (run / "train_seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - start}))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["split"] == "train"]
+    val = [r for r in records if r["split"] == "val"][-1]["metrics"]
+    seconds = json.loads((run / "train_seconds.json").read_text())["seconds"] if (run / "train_seconds.json").is_file() else None
+    tokens = train[-1]["tokens_seen"]
+    return {"run": str(run), "train_seconds": seconds, "tokens_seen": tokens,
+            "train_tokens_per_s": tokens / seconds if seconds else None,
+            "val_accept_len": val["accept_len"], "val_full_acc": [val.get(f"full_acc_{k}") for k in range(8)
+                                                                   if f"full_acc_{k}" in val]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workspace", required=True)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--prompts", default="builtin-holdout")
+    ap.add_argument("--limit", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--peagle-steps", type=int, default=4)
+    ap.add_argument("--out", default="benchmarks/results/families.json")
+    args = ap.parse_args()
+    ws = Path(args.workspace)
+    torch.set_num_threads(2)
+
+    trained = {"eagle3": train_family(ws, "eagle3", None), "peagle": train_family(ws, "peagle", args.peagle_steps)}
+    target = load_target(args.model)
+    drafters = {f: load_drafter(Path(t["run"]) / "best", target_model=target.model) for f, t in trained.items()}
+    methods = [B.Method("greedy", None, hf=True), B.Method("plain", None)]
+    for k in (1, 2, 4):
+        methods.append(B.Method(f"eagle3 K={k}", family_of(drafters["eagle3"]).proposer(drafters["eagle3"], k=k)))
+    methods.append(B.Method("eagle3-tree 4,4,16", family_of(drafters["eagle3"]).proposer(
+        drafters["eagle3"], tree=TreeShape.parse(B.DEFAULT_TREE))))
+    for k in (2, 4):
+        methods.append(B.Method(f"peagle K={k}", family_of(drafters["peagle"]).proposer(drafters["peagle"], k=k)))
+
+    conversations = B.read_prompts(args.prompts, args.limit)
+    prompts = [B.prompt_ids(target.tokenizer, c) for c in conversations]
+    eos = eos_ids_of(target.model, target.tokenizer)
+    for m in methods:                                                               # warm-up
+        B.run_one(target.model, m, prompts[0], 8, eos)
+    runs = {m.name: [] for m in methods}
+    for r in range(args.rounds):
+        for m in rotated(methods, r):
+            runs[m.name].append([B.run_one(target.model, m, ids, args.max_new_tokens, eos) for ids in prompts])
+            print(f"round {r + 1}/{args.rounds}: {m.name}", file=sys.stderr, flush=True)
+    reference = [g.token_ids for g in runs["greedy"][0]]
+    greedy_tps = [B.summarize("greedy", rs, None)["tokens_per_s"] for rs in runs["greedy"]]
+    results = {m.name: B.summarize_rounds(m.name, runs[m.name], reference, greedy_tps) for m in methods}
+    plain = statistics.median(r["tokens_per_s"] for r in results["plain"]["rounds"])
+    for r in results.values():
+        r["speedup_over_plain"] = r["tokens_per_s"] / plain
+    report = {"benchmark": "families", "workspace": str(ws), "prompts": args.prompts, "num_prompts": len(prompts),
+              "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "trained": trained,
+              "methods": {n: {k: v for k, v in r.items() if k not in ("profile",)} for n, r in results.items()},
+              "environment": B.environment("cpu", "float32")}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+
+    table = Table(title=f"drafter families on {ws / 'hidden'} ({len(prompts)} {args.prompts} prompts x "
+                        f"{args.max_new_tokens} tokens, median of {args.rounds} interleaved rounds)")
+    for col in ("method", "tok/s", "x greedy", "x plain", "τ", "= greedy"):
+        table.add_column(col)
+    for name, r in results.items():
+        table.add_row(name, f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}", f"{r['speedup_over_plain']:.2f}",
+                      f"{r['accept_len']:.2f}", "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']})")
+    Console().print(table)
+    for family, t in trained.items():
+        print(f"{family}: trained {t['tokens_seen']:,} tokens in {t['train_seconds'] or float('nan'):.0f} s "
+              f"({t['train_tokens_per_s'] or float('nan'):.0f} tok/s), val τ {t['val_accept_len']:.2f}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
