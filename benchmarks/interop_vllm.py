@@ -1,4 +1,4 @@
-"""Serve our exported EAGLE-3 drafter with a real engine (vLLM, CPU build) and check it.
+"""Serve our exported drafter (EAGLE-3, or P-EAGLE with parallel drafting) with a real engine (vLLM, CPU build) and check it.
 
 Checks (issue 4 item 3):
   * vLLM loads our speculators-layout export (bf16, --no-embeddings: the target's are shared) with
@@ -146,14 +146,14 @@ def measure_ours(model: str, drafter_dir: Path, prompts: list[list[int]], k: int
     round), in the dtype vLLM runs, on the same token ids."""
     import torch
 
-    from specdraft.model.eagle3.proposer import EagleProposer
+    from specdraft.families import family_of
     from specdraft.infer.speculative import generate
     from specdraft.formats.checkpoints import load_drafter
     from specdraft.targets import load_target
 
     target = load_target(model, dtype=dtype)
     drafter = load_drafter(drafter_dir, dtype=getattr(torch, dtype), target_model=target.model)
-    proposer = EagleProposer(drafter, k=k)
+    proposer = family_of(drafter).proposer(drafter, k=k)       # EAGLE-3's chain, or P-EAGLE's one forward
     outputs, accepted, rounds, tokens, seconds = [], 0, 0, 0, 0.0
     per_pos = [0] * k                       # rounds whose draft position i+1 was accepted (vLLM's form)
     for ids in prompts:
@@ -331,8 +331,11 @@ def engine_main(engine: str, job: dict) -> None:
     if engine == "ngram":
         spec = {"method": "ngram", "num_speculative_tokens": job["k"], "prompt_lookup_max": 4,
                 "prompt_lookup_min": 2}
-    elif engine == "eagle3":
+    elif engine == "eagle3":                  # the drafter: EAGLE-3, or P-EAGLE (eagle3 + parallel drafting)
         spec = {"method": "eagle3", "model": job["drafter"], "num_speculative_tokens": job["k"]}
+        family = json.loads((Path(job["drafter"]) / "config.json").read_text()).get("speculators_model_type")
+        if family == "peagle":
+            spec["parallel_drafting"] = True
     llm = LLM(model=job["target"], dtype=job.get("dtype", "float32"), enforce_eager=True, speculative_config=spec,
               max_model_len=1024, max_num_seqs=1, seed=0, disable_log_stats=False)
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
