@@ -153,6 +153,16 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """A text file that must be UTF-8: other bytes are one line naming the file and the byte's place."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecdraftError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); re-create the {what} "
+                             "or save it as UTF-8") from None
+
+
 def read_json(path: str | os.PathLike, what: str = "file") -> dict:
     """A JSON file that must hold one object (every JSON file specdraft reads does)."""
     path = Path(path)
