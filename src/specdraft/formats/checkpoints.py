@@ -20,7 +20,8 @@ import torch
 from specdraft.errors import SpecdraftError
 from specdraft.families import Layout, family, family_of, layout as layout_of, layouts, names
 from specdraft.formats import card
-from specdraft.io import LOCK_NAME, check_fields, fsync_dir, os_error_line, read_json, with_umask, write_json
+from specdraft.io import (LOCK_NAME, check_fields, clean_leftovers, fsync_dir, os_error_line, read_json, temp_prefix,
+                          with_umask, write_json)
 from specdraft.targets import load_target_head
 from specdraft.vocab import check_mapping, integer_d2t, t2d_from_d2t
 from specdraft.weights import WEIGHT_FILES, read_weights, weights_file
@@ -70,7 +71,8 @@ def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> Non
         raise SpecdraftError(f"{folder}: not empty and not a checkpoint; refusing to replace it, "
                              "choose an empty or new --out")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    clean_leftovers(folder.parent)   # a killed earlier write: its temp folder, or the previous result set aside
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(folder.name), suffix=".tmp", dir=folder.parent))
     os.chmod(tmp, with_umask(0o777))   # mkdtemp makes 0700: a serving engine running as another user reads it
     old = None
     try:
@@ -82,7 +84,7 @@ def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> Non
                     os.fsync(fh.fileno())
         fsync_dir(tmp)
         if folder.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".old", dir=folder.parent))
+            old = Path(tempfile.mkdtemp(prefix=temp_prefix(folder.name), suffix=".old", dir=folder.parent))
             os.replace(folder, old / folder.name)
         os.replace(tmp, folder)
         fsync_dir(folder.parent)
