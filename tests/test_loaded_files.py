@@ -567,7 +567,8 @@ def test_vocab_header_not_an_object_and_rates_not_numbers_are_one_line(tmp_path)
     from specdraft.errors import SpecdraftError
 
     mapping = {"d2t": torch.zeros(3, dtype=torch.long), "t2d": torch.ones(3, dtype=torch.bool)}
-    for header, phrase in (("[1, 2]", "header field 'specdraft' is a list"), ("{oops", "header field 'specdraft' is not valid JSON")):
+    for header, phrase in (("[1, 2]", "header field 'specdraft' is a list"),
+                           ("{oops", "header field 'specdraft' is not valid JSON")):
         save_file(mapping, str(tmp_path / "v.safetensors"), metadata={"specdraft": header})
         with pytest.raises(SpecdraftError, match=re.escape(f"{tmp_path / 'v.safetensors'}: {phrase}")):
             vocab.load(tmp_path / "v.safetensors")

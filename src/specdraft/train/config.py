@@ -208,8 +208,8 @@ def load_yaml(path: str | Path) -> dict:
         raise SpecdraftError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
     for key in data:
         if not isinstance(key, str):
-            raise SpecdraftError(f"{path}: setting {key!r} is not a name (a {type(key).__name__} key); write each "
-                                 "setting as name: value")
+            raise SpecdraftError(f"{path}: setting {key!r} is not a name (a key of type {type(key).__name__}); "
+                                 "write each setting as name: value")
     data = {k.replace("-", "_"): v for k, v in data.items()}
     if "tensorboard" in data:   # config.yaml of a run from before --report-to
         data.setdefault("report_to", "tensorboard" if data.pop("tensorboard") is True else "none")
