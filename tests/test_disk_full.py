@@ -191,3 +191,76 @@ def test_debug_env_shows_the_traceback(ws, monkeypatch, capsys):
                                                  "--method", "ngram", "-k", "0"])
     assert code == 2 and "Traceback" in err and err.strip().splitlines()[-1].startswith(
         "error: --num-speculative-tokens 0"), err
+
+
+# ----------------------------------------------------------------------------- a re-run that stops midway (issue 25)
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (what a killed writer's temp names carry)."""
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_prepare_rerun_failing_midway_keeps_the_previous_result(ws, monkeypatch, capsys):
+    """A prepare re-run into a finished folder that fails while writing its rows (disk full) used to
+    have deleted prepare.json first: the previous complete result was unreadable. It stays whole now,
+    and the half-written rows folder is removed."""
+    import datasets
+
+    from bad_workspace import run_cli
+    from specdraft.data.prepared import load_prepared
+
+    out = fresh(ws, "data-rerun")
+    args = ["prepare", "--model", ws["target"], "--conversations", ws["root"] / "good.jsonl", "--out", out]
+    assert run_cli(monkeypatch, capsys, args)[0] == 0
+    before = load_prepared(out)[1]
+
+    def fail(self, path, *a, **k):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "data-00000-of-00001.arrow").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", fail)
+    code, err, _ = run_cli(monkeypatch, capsys, args)
+    assert code == 2 and PHRASE in err and len(err.strip().splitlines()) == 1, err
+    assert load_prepared(out)[1] == before
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_killed_writers_leftovers_are_removed_and_said(ws, tmp_path, capsys):
+    """A writer killed midway leaves .NAME.PID-XXXX.tmp (a file or a folder), or, between the two
+    renames of a folder swap, the previous checkpoint set aside in .NAME.PID-XXXX.old/ with NAME
+    gone. The next write removes them, puts the previous result back, and says so in one line; a live
+    writer's temp files are left alone. When that next write fails too, the previous result stays."""
+    from specdraft.errors import SpecdraftError
+    from specdraft.formats.checkpoints import _write_folder_atomically, export
+    from specdraft.io import write_json
+
+    pid = dead_pid()
+    export(ws["root"] / "drafter", tmp_path / "old-export", "speculators")
+    before = sorted(p.name for p in (tmp_path / "old-export").iterdir())
+    aside = tmp_path / f".export.{pid}-abc123.old"
+    aside.mkdir()
+    os.replace(tmp_path / "old-export", aside / "export")          # killed between the two renames
+    half = tmp_path / f".export.{pid}-def456.tmp"
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"half")
+    (tmp_path / f".eval.json.{pid}-gh78ij90.tmp").write_text('{"half')
+    live = tmp_path / f".eval.json.{os.getpid()}-kl12mn34.tmp"
+    live.write_text("{}")
+
+    def fail(folder):
+        (folder / "config.json").write_text("{}")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(SpecdraftError, match=r"no space left on device"):
+        _write_folder_atomically(tmp_path / "export", fail)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "removed 3 leftover(s)" in err and "put back export" in err, err
+    assert sorted(p.name for p in (tmp_path / "export").iterdir()) == before   # the previous result, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["export", live.name]), list(tmp_path.iterdir())
+    write_json(tmp_path / "eval.json", {"ok": True})   # our own pid: a live writer's file stays
+    assert live.exists() and not capsys.readouterr().err

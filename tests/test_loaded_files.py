@@ -474,3 +474,145 @@ def test_report_with_a_wrongly_typed_bench_json_is_one_line(ws, monkeypatch, cap
         (run / "bench.json").write_text(json.dumps({"config": [1], "methods": {}}))
         return ["report", run], run
     check_refusal(ws, monkeypatch, capsys, build, "bench.json: field 'config' is list, expected an object")
+
+
+# ----------------------------------------------------------------------------- typed reading, round 3 part 3 (issue 25)
+
+def model_readers(tmp: Path):
+    """(name, schema, file, write, read, arg, good) of the readers of drafter configs, vocab headers and
+    a checkpoint's inputs.json; `good` holds the values the good document needs to read (a family
+    name that exists, a mapping whose sizes agree)."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+
+    from specdraft import vocab
+    from specdraft.formats import checkpoints
+    from specdraft.model.eagle3 import checkpoint as speculators, sglang
+    from specdraft.train import inputs
+
+    folder = tmp / "drafter"
+    folder.mkdir(parents=True, exist_ok=True)
+    mapping = {"d2t": torch.zeros(3, dtype=torch.long), "t2d": torch.ones(3, dtype=torch.bool)}
+    save_file(mapping, str(folder / "model.safetensors"))
+    vocab_file = tmp / "vocab.safetensors"
+
+    def as_json(path, doc):
+        path.write_text(json.dumps(doc))
+
+    def as_header(path, doc):
+        save_file(mapping, str(path), metadata={"specdraft": json.dumps(doc)})
+
+    def resume(ckpt):
+        data = SimpleNamespace(source="s", layer_ids=[], hidden_size=3, target={"fingerprint": "s"},
+                               identity={"data_fingerprint": "s", "num_samples": 3, "num_tokens": 3})
+        drafter = SimpleNamespace(config=SimpleNamespace(aux_layer_ids=[]))
+        inputs.check_resume_inputs(ckpt, drafter, data)
+
+    config = folder / "config.json"
+    return [
+        ("speculators config.json", speculators.SPECULATORS_FIELDS, config, as_json,
+         lambda f: speculators.parse_config(json.loads((f / "config.json").read_text()), str(f)), folder,
+         {"norm_before_fc": False}),
+        ("sglang config.json", sglang.SGLANG_FIELDS, config, as_json,
+         lambda f: sglang.parse_config(json.loads((f / "config.json").read_text()), str(f), None), folder, {}),
+        ("checkpoint layout config.json", checkpoints.LAYOUT_FIELDS, config, as_json, checkpoints.detect_layout,
+         folder, {"speculators_model_type": "eagle3"}),
+        ("drafter config.json as a vocab", vocab.DRAFTER_FIELDS, config, as_json, vocab.load, folder, {}),
+        ("vocab header", vocab.HEADER_FIELDS, vocab_file, as_header, vocab.load, vocab_file,
+         {"target_vocab_size": 3, "draft_vocab_size": 3}),
+        ("train --resume inputs.json", inputs.INPUTS_FIELDS, folder / "inputs.json", as_json, resume, folder,
+         {"target": {"fingerprint": "s"}, "data_fingerprint": "s", "store": "s"}),
+    ]
+
+
+def test_every_model_file_reader_names_the_file_and_field_of_a_wrong_type(tmp_path):
+    """Generated from each reader's schema, like the side-file test above: drafter configs (ours, the
+    SGLang/EAGLE layout, layout detection, read as a vocab), vocab headers and inputs.json. A wrong
+    type was a traceback (draft_vocab_size "32000" a TypeError in the drafter, a target that is a
+    string an AttributeError in --resume) or, for a header "specdraft" that is not an object, too."""
+    import copy as deep
+    import re
+
+    from specdraft.errors import SpecdraftError
+
+    checked = 0
+    for name, fields, path, write, read, arg, good in model_readers(tmp_path):
+        write(path, {**example_of(fields), **good})
+        read(arg)   # the good document reads
+        for field, kinds in fields.items():
+            bad = {**example_of(fields), **deep.deepcopy(good)}
+            set_wrong(bad, field, kinds)
+            write(path, bad)
+            with pytest.raises(SpecdraftError) as e:
+                read(arg)
+            message = str(e.value)
+            pattern = r"\.".join("(x|0)" if part == "*" else part for part in field.split("."))
+            assert re.match(rf"{re.escape(str(path))}: field '{pattern}' is .*, expected ", message), (name, field, message)
+            assert "\n" not in message
+            checked += 1
+        path.unlink()
+    assert checked >= 80
+
+
+def test_vocab_header_not_an_object_and_rates_not_numbers_are_one_line(tmp_path):
+    """A vocab header "specdraft" that is not JSON or not an object, and plan --accept rates that are
+    not numbers (float('x') was a traceback), name the file and the field."""
+    import re
+
+    from safetensors.torch import save_file
+
+    from specdraft import vocab
+    from specdraft.analysis.plan import load_accept
+    from specdraft.errors import SpecdraftError
+
+    mapping = {"d2t": torch.zeros(3, dtype=torch.long), "t2d": torch.ones(3, dtype=torch.bool)}
+    for header, phrase in (("[1, 2]", "header field 'specdraft' is a list"),
+                           ("{oops", "header field 'specdraft' is not valid JSON")):
+        save_file(mapping, str(tmp_path / "v.safetensors"), metadata={"specdraft": header})
+        with pytest.raises(SpecdraftError, match=re.escape(f"{tmp_path / 'v.safetensors'}: {phrase}")):
+            vocab.load(tmp_path / "v.safetensors")
+    accept = tmp_path / "accept.json"
+    for doc, field in (({"cond_acc": [0.8, "x"]}, "cond_acc.1"), ({"cond_acc_1": "0.8"}, "cond_acc_1"),
+                       ({"per_position_accept": [None]}, "per_position_accept.0"),
+                       ({"methods": {"eagle3": {"cond_acc": [True]}}}, "methods.eagle3.cond_acc.0"),
+                       ({"metrics": {"cond_acc_0": [1]}}, "metrics.cond_acc_0")):
+        accept.write_text(json.dumps(doc))
+        with pytest.raises(SpecdraftError, match=re.escape(f"{accept}: field '{field}' is ")):
+            load_accept(str(accept))
+
+
+@pytest.mark.parametrize("reader", ["metrics.jsonl", "metrics.jsonl (resume)", "config.yaml", "journal.md",
+                                    "inputs.json", "--accept JSON"])
+def test_bad_utf8_is_one_line_naming_the_file(tmp_path, reader):
+    """Bytes that are not UTF-8 in each text file specdraft reads: one line naming the file (a
+    UnicodeDecodeError traceback from load_run, load_yaml, the journal and truncate_after)."""
+    from specdraft import journal
+    from specdraft.analysis.plan import load_accept
+    from specdraft.errors import SpecdraftError
+    from specdraft.metrics import MetricsLog, load_run
+    from specdraft.train.config import load_yaml
+
+    run = tmp_path / "run"
+    run.mkdir()
+    files = {"metrics.jsonl": (run / "metrics.jsonl", lambda: load_run(run)),
+             "metrics.jsonl (resume)": (run / "metrics.jsonl",
+                                        lambda: MetricsLog(run, True, None).truncate_after(3)),
+             "config.yaml": (run / "config.yaml", lambda: load_yaml(run / "config.yaml")),
+             "journal.md": (run / "journal.md", lambda: journal.read(run)),
+             "inputs.json": (run / "inputs.json", lambda: __import__("specdraft.io").io.read_json(run / "inputs.json")),
+             "--accept JSON": (run / "accept.json", lambda: load_accept(str(run / "accept.json")))}
+    path, read = files[reader]
+    path.write_bytes(b'{"step": 1, "split": "val"}\n' + "é".encode("latin-1") + b"\n")
+    with pytest.raises(SpecdraftError) as e:
+        read()
+    assert str(e.value).startswith(f"{path}: not ") and "\n" not in str(e.value), str(e.value)
+
+
+def test_config_yaml_with_a_key_that_is_not_a_name_is_one_line(tmp_path):
+    from specdraft.errors import SpecdraftError
+    from specdraft.train.config import load_yaml
+
+    (tmp_path / "c.yaml").write_text("1: 2\nepochs: 3\n")
+    with pytest.raises(SpecdraftError, match="setting 1 is not a name"):
+        load_yaml(tmp_path / "c.yaml")

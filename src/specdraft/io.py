@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,9 +24,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     A reader never sees a half-written file: either the old file or the new one.
     """
     path = check_file_target(path)
+    clean_leftovers(path.parent)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise SpecdraftError(os_error_line(path, e)) from None
     os.close(fd)
@@ -46,6 +49,55 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def temp_prefix(name: str) -> str:
+    """The start of a temp sibling's name (.NAME.PID-): it carries the writer's pid, so a later run
+    tells a killed writer's leftovers from a live writer's files."""
+    return f".{name}.{os.getpid()}-"
+
+
+LEFTOVER = re.compile(r"^\..+\.(\d+)-[A-Za-z0-9_]+\.(tmp|old)$")
+
+
+def clean_leftovers(parent: Path) -> list[Path]:
+    """Remove the temp siblings (.NAME.PID-XXXX.tmp, file or folder) and set-aside folders
+    (.NAME.PID-XXXX.old) that a writer killed midway left in `parent`; an .old folder whose NAME is
+    missing holds the previous complete result (the kill came between the two renames of a swap) and
+    is moved back first. Files of a live writer are left alone. Says what it did in one line."""
+    done, restored = [], []
+    with contextlib.suppress(OSError):
+        for p in sorted(Path(parent).iterdir()):
+            m = LEFTOVER.match(p.name)
+            if not m or _alive(int(m.group(1))):
+                continue
+            if m.group(2) == "old" and p.is_dir() and not p.is_symlink():
+                for kept in p.iterdir():
+                    if not (Path(parent) / kept.name).exists():
+                        os.replace(kept, Path(parent) / kept.name)
+                        restored.append(kept.name)
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            done.append(p)
+    if done:
+        back = f"; put back {', '.join(restored)} (the previous complete result)" if restored else ""
+        print(f"note: removed {len(done)} leftover(s) of a specdraft run that stopped midway in {parent} "
+              f"({', '.join(p.name for p in done[:3])}{', ...' if len(done) > 3 else ''}){back}", file=sys.stderr)
+    return done
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True   # another user's process: alive
+    return True
 
 
 def check_file_target(path: str | os.PathLike) -> Path:
@@ -151,6 +203,16 @@ def fsync_dir(path: Path) -> None:
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """A text file that must be UTF-8: other bytes are one line naming the file and the byte's place."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecdraftError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); re-create the {what} "
+                             "or save it as UTF-8") from None
 
 
 def read_json(path: str | os.PathLike, what: str = "file") -> dict:

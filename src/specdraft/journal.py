@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specdraft.errors import SpecdraftError
-from specdraft.io import atomic_path
+from specdraft.io import atomic_path, read_text
 
 KINDS = ("hypothesis", "result", "decision", "warning", "probe")
 FILE = "journal.md"
@@ -91,7 +91,7 @@ def read(run: str | Path) -> list[Entry]:
         return []
     entries: list[Entry] = []
     body: list[str] = []
-    for line in path.read_text().splitlines():
+    for line in read_text(path, "journal").splitlines():
         m = HEADER.match(line)
         if m:
             if entries:

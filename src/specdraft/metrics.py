@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from specdraft.errors import SpecdraftError
-from specdraft.io import atomic_path
+from specdraft.io import atomic_path, read_text
 from specdraft.trackers import open_trackers, scalars
 
 METRICS_FILE = "metrics.jsonl"
@@ -40,7 +40,7 @@ class MetricsLog:
         if not (self.enabled and self.path.exists()):
             return
         keep = []
-        for line in self.path.read_text().splitlines():
+        for line in read_text(self.path, "metrics file (or delete it to log anew)").splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
@@ -139,7 +139,7 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
     if not file.exists():
         raise SpecdraftError(f"{path}: no metrics.jsonl; pass a run folder written by `specdraft train`")
     records, numbers = [], []
-    lines = file.read_text().splitlines()
+    lines = read_text(file, "metrics file").splitlines()
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

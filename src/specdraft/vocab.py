@@ -22,7 +22,7 @@ import torch
 from specdraft.data.prepared import load_prepared
 from specdraft.data.store import read_manifest, safe_shard_path
 from specdraft.errors import SpecdraftError
-from specdraft.io import atomic_path, read_json
+from specdraft.io import NUMBER, atomic_path, check_fields, read_json
 from specdraft.targets import info, load_tokenizer
 from specdraft.weights import index_weight_map, read_weights
 
@@ -257,7 +257,8 @@ def load(path: str | Path) -> Vocab:
     if path.is_dir():
         if not (path / "config.json").exists():
             raise SpecdraftError(f"{path}: not a drafter folder (no config.json) and not a vocab file")
-        cfg = read_json(path / "config.json", "drafter config")
+        cfg = check_fields(read_json(path / "config.json", "drafter config"), DRAFTER_FIELDS, path / "config.json",
+                           "re-export the drafter or fix its config.json")
         tensors = _read_tensors(path, ("d2t", "t2d"))
         if "d2t" not in tensors:
             raise SpecdraftError(f"{path}: the drafter weights hold no d2t (a drafter with the full "
@@ -278,7 +279,7 @@ def load(path: str | Path) -> Vocab:
     try:
         with safe_open(str(path), framework="pt") as f:
             raw = dict(f.metadata() or {})
-            meta = json.loads(raw["specdraft"]) if "specdraft" in raw else raw
+            meta = header_of(raw, path)
             keys = set(f.keys())
             if "d2t" not in keys:
                 raise SpecdraftError(f"{path}: no 'd2t' tensor; build one with `specdraft vocab build`")
@@ -295,6 +296,39 @@ def load(path: str | Path) -> Vocab:
     check_mapping(d2t, t2d, str(path))
     meta["source"] = str(path)
     return Vocab(d2t, t2d.bool(), meta)
+
+
+# The fields of a vocab file's header that readers use (load, diff, remap, train's store check)
+HEADER_FIELDS = {"target_vocab_size": int, "draft_vocab_size": int, "target_id": str, "fingerprint": str,
+                 "tokenizer": str, "coverage": NUMBER, "distinct_tokens": int, "format_version": int}
+
+
+# The fields of a drafter's config.json that load() reads for its mapping
+DRAFTER_FIELDS = {"transformer_layer_config": dict, "transformer_layer_config.vocab_size": int, "vocab_size": int,
+                  "speculators_config": dict, "speculators_config.verifier": dict,
+                  "speculators_config.verifier.name_or_path": str}
+
+
+def header_of(raw: dict, path: Path) -> dict:
+    """The specdraft header of a vocab file's safetensors metadata (its one "specdraft" key, or the
+    plain keys of an older or foreign file), its fields' types checked."""
+    fix = "rebuild it with `specdraft vocab build`"
+    if "specdraft" not in raw:   # metadata values are strings here: the counts must be digits
+        meta = dict(raw)
+        counts = [key for key, kind in HEADER_FIELDS.items() if kind is int]
+        for key in counts:
+            if isinstance(meta.get(key), str) and meta[key].isdigit():
+                meta[key] = int(meta[key])
+        return check_fields(meta, {key: int for key in counts}, path, fix)
+    else:
+        try:
+            meta = json.loads(raw["specdraft"])
+        except json.JSONDecodeError as e:
+            raise SpecdraftError(f"{path}: header field 'specdraft' is not valid JSON ({e}); {fix}") from None
+        if not isinstance(meta, dict):
+            raise SpecdraftError(f"{path}: header field 'specdraft' is a {type(meta).__name__}, expected an "
+                                 f"object {{...}}; {fix}")
+    return check_fields(meta, HEADER_FIELDS, path, fix)
 
 
 # ----------------------------------------------------------------------------- diff

@@ -43,10 +43,10 @@ def load_accept(text: str) -> tuple[list[float], str]:
         path = path / "metrics.jsonl"
     if path.suffix == ".jsonl" or path.name == "metrics.jsonl":
         val = load_run(path).split("val")
-        rates = cond_rates_from(val[-1]) if val else None
+        rates = cond_rates_from(val[-1], f"{path} (last val record)") if val else None
         where = f"{path} (last val record)"
     else:
-        rates, where = cond_rates_from(read_json(path, "acceptance JSON")), str(path)
+        rates, where = cond_rates_from(read_json(path, "acceptance JSON"), str(path)), str(path)
     if not rates:
         raise SpecdraftError(f"{path}: no per-position acceptance found (cond_acc list, cond_acc_k keys or "
                              "per_position_accept); pass rates with --accept 0.8,0.6,...")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -200,11 +201,13 @@ def check_finite(aux, last, offsets, layer_ids, first_index: int) -> None:
 def _clean_temp_files(out: Path) -> None:
     """Remove half-written temp files a killed capture may leave (atomic_path names them .NAME.*.tmp;
     a vLLM capture keeps its per-request files in .vllm-hidden-*/)."""
-    for p in out.glob(".*.tmp"):
-        if p.name.startswith((".shard-", f".{st.MANIFEST}.")):
-            p.unlink(missing_ok=True)
-    for p in out.glob(".vllm-hidden-*"):
-        shutil.rmtree(p, ignore_errors=True)
+    removed = [p for p in out.glob(".*.tmp") if p.name.startswith((".shard-", f".{st.MANIFEST}."))]
+    removed += list(out.glob(".vllm-hidden-*"))
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+    if removed:
+        print(f"note: removed {len(removed)} leftover(s) of a capture that stopped midway in {out}",
+              file=sys.stderr)
 
 
 def _resume_manifest(out: Path, want: dict) -> dict:

@@ -19,23 +19,30 @@ DATASET = "dataset"
 
 def save_prepared(out: str | Path, rows: dict[str, list], meta: dict) -> None:
     """Write rows (columns input_ids, loss_mask, messages) then prepare.json last: a folder
-    without prepare.json is an unfinished prepare and is never read."""
+    without prepare.json is an unfinished prepare and is never read. The rows go to a temp folder
+    first, so a re-run that fails while writing them (disk full) leaves the previous result whole."""
+    import shutil
+    import sys
+
     import datasets
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / META
-    if meta_path.exists():
-        meta_path.unlink()
     ds = datasets.Dataset.from_dict(rows)
     tmp = out / (DATASET + ".tmp")
     if tmp.exists():
-        import shutil
         shutil.rmtree(tmp)
-    ds.save_to_disk(str(tmp))
+        print(f"note: removed {tmp}, left by a prepare that stopped midway", file=sys.stderr)
+    try:
+        ds.save_to_disk(str(tmp))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if meta_path.exists():   # from here on the folder is unfinished until prepare.json is written again
+        meta_path.unlink()
     final = out / DATASET
     if final.exists():
-        import shutil
         shutil.rmtree(final)
     tmp.rename(final)
     write_json(meta_path, meta)

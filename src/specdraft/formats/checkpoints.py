@@ -20,13 +20,15 @@ import torch
 from specdraft.errors import SpecdraftError
 from specdraft.families import Layout, family, family_of, layout as layout_of, layouts, names
 from specdraft.formats import card
-from specdraft.io import LOCK_NAME, fsync_dir, os_error_line, read_json, with_umask, write_json
+from specdraft.io import (LOCK_NAME, check_fields, clean_leftovers, fsync_dir, os_error_line, read_json, temp_prefix,
+                          with_umask, write_json)
 from specdraft.targets import load_target_head
 from specdraft.vocab import check_mapping, integer_d2t, t2d_from_d2t
 from specdraft.weights import WEIGHT_FILES, read_weights, weights_file
 
 LAYOUTS = ("speculators", "sglang")           # what we write: speculators, or a family's other layout
 IGNORED_KEYS = ("verifier_norm.weight", "verifier_lm_head.weight")  # older speculators saves
+LAYOUT_FIELDS = {"speculators_model_type": str, "architectures": list, "architectures.*": str}  # what _detect reads
 
 
 def checkpoint_dtype(tensors: dict[str, torch.Tensor]) -> str:
@@ -69,7 +71,8 @@ def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> Non
         raise SpecdraftError(f"{folder}: not empty and not a checkpoint; refusing to replace it, "
                              "choose an empty or new --out")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    clean_leftovers(folder.parent)   # a killed earlier write: its temp folder, or the previous result set aside
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(folder.name), suffix=".tmp", dir=folder.parent))
     os.chmod(tmp, with_umask(0o777))   # mkdtemp makes 0700: a serving engine running as another user reads it
     old = None
     try:
@@ -81,7 +84,7 @@ def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> Non
                     os.fsync(fh.fileno())
         fsync_dir(tmp)
         if folder.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".old", dir=folder.parent))
+            old = Path(tempfile.mkdtemp(prefix=temp_prefix(folder.name), suffix=".old", dir=folder.parent))
             os.replace(folder, old / folder.name)
         os.replace(tmp, folder)
         fsync_dir(folder.parent)
@@ -151,6 +154,7 @@ def _detect(folder: Path, config: dict | None = None) -> tuple[str, Layout | Non
         if not (folder / "config.json").exists():
             raise SpecdraftError(f"{folder}: unknown checkpoint layout: no config.json; looked for {looked_for}")
         config = read_json(folder / "config.json", "drafter config")
+    check_fields(config, LAYOUT_FIELDS, folder / "config.json", "re-export the drafter or fix config.json")
     weights = weights_file(folder)
     if weights is None:
         raise SpecdraftError(f"{folder}: unknown checkpoint layout: no weights; looked for {looked_for}")

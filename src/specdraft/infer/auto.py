@@ -105,7 +105,7 @@ def checkpoint_accept(spec: str | Path | None) -> tuple[list[float], str] | None
         return None
     folder = resolve_checkpoint(spec)
     if (folder / "val.json").is_file():
-        rates = cond_rates_from(read_json(folder / "val.json", "validation metrics"))
+        rates = cond_rates_from(read_json(folder / "val.json", "validation metrics"), str(folder / "val.json"))
         if rates:
             return rates, str(folder / "val.json")
     for run in (folder, folder.parent, folder.parent.parent):

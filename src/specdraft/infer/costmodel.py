@@ -18,6 +18,7 @@ drafter's own estimate of that probability falls below cost / value.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from specdraft.errors import SpecdraftError
@@ -90,28 +91,37 @@ def stop_threshold(option: ChainOption, verify_ms: list[float], draft_ms: float)
 
 # ----------------------------------------------------------------------------- acceptance sources
 
-def cond_rates_from(obj) -> list[float] | None:
+def cond_rates_from(obj, where: str = "rates", prefix: str = "") -> list[float] | None:
     """Conditional per-position rates from a metrics/eval/bench dict: cond_acc list or cond_acc_k keys,
-    or bench's per_position_accept (P(position i accepted | offered), cumulative: a_i = r_i / r_{i-1})."""
+    or bench's per_position_accept (P(position i accepted | offered), cumulative: a_i = r_i / r_{i-1}).
+    A rate that is not a number is one line naming `where` (the file) and the field."""
     if not isinstance(obj, dict):
         return None
     for key in ("metrics", "acceptance", "eval", "simulated", "result"):
-        if isinstance(obj.get(key), dict) and (found := cond_rates_from(obj[key])):
+        if isinstance(obj.get(key), dict) and (found := cond_rates_from(obj[key], where, f"{prefix}{key}.")):
             return found
     methods = obj.get("methods")                     # a bench JSON: the EAGLE-3 chain's rates
     if isinstance(methods, dict):
         for name in ("eagle3", *methods):
-            if (found := cond_rates_from(methods.get(name))):
+            if (found := cond_rates_from(methods.get(name), where, f"{prefix}methods.{name}.")):
                 return found
     if isinstance(obj.get("cond_acc"), list):
-        return [float(a) for a in obj["cond_acc"]]
+        return [_rate(a, f"{prefix}cond_acc.{i}", where) for i, a in enumerate(obj["cond_acc"])]
     ks = sorted(int(k.rsplit("_", 1)[1]) for k in obj if k.startswith("cond_acc_") and k.rsplit("_", 1)[1].isdigit())
     if ks:
-        return [float(obj[f"cond_acc_{k}"]) for k in ks]
+        return [_rate(obj[f"cond_acc_{k}"], f"{prefix}cond_acc_{k}", where) for k in ks]
     cumulative = obj.get("per_position_accept")
     if isinstance(cumulative, list) and cumulative:
-        return conditional(cumulative)
+        return conditional([_rate(r, f"{prefix}per_position_accept.{i}", where) for i, r in enumerate(cumulative)])
     return None
+
+
+def _rate(value, field: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        shown = json.dumps(value)[:60] if not isinstance(value, (dict, list)) else type(value).__name__
+        raise SpecdraftError(f"{where}: field '{field}' is {shown}, expected a number (an acceptance rate "
+                             "0..1); fix the file or pass rates with --accept 0.8,0.6,...")
+    return float(value)
 
 
 def conditional(cumulative: list[float]) -> list[float]:

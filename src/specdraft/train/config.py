@@ -15,7 +15,7 @@ from typing import Literal
 
 from specdraft.errors import SpecdraftError
 from specdraft import trackers
-from specdraft.io import atomic_path
+from specdraft.io import atomic_path, read_text
 from specdraft.watch import WatchConfig
 
 
@@ -201,11 +201,15 @@ def load_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise SpecdraftError(f"{path}: config file not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(read_text(path, "config file")) or {}
     except yaml.YAMLError as e:
         raise SpecdraftError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise SpecdraftError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    for key in data:
+        if not isinstance(key, str):
+            raise SpecdraftError(f"{path}: setting {key!r} is not a name (a key of type {type(key).__name__}); "
+                                 "write each setting as name: value")
     data = {k.replace("-", "_"): v for k, v in data.items()}
     if "tensorboard" in data:   # config.yaml of a run from before --report-to
         data.setdefault("report_to", "tensorboard" if data.pop("tensorboard") is True else "none")

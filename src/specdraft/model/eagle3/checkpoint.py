@@ -7,7 +7,10 @@ reads `transformer_layer_config` as the draft's Llama config, and takes `draft_v
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from specdraft.errors import SpecdraftError
+from specdraft.io import NUMBER, check_fields
 from specdraft.model.eagle3.tensors import require_keys
 from specdraft.model.eagle3.config import DrafterConfig
 
@@ -71,6 +74,49 @@ def rope_from_layer(tl: dict) -> tuple[float, dict | None]:
     return float(theta), scaling
 
 
+# The fields of a drafter's config.json that parse_config reads: a wrong type (draft_vocab_size "32000")
+# is one line naming the file and the field, not a TypeError while the drafter is built
+LLAMA_FIELDS = {"hidden_size": int, "intermediate_size": int, "num_attention_heads": int, "num_key_value_heads": int,
+                "head_dim": int, "vocab_size": int, "rms_norm_eps": NUMBER, "rope_theta": NUMBER,
+                "rope_parameters": dict, "rope_parameters.rope_theta": NUMBER, "rope_scaling": dict,
+                "max_position_embeddings": int, "hidden_act": str}
+
+
+def dataclass_fields(cls, prefix: str) -> dict:
+    """check_fields' schema of a config dataclass's fields (int, float, bool, str, list[int], dict)."""
+    import types
+    import typing
+
+    kinds = {int: int, float: NUMBER, bool: bool, str: str, dict: dict, list: list}
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        if name not in cls.__dataclass_fields__:
+            continue
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)   # `dict | None`
+        base = next(a for a in typing.get_args(hint) if a is not type(None)) if union else hint
+        origin = typing.get_origin(base) or base
+        out[f"{prefix}{name}"] = kinds[origin]
+        if origin is list:
+            out[f"{prefix}{name}.*"] = int
+    return out
+
+
+SPECULATORS_FIELDS = {
+    "transformer_layer_config": dict, **{f"transformer_layer_config.{k}": v for k, v in LLAMA_FIELDS.items()},
+    "draft_vocab_size": int, "speculators_config": dict, "speculators_config.verifier": dict,
+    "speculators_config.verifier.name_or_path": str, "eagle_aux_hidden_state_layer_ids": list,
+    "eagle_aux_hidden_state_layer_ids.*": int, "norm_before_fc": bool, "norm_before_residual": bool,
+    "norm_output": bool, "fc_norm": bool, "embed_requires_grad": bool, "specdraft": dict,
+    **dataclass_fields(DrafterConfig, "specdraft.drafter_config."), "specdraft.drafter_config": dict,
+}
+FIX = "re-export the drafter or fix config.json"
+
+
+def config_file(where: str) -> str:
+    """The config.json a checkpoint folder's `where` names, for check_fields' one line."""
+    return str(Path(where) / "config.json") if not where.endswith("config.json") else where
+
+
 def drafter_config_from_llama(tl: dict, where: str, **fields) -> DrafterConfig:
     require_keys(tl, ["hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"], where,
                  "the drafter's Llama config must name its shapes")
@@ -87,6 +133,7 @@ def drafter_config_from_llama(tl: dict, where: str, **fields) -> DrafterConfig:
 
 def parse_config(config: dict, where: str) -> DrafterConfig:
     """DrafterConfig from a speculators config.json (ours round-trips through its "specdraft" block)."""
+    check_fields(config, SPECULATORS_FIELDS, config_file(where), FIX)
     require_keys(config, ["transformer_layer_config", "draft_vocab_size", "speculators_config"], where,
                  "re-export the drafter or fix config.json")
     if config.get("norm_before_fc"):

@@ -9,11 +9,19 @@ top-level `eagle_aux_hidden_state_layer_ids` with our meaning, so both are writt
 from __future__ import annotations
 
 from specdraft.errors import SpecdraftError
-from specdraft.model.eagle3.checkpoint import FORMAT_VERSION, drafter_config_from_llama, llama_layer_dict
+from specdraft.io import check_fields
+from specdraft.model.eagle3.checkpoint import (FIX, FORMAT_VERSION, LLAMA_FIELDS, config_file, dataclass_fields,
+                                               drafter_config_from_llama, llama_layer_dict)
 from specdraft.model.eagle3.config import DrafterConfig
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 OURS, THEIRS = "layers.0.", "midlayer."
+# The fields of an SGLang/EAGLE-repo config.json that parse_config reads
+SGLANG_FIELDS = {**LLAMA_FIELDS, "draft_vocab_size": int, "eagle_config": dict,
+                 "eagle_config.eagle_aux_hidden_state_layer_ids": list,
+                 "eagle_config.eagle_aux_hidden_state_layer_ids.*": int, "eagle_aux_hidden_state_layer_ids": list,
+                 "eagle_aux_hidden_state_layer_ids.*": int, "norm_before_residual": bool, "specdraft": dict,
+                 "specdraft.drafter_config": dict, **dataclass_fields(DrafterConfig, "specdraft.drafter_config.")}
 
 
 def to_sglang_names(tensors: dict) -> dict:
@@ -52,6 +60,7 @@ def build_config(cfg: DrafterConfig, dtype: str, where: str) -> dict:
 
 
 def parse_config(config: dict, where: str, lm_head_rows: int | None) -> DrafterConfig:
+    check_fields(config, SGLANG_FIELDS, config_file(where), FIX)
     block = config.get("specdraft") or {}
     if block.get("drafter_config"):
         return DrafterConfig.from_dict(block["drafter_config"])
