@@ -271,3 +271,15 @@ def test_export_refuses_unknown_format(tmp_path):
     save_checkpoint(tmp_path / "c", tiny_tensors(cfg), cfg)
     with pytest.raises(SpecdraftError, match="--format gguf"):
         export(tmp_path / "c", tmp_path / "o", "gguf")
+
+
+def test_verifier_architectures_are_read_only_as_a_list_of_names(tmp_path):
+    """A verifier config.json whose `architectures` is a string is not split into characters."""
+    from specdraft.formats.checkpoints import verifier_architectures
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": "LlamaForCausalLM"}))
+    assert verifier_architectures(str(tmp_path)) == []
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert verifier_architectures(str(tmp_path)) == ["LlamaForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(["not", "an", "object"]))
+    assert verifier_architectures(str(tmp_path)) == []

@@ -41,9 +41,12 @@ def verifier_architectures(verifier: str) -> list[str]:
     """The verifier's architectures when it is a local folder; [] otherwise (no network here)."""
     if verifier and (Path(verifier) / "config.json").is_file():
         try:
-            return list(read_json(Path(verifier) / "config.json").get("architectures") or [])
+            config = read_json(Path(verifier) / "config.json")
         except SpecdraftError:
             return []
+        names = config.get("architectures") if isinstance(config, dict) else None
+        if isinstance(names, list) and all(isinstance(n, str) for n in names):
+            return list(names)      # a string or a list of other things says nothing: none is recorded
     return []
 
 
