@@ -10,6 +10,7 @@ docs/reliability.md ("Loaded files and targets") lists the same cases as a table
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -434,11 +435,18 @@ def readers(tmp: Path):
     ]
 
 
+def assert_names_the_field(message: str, path, field: str, reader: str) -> None:
+    """One line naming the file and the field by its path in the file ('*' is the entry 'x' of an
+    object or item 0 of a list)."""
+    pattern = r"\.".join("(x|0)" if part == "*" else part for part in field.split("."))
+    assert re.match(rf"{re.escape(str(path))}: field '{pattern}' is .*, expected ", message), (reader, field, message)
+    assert "\n" not in message, message
+
+
 def test_every_side_file_reader_names_the_file_and_field_of_a_wrong_type(tmp_path):
     """Generated from each reader's schema: the good document reads; each field given a value of
     another type is one line naming the file and the field (it used to be a traceback, e.g.
     `bench.json` with "config": [] or eval's config.yaml with seed: 'x')."""
-    import re
 
     from specdraft.errors import SpecdraftError
 
@@ -457,10 +465,8 @@ def test_every_side_file_reader_names_the_file_and_field_of_a_wrong_type(tmp_pat
             with pytest.raises(SpecdraftError) as e:
                 read(arg)
             message = str(e.value)
-            # the field by its path in the file: '*' is the entry 'x' of an object or item 0 of a list
-            pattern = r"\.".join("(x|0)" if part == "*" else part for part in field.split("."))
-            assert re.match(rf"{re.escape(str(path))}: field '{pattern}' is .*, expected ", message), (name, field, message)
-            assert "\n" not in message and json.dumps(wrong)[:20] in message or isinstance(wrong, (list, dict)), message
+            assert_names_the_field(message, path, field, name)
+            assert json.dumps(wrong)[:20] in message or isinstance(wrong, (list, dict)), message
             checked += 1
         path.unlink()
     assert checked >= 40
@@ -532,7 +538,6 @@ def test_every_model_file_reader_names_the_file_and_field_of_a_wrong_type(tmp_pa
     type was a traceback (draft_vocab_size "32000" a TypeError in the drafter, a target that is a
     string an AttributeError in --resume) or, for a header "specdraft" that is not an object, too."""
     import copy as deep
-    import re
 
     from specdraft.errors import SpecdraftError
 
@@ -546,10 +551,7 @@ def test_every_model_file_reader_names_the_file_and_field_of_a_wrong_type(tmp_pa
             write(path, bad)
             with pytest.raises(SpecdraftError) as e:
                 read(arg)
-            message = str(e.value)
-            pattern = r"\.".join("(x|0)" if part == "*" else part for part in field.split("."))
-            assert re.match(rf"{re.escape(str(path))}: field '{pattern}' is .*, expected ", message), (name, field, message)
-            assert "\n" not in message
+            assert_names_the_field(str(e.value), path, field, name)
             checked += 1
         path.unlink()
     assert checked >= 80
