@@ -26,6 +26,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder, write_json
 from specdraft.train.config import resolve_config
@@ -187,11 +188,11 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     if not (ws / "vocab.safetensors").exists():
         run_stage(console, ["vocab", "build", "--prepared", str(ws / "data"), "--size", str(recipe.draft_vocab),
                             "--out", str(ws / "vocab.safetensors")], log)
-    if not (run / "checkpoints" / f"epoch-{recipe.epochs}").exists():
+    if not run_layout.checkpoint_dir(run, "epoch", recipe.epochs).exists():
         continue_run = _continue_run(run)
         run_stage(console, ["train", "--config", str(recipe.path), "--model", model, "--store", str(ws / "hidden"),
                             "--vocab", str(ws / "vocab.safetensors"), "--out", str(run), *continue_run], log)
-    drafter = run / "best"
+    drafter = run_layout.best_dir(run)
     run_stage(console, ["eval", "--model", model, "--drafter", str(drafter), "--store", str(ws / "hidden"),
                         "--out", str(run / "eval.json")], log)
     methods = BENCH_METHODS + ((TREE_METHOD,) if recipe.bench_tree else ())
@@ -244,10 +245,10 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
 def _continue_run(run: Path) -> list[str]:
     """How the train stage continues an interrupted run: --resume from its last checkpoint, or
     --overwrite when it was stopped before writing one (train refuses a started run without either)."""
-    checkpoints = (run / "checkpoints").glob("*-*/trainer_state.pt")
+    checkpoints = (run / run_layout.CHECKPOINTS).glob("*-*/trainer_state.pt")
     if any((c.parent / "progress.json").is_file() for c in checkpoints):
         return ["--resume"]
-    if any((run / name).exists() for name in ("metrics.jsonl", "config.yaml", "checkpoints", "best")):
+    if run_layout.holds_run(run):
         return ["--overwrite"]
     return []
 

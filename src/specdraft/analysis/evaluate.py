@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdraft import run_layout
 from specdraft.analysis.probe import drafter_metrics
 from specdraft.data.store import HiddenStore
 from specdraft.errors import SpecdraftError
@@ -26,7 +27,7 @@ def run_config_of(drafter: Path) -> dict:
     from specdraft.train.config import load_yaml
 
     for folder in (drafter, drafter.parent, drafter.parent.parent):
-        cfg = folder / "config.yaml"
+        cfg = run_layout.config_file(folder)
         if cfg.is_file():   # not YAML, or a field of the wrong type: one line naming it
             return check_fields(load_yaml(cfg), RUN_CONFIG_FIELDS, cfg, "fix it (the run's record of its settings)")
     return {}
@@ -46,8 +47,8 @@ def trained_store_of(checkpoint: Path) -> tuple[dict, Path | None]:
 
     candidates = [checkpoint / INPUTS_FILE]
     for folder in (checkpoint, checkpoint.parent, checkpoint.parent.parent):
-        if (folder / "config.yaml").is_file():
-            candidates += sorted((folder / "checkpoints").glob(f"*/{INPUTS_FILE}"))
+        if run_layout.config_file(folder).is_file():
+            candidates += sorted((folder / run_layout.CHECKPOINTS).glob(f"*/{INPUTS_FILE}"))
             break
     for path in candidates:
         if path.is_file():

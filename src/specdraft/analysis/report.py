@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from specdraft import journal, metrics
+from specdraft import run_layout
 from specdraft.analysis import compare
 from specdraft.errors import SpecdraftError
 from specdraft.families import family
@@ -102,9 +103,9 @@ def eagle3_of(bench) -> dict:
 
 def checkpoint_inputs(run: Path) -> dict:
     """The training data recorded in the run's best checkpoint (else its newest epoch-N)."""
-    epochs = sorted((run / "checkpoints").glob("epoch-*"), key=lambda p: int(p.name.split("-")[-1])
+    epochs = sorted((run / run_layout.CHECKPOINTS).glob("epoch-*"), key=lambda p: int(p.name.split("-")[-1])
                     if p.name.split("-")[-1].isdigit() else -1)
-    for ckpt in [run / "best", *reversed(epochs)]:
+    for ckpt in [run_layout.best_dir(run), *reversed(epochs)]:
         data = read_json(ckpt / "inputs.json", INPUTS_FIELDS)
         if isinstance(data, dict):
             return data
@@ -115,12 +116,12 @@ def run_config(run: Path) -> dict:
     import yaml
 
     try:
-        data = yaml.safe_load((run / "config.yaml").read_text())
+        data = yaml.safe_load(run_layout.config_file(run).read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
     if not isinstance(data, dict):
         return {}
-    return check_fields(data, CONFIG_FIELDS, run / "config.yaml", "fix it, then re-run report")
+    return check_fields(data, CONFIG_FIELDS, run_layout.config_file(run), "fix it, then re-run report")
 
 
 def data_size(run: Path) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specdraft import run_layout
 from specdraft.families import family_of, layout
 from specdraft.io import write_json
 
@@ -19,7 +20,7 @@ UNKNOWN = "unknown"
 def run_folder_of(ckpt: Path) -> Path | None:
     """The run folder holding this checkpoint (RUN/best, RUN/checkpoints/epoch-N), else None."""
     for folder in (ckpt, *list(ckpt.resolve().parents)[:3]):
-        if (folder / "config.yaml").is_file() and (folder / "metrics.jsonl").is_file():
+        if run_layout.config_file(folder).is_file() and run_layout.metrics_file(folder).is_file():
             return folder
     return None
 
@@ -63,7 +64,7 @@ def facts(ckpt: Path, cfg, target_identity: dict | None = None) -> dict:
     """What the card says about the drafter's origin, from the run around `ckpt` when there is one."""
     run = run_folder_of(ckpt)
     inputs = _json(ckpt / "inputs.json")
-    config = _yaml(run / "config.yaml") if run else {}
+    config = _yaml(run_layout.config_file(run)) if run else {}
     target = inputs.get("target") or {}
     ident = target_identity or {}
     out = {
@@ -74,7 +75,7 @@ def facts(ckpt: Path, cfg, target_identity: dict | None = None) -> dict:
         "epochs": config.get("epochs", UNKNOWN),
         "samples": inputs.get("num_samples", UNKNOWN),
         "tokens": inputs.get("num_tokens", UNKNOWN),
-        "tokens_trained": (_tokens_trained(run / "metrics.jsonl") if run else None) or UNKNOWN,
+        "tokens_trained": (_tokens_trained(run_layout.metrics_file(run)) if run else None) or UNKNOWN,
         "tau_bench": None, "tau_eval": None,
     }
     if run:

@@ -9,7 +9,6 @@ families.py). The SGLang and EAGLE-repo layouts hold EAGLE-3 drafters only.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Callable
 import torch
 
 from specdraft.errors import SpecdraftError
+from specdraft import run_layout
 from specdraft.families import Layout, family, family_of, layout as layout_of, layouts, names
 from specdraft.formats import card
 from specdraft.io import (LOCK_NAME, check_fields, clean_leftovers, fsync_dir, os_error_line, read_json, temp_prefix,
@@ -215,15 +215,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
         raise SpecdraftError(f"{path}: not found; pass a checkpoint folder or a run folder WS/runs/NAME")
     if (path / "config.json").is_file():
         return path
-    if (path / "best" / "config.json").is_file():
-        return path / "best"
-    epochs = []
-    for d in (path / "checkpoints").glob("epoch-*"):
-        m = re.fullmatch(r"epoch-(\d+)", d.name)
-        if m and (d / "config.json").is_file():
-            epochs.append((int(m.group(1)), d))
+    if (run_layout.best_dir(path) / "config.json").is_file():
+        return run_layout.best_dir(path)
+    epochs = run_layout.epoch_checkpoints(path)
     if epochs:
-        return max(epochs)[1]
+        return epochs[-1][1]
     raise SpecdraftError(f"{path}: no checkpoint found (looked for {path}/config.json, {path}/best/, "
                          f"{path}/checkpoints/epoch-N/)")
 
@@ -243,7 +239,7 @@ def check_replaceable(out: Path, command: str) -> None:
         return
     if {"trainer_state.pt", "progress.json"} & set(names):
         what = "a training checkpoint"
-    elif {"metrics.jsonl", "config.yaml", "checkpoints", "best"} & set(names):
+    elif set(run_layout.RUN_FILES[:4]) & set(names):
         what = "a training run"
     elif "manifest.json" in names:
         what = "a hidden-state store"

@@ -16,19 +16,19 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import save_checkpoint
 
 STATE_FILE = "trainer_state.pt"
 PROGRESS_FILE = "progress.json"      # {step, epoch, batch, tokens_seen}: readable without torch.load
-CHECKPOINT_NAME = re.compile(r"^(epoch|step)-(\d+)$")
+CHECKPOINT_NAME = run_layout.CHECKPOINT_NAME
 
 
 def drafter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -153,7 +153,7 @@ def load_trainer_state(folder: str | Path) -> dict:
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, str, Path]]:
     """(step, kind, folder) of every finished checkpoint in RUN/checkpoints, oldest first."""
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / run_layout.CHECKPOINTS
     found = []
     if root.is_dir():
         for folder in root.iterdir():

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft import trackers
 from specdraft.io import atomic_path, read_text
@@ -221,7 +222,7 @@ def resolve_config(config_file: str | Path | None = None, **overrides) -> RunCon
     """Defaults < yaml file < explicit overrides (flags). With resume and no file, the run's own
     RUN/config.yaml is the file, so `--out RUN --resume` continues with the run's settings."""
     if config_file is None and overrides.get("resume") and overrides.get("out"):
-        saved = Path(overrides["out"]) / "config.yaml"
+        saved = run_layout.config_file(Path(overrides["out"]))
         config_file = saved if saved.is_file() else None   # missing: training refuses (check_resume_settings)
         if config_file is not None:
             try:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from specdraft import run_layout
 from specdraft import vocab as vocab_mod
 from specdraft.errors import SpecdraftError
 from specdraft.families import family_of
@@ -60,7 +61,7 @@ def start(cfg: RunConfig, runtime: Runtime, data: TrainData | None, target) -> T
         raise SpecdraftError("--attention flex: needs a CUDA device (flex attention compiles for GPUs); "
                              "use --attention sdpa on CPU")
     console = Console(stderr=True)
-    log = (lambda msg: console.print(msg, highlight=False)) if runtime.is_main else (lambda msg: None)
+    log = (lambda msg: console.print(msg, highlight=False, soft_wrap=True)) if runtime.is_main else (lambda msg: None)
     resume_from = resume_checkpoint(cfg) if cfg.resume else None
     if cfg.resume:
         check_resume_settings(cfg)
@@ -105,7 +106,7 @@ def open_run(t: Training, resume_from: Path | None, remap_report: dict | None) -
     cfg, run_dir, total_steps = t.cfg, t.run_dir, sum(t.batches_per_epoch)
     if t.runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_yaml(cfg.replace(overwrite=False), run_dir / "config.yaml")   # a --resume of it must not wipe
+        save_yaml(cfg.replace(overwrite=False), run_layout.config_file(run_dir))   # a --resume of it must not wipe
         write_provenance(run_dir, t.runtime.device, t.runtime.world_size, resumed=resume_from is not None)
         if remap_report is not None:
             write_json(run_dir / "remap.json", remap_report)
@@ -153,7 +154,7 @@ def after_step(t: Training, step: StepResult, last_of_epoch: bool) -> bool:
     if cfg.val_every and state.step % cfg.val_every == 0 and t.data.val is not None and not last_of_epoch:
         behind = record(t, "val", evaluate(t.model, t.data.val, t.runtime, t.bf16), step.lr) or behind
     if cfg.save_every and state.step % cfg.save_every == 0 and not last_of_epoch:
-        save(t, t.run_dir / "checkpoints" / f"step-{state.step}")
+        save(t, run_layout.checkpoint_dir(t.run_dir, "step", state.step))
         if t.runtime.is_main:
             ckpt.prune_step_checkpoints(t.run_dir, cfg.keep_step_checkpoints)
     return behind
@@ -179,10 +180,10 @@ def end_epoch(t: Training, epoch: int, epoch_sums: dict | None, tokens_per_s: fl
         state.best_val = val_loss
         tensors, _ = ckpt.training_state(t.drafter)      # collective under FSDP2
         if runtime.is_main:
-            ckpt.save(t.run_dir / "best", t.drafter, tensors=tensors,
+            ckpt.save(run_layout.best_dir(t.run_dir), t.drafter, tensors=tensors,
                       extra_json={"val.json": {"epoch": epoch + 1, "step": state.step, **t.last_val}})
         runtime.barrier()
-    save(t, t.run_dir / "checkpoints" / f"epoch-{epoch + 1}", t.last_val)
+    save(t, run_layout.checkpoint_dir(t.run_dir, "epoch", epoch + 1), t.last_val)
     if new_best and runtime.is_main:
         note(t.run_dir, "result", f"new best: epoch {epoch + 1}, step {state.step}, "
                                   f"{state.tokens_seen:,} tokens: {val_summary(t.last_val)} -> {t.run_dir / 'best'}")
@@ -196,10 +197,10 @@ def decide_stop(t: Training, behind: bool, last_of_epoch: bool = False, epoch_do
     cfg, state = t.cfg, t.state
     if epoch_done:
         if behind and state.epoch < cfg.epochs:
-            return stopped_behind(t, t.run_dir / "checkpoints" / f"epoch-{state.epoch}")
+            return stopped_behind(t, run_layout.checkpoint_dir(t.run_dir, "epoch", state.epoch))
         return None
     if behind and not last_of_epoch:
-        folder = t.run_dir / "checkpoints" / f"step-{state.step}"
+        folder = run_layout.checkpoint_dir(t.run_dir, "step", state.step)
         if not (cfg.save_every and state.step % cfg.save_every == 0):
             save(t, folder)
         return stopped_behind(t, folder)

@@ -8,14 +8,13 @@ import shutil
 from pathlib import Path
 
 from specdraft import journal
+from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder
 from specdraft.train.config import RunConfig
 from specdraft.train.runtime import Runtime, any_rank
 
-# what `train` writes in RUN: --overwrite deletes these; the first four mean "RUN already holds a run"
-RUN_FILES = ("metrics.jsonl", "config.yaml", "checkpoints", "best", "remap.json", "journal.md", "tensorboard",
-             "wandb", "provenance.json")
+RUN_FILES = run_layout.RUN_FILES   # what `train` writes in RUN (run_layout.py): --overwrite deletes these
 
 
 @contextlib.contextmanager
@@ -103,7 +102,7 @@ def recover_set_aside(run_dir: Path) -> None:
         from rich.console import Console
 
         Console(stderr=True).print(f"{run_dir}: restored the previous run's {', '.join(names)} that an "
-                                   "interrupted --overwrite had set aside in .overwritten", highlight=False)
+                                   "interrupted --overwrite had set aside in .overwritten", highlight=False, soft_wrap=True)
 
 
 # what a --resume may change: how the run is watched, logged and launched, how long it goes on (the
@@ -122,7 +121,7 @@ def check_resume_settings(cfg: RunConfig) -> None:
     record is refused too (defaults would change the split mid-run)."""
     from specdraft.train.config import flag, load_yaml
 
-    path = Path(cfg.out) / "config.yaml"
+    path = run_layout.config_file(Path(cfg.out))
     fix = "restore it, or start a new run in another --out"
     if not path.is_file():
         raise SpecdraftError(f"{path}: not found; --resume continues a run with its recorded settings; {fix}")

@@ -31,7 +31,7 @@ def init_from_target(drafter, target, d2t, t2d, run=None) -> None:
         drafter.init_layer_from_target(last_layer_tensors(target))
 
 
-def objective(drafter, teacher, run, parallel: bool = False) -> TTTObjective:
+def training_objective(drafter, teacher, run, parallel: bool = False) -> TTTObjective:
     return TTTObjective(drafter, teacher, run.ttt_steps, run.step_decay, run.loss, run.aux_noise, run.attention,
                         "data" if parallel else run.ttt_inputs, parallel=parallel)
 
@@ -62,6 +62,6 @@ SGLANG = Layout("sglang", sglang_detect, sglang_read, sglang_write, sglang.unsup
                 "config.json with architectures ['LlamaForCausalLMEagle3'] (SGLang / EAGLE repo)")
 
 FAMILY = register(Family(model_type="eagle3", config_type=DrafterConfig, new_config=new_config, build=Eagle3Drafter,
-                         init_from_target=init_from_target, objective=objective, proposer=EagleProposer,
+                         init_from_target=init_from_target, objective=training_objective, proposer=EagleProposer,
                          checkpoint_config=checkpoint.build_config, parse_config=checkpoint.parse_config,
                          validate=tensors.validate, fsdp_units=fsdp_units, layouts=(SGLANG,)))

@@ -24,7 +24,7 @@ def new_config(target_config, draft_vocab_size: int, aux_layer_ids: list[int], v
 
 FAMILY = register(Family(model_type="peagle", config_type=PeagleConfig, new_config=new_config, build=PeagleDrafter,
                          init_from_target=eagle3.init_from_target,
-                         objective=lambda drafter, teacher, run: eagle3.objective(drafter, teacher, run, parallel=True),
+                         objective=lambda drafter, teacher, run: eagle3.training_objective(drafter, teacher, run, parallel=True),
                          proposer=PeagleProposer, checkpoint_config=checkpoint.build_config,
                          parse_config=checkpoint.parse_config, validate=checkpoint.validate,
                          fsdp_units=eagle3.fsdp_units))

@@ -1,0 +1,56 @@
+"""Where a training run keeps its files: RUN (train's --out) laid out once, for every command.
+
+    RUN/config.yaml           the run's settings (RunConfig), what --resume continues
+    RUN/metrics.jsonl         one record per logged train step and per validation
+    RUN/best/                 the checkpoint with the best validation (a drafter folder)
+    RUN/checkpoints/epoch-N/  the checkpoint after epoch N; step-N/ within an epoch
+    RUN/journal.md, remap.json, provenance.json, tensorboard/, wandb/
+
+train writes it (train/loop.py, train/run_folder.py); eval, bench, export, report, compare and the
+recipe read it through these names.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+BEST = "best"
+CHECKPOINTS = "checkpoints"
+# what `train` writes in RUN: --overwrite deletes these; the first four mean "RUN already holds a run"
+RUN_FILES = (METRICS, CONFIG, CHECKPOINTS, BEST, "remap.json", "journal.md", "tensorboard", "wandb", "provenance.json")
+CHECKPOINT_NAME = re.compile(r"^(epoch|step)-(\d+)$")
+
+
+def config_file(run: Path) -> Path:
+    return Path(run) / CONFIG
+
+
+def metrics_file(run: Path) -> Path:
+    return Path(run) / METRICS
+
+
+def best_dir(run: Path) -> Path:
+    return Path(run) / BEST
+
+
+def checkpoint_dir(run: Path, kind: str, n: int) -> Path:
+    """RUN/checkpoints/epoch-N or step-N."""
+    return Path(run) / CHECKPOINTS / f"{kind}-{n}"
+
+
+def epoch_checkpoints(run: Path) -> list[tuple[int, Path]]:
+    """(N, RUN/checkpoints/epoch-N) of the epoch checkpoints holding a config.json, by N."""
+    found = []
+    for folder in (Path(run) / CHECKPOINTS).glob("epoch-*"):
+        m = CHECKPOINT_NAME.match(folder.name)
+        if m and (folder / "config.json").is_file():
+            found.append((int(m.group(2)), folder))
+    return sorted(found)
+
+
+def holds_run(folder: Path) -> bool:
+    """Whether `folder` holds a training run (any of the files that mean one)."""
+    return any((Path(folder) / name).exists() for name in RUN_FILES[:4])
