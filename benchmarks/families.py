@@ -41,7 +41,8 @@ def train_family(ws: Path, family: str, steps: int | None) -> dict:
     if not (run / "best" / "config.json").is_file():
         cmd = [sys.executable, "-m", "specdraft.cli", "train", "--config", str(QUICK), "--family", family,
                "--store", str(ws / "hidden"), "--vocab", str(ws / "vocab.safetensors"), "--out", str(run),
-               "--overwrite", "--no-progress", *(["--ttt-steps", str(steps)] if steps else [])]
+               "--overwrite", "--no-progress", *(["--ttt-steps", str(steps)] if steps else []),
+               *(["--no-fc-norm"] if family == "peagle" else [])]          # vLLM's P-EAGLE has no fc_norm
         start = time.perf_counter()
         subprocess.run(cmd, check=True)
         (run / "train_seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - start}))

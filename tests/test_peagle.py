@@ -97,3 +97,10 @@ def test_bench_and_generate_take_peagle_by_its_family_name(peagle_run, ws, tmp_p
                               "-k", "3", "--prompt", "hello", "--max-new-tokens", "8", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout.strip().splitlines()[-1])["new_tokens"] > 0
+
+
+def test_peagle_with_fc_norm_is_refused_before_any_work(ws, tmp_path):  # noqa: F811
+    """vLLM's P-EAGLE loader has no fc_norm weights, so such a drafter could never be served."""
+    with pytest.raises(SpecdraftError, match="--fc-norm: vLLM serves P-EAGLE without fc_norm"):
+        train(config(ws, tmp_path / "run", family="peagle", fc_norm=True))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

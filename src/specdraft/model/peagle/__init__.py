@@ -10,6 +10,7 @@ checkpoint.py config.json and tensors.
 
 from __future__ import annotations
 
+from specdraft.errors import SpecdraftError
 from specdraft.families import Family, register
 from specdraft.model import eagle3
 from specdraft.model.peagle import checkpoint
@@ -18,6 +19,11 @@ from specdraft.model.peagle.proposer import PeagleProposer
 
 
 def new_config(target_config, draft_vocab_size: int, aux_layer_ids: list[int], verifier: str = "", run=None):
+    if run is not None and run.fc_norm:
+        # vLLM 0.32's update_peagle carries norm_before_residual and norm_before_fc, not fc_norm: its
+        # PeagleLlamaForCausalLM has no fc_norm weights and refuses the checkpoint at load
+        raise SpecdraftError("--fc-norm: vLLM serves P-EAGLE without fc_norm (its peagle loader has no such "
+                             "weights); train --family peagle with --no-fc-norm")
     base = eagle3.new_config(target_config, draft_vocab_size, aux_layer_ids, verifier, run)
     return PeagleConfig.from_dict({**base.to_dict(), "mask_token_id": mask_token_of(target_config)})
 
