@@ -26,9 +26,18 @@ from specdraft.targets import load_target_head
 from specdraft.vocab import check_mapping, integer_d2t, t2d_from_d2t
 from specdraft.weights import WEIGHT_FILES, read_weights, weights_file
 
-LAYOUTS = ("speculators", "sglang")           # what we write: speculators, or a family's other layout
 IGNORED_KEYS = ("verifier_norm.weight", "verifier_lm_head.weight")  # older speculators saves
 LAYOUT_FIELDS = {"speculators_model_type": str, "architectures": list, "architectures.*": str}  # what _detect reads
+
+
+def written_layouts() -> list[str]:
+    """What --format takes: speculators, or any registered family's other layout (EAGLE-3: sglang)."""
+    return ["speculators", *sorted({lay.name for _fam, lay in layouts()})]
+
+
+def check_format(layout: str) -> None:
+    if layout not in written_layouts():
+        raise SpecdraftError(f"--format {layout}: unknown; choose one of {', '.join(written_layouts())}")
 
 
 def checkpoint_dtype(tensors: dict[str, torch.Tensor]) -> str:
@@ -115,8 +124,7 @@ def save_checkpoint(folder: str | Path, tensors: dict[str, torch.Tensor], cfg,
     from safetensors.torch import save_file
 
     folder = Path(folder)
-    if layout not in LAYOUTS:
-        raise SpecdraftError(f"--format {layout}: unknown; choose one of {', '.join(LAYOUTS)}")
+    check_format(layout)
     tensors = _plain_tensors(tensors)
     fam = family_of(cfg)
     fam.validate(tensors, cfg, str(folder))
@@ -293,8 +301,7 @@ def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: in
     with a README.md model card. embeddings=False drops embed_tokens after checking that they
     equal the target's (`model`), which vLLM and SGLang then use."""
     torch_dtype = export_dtype(dtype)
-    if layout not in LAYOUTS:
-        raise SpecdraftError(f"--format {layout}: unknown; choose one of {', '.join(LAYOUTS)}")
+    check_format(layout)
     ckpt = resolve_checkpoint(src)
     out = Path(out)
     if out.resolve() == ckpt.resolve():
