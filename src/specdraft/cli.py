@@ -12,6 +12,7 @@ from rich.console import Console
 
 from specdraft.errors import SpecdraftError, renamed
 from specdraft.train.command import train as train_command
+from specdraft.train.config import MAX_TTT_STEPS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train, adapt, evaluate and ship EAGLE-3 drafters.")
@@ -74,7 +75,6 @@ def parse_layers(text: Optional[str]) -> Optional[list[int]]:
 COUNT_MAX = 2**31 - 1          # counts of tokens, samples, prompts: what an int32 index holds
 SEED_MAX = 2**32 - 1           # torch.manual_seed and numpy take 64 bits; the loader mixes the seed further
 K_MAX = 256                    # draft tokens per round: far beyond any drafter's use, far below a typo's
-MAX_TTT_STEPS = 7
 
 
 def between(low, high):

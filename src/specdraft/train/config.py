@@ -23,6 +23,9 @@ from specdraft.watch import WatchConfig
 INT_MAX = 2**31 - 1   # the bound of an integer setting that names no other: counts of steps, rows, tokens
 
 
+MAX_TTT_STEPS = 7    # draft steps a run unrolls (and eval/probe measure); the TTT mask grows with each
+
+
 def setting(default, help: str, *, low=None, high=None, short: str | None = None):
     """A RunConfig field with its help text, its bounds (`low <= value <= high`, checked by
     RunConfig.check) and an optional short flag: what the command line shows and checks."""
@@ -54,7 +57,7 @@ class RunConfig:
                                                      "(copied from the target's last layer, zeros on the "
                                                      "embedding half of q/k/v).")
     # objective
-    ttt_steps: int = setting(3, "Unrolled draft steps per position.", low=1, high=7)
+    ttt_steps: int = setting(3, "Unrolled draft steps per position.", low=1, high=MAX_TTT_STEPS)
     step_decay: float = setting(1.0, "Loss weight of TTT step k is step_decay**k.", low=0)
     loss: Literal["kl", "ce", "tv", "jsd"] = setting("kl", "kl (teacher over the draft vocab), ce (teacher argmax), "
                                                      "tv (total variation: 1 - acceptance chance) or jsd.")

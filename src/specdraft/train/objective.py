@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.targets import final_norm
+from specdraft.train.config import MAX_TTT_STEPS  # noqa: F401  (the objectives and probe check it here)
 
-MAX_TTT_STEPS = 7
 ATTENTION = ("sdpa", "flex")   # sdpa: boolean TTT mask (any device); flex: BlockMask + flex_attention (CUDA)
 LOSSES = ("kl", "ce", "tv", "jsd")
 TTT_INPUTS = ("data", "draft")  # the token step k>0 reads: the data's (teacher forcing) or the drafter's own
