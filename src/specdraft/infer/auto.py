@@ -66,8 +66,7 @@ def draft_timer(drafter, context: int) -> Callable[[], None]:
     proposer = family_of(drafter).proposer(drafter, k=1)
     H, dev = drafter.config.hidden_size, proposer.param.device
     g = torch.Generator().manual_seed(0)
-    n_aux = len(drafter.config.aux_layer_ids) or 3
-    proposer.pending = [torch.randn(context, n_aux, H, generator=g).to(dev, proposer.param.dtype)]   # [T, n_aux, H]
+    proposer.pending = [torch.randn(context, drafter.config.num_aux, H, generator=g).to(dev, proposer.param.dtype)]
     proposer.catch_up([0] * (context + 1))
     token, hidden = torch.tensor(0, device=dev), torch.randn(1, H, generator=g).to(dev, proposer.param.dtype)
 

@@ -53,6 +53,11 @@ class DrafterConfig:
             setattr(cfg, k, v)
         return cfg
 
+    @property
+    def num_aux(self) -> int:
+        """Aux states fc reads: one per aux layer id; 3 (EAGLE-3's) for an imported config naming none."""
+        return len(self.aux_layer_ids) or 3
+
     def llama_config(self):
         """The 1-layer Llama config of the decoder layer (transformer_layer_config in speculators)."""
         from transformers import LlamaConfig

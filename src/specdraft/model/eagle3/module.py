@@ -115,7 +115,7 @@ class Eagle3Drafter(nn.Module):
         H = cfg.hidden_size
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
-        n_aux = len(cfg.aux_layer_ids) or 3
+        n_aux = cfg.num_aux
         self.fc = nn.Linear(n_aux * H, H, bias=False)
         # EAGLE-3.1's fc_norm: the aux layers' scales differ by 10x and more; a norm per chunk evens them
         self.fc_norm = (nn.ModuleList([LlamaRMSNorm(H, cfg.rms_norm_eps) for _ in range(n_aux)])

@@ -25,7 +25,7 @@ def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
     H, I = cfg.hidden_size, cfg.intermediate_size
     q_out = cfg.num_attention_heads * cfg.head_dim
     kv_out = cfg.num_key_value_heads * cfg.head_dim
-    n_aux = len(cfg.aux_layer_ids) or 3
+    n_aux = cfg.num_aux
     fc_norms = {name: (H,) for name in fc_norm_names(cfg)}
     return {
         **fc_norms,
@@ -50,7 +50,7 @@ def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
 
 def fc_norm_names(cfg: DrafterConfig) -> list[str]:
     """EAGLE-3.1's per-chunk norms before fc (vLLM's `fc_norm.{i}`), required when config.fc_norm."""
-    return [f"fc_norm.{i}.weight" for i in range(len(cfg.aux_layer_ids) or 3)] if cfg.fc_norm else []
+    return [f"fc_norm.{i}.weight" for i in range(cfg.num_aux)] if cfg.fc_norm else []
 
 
 def validate(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, where: str) -> None:

@@ -30,7 +30,7 @@ def parse_config(config: dict, where: str) -> PeagleConfig:
 
 def validate(tensors: dict, cfg: PeagleConfig, where: str) -> None:
     mask = tensors.get("mask_hidden")
-    n_aux = len(cfg.aux_layer_ids) or 3
+    n_aux = cfg.num_aux
     if mask is None or tuple(mask.shape) != (n_aux * cfg.hidden_size,):
         raise SpecdraftError(f"{where}: tensor mask_hidden {'missing' if mask is None else list(mask.shape)}; a "
                              f"P-EAGLE drafter needs it as [{n_aux * cfg.hidden_size}] (n_aux x hidden_size)")

@@ -31,7 +31,7 @@ def mask_token_of(target_config) -> int:
 class PeagleDrafter(Eagle3Drafter):
     def __init__(self, cfg: PeagleConfig):
         super().__init__(cfg)
-        n_aux = len(cfg.aux_layer_ids) or 3
+        n_aux = cfg.num_aux
         # a mask slot's "aux states" [n_aux * H]: vLLM passes it through fc (and fc_norm) as it does aux
         self.mask_hidden = nn.Parameter(torch.randn(n_aux * cfg.hidden_size) * 0.02)
 
