@@ -231,8 +231,11 @@ def orchestrate(args: argparse.Namespace) -> int:
     ours = measure_ours(args.model, drafter, prompts, args.k, args.max_tokens, args.dtype)
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    from specdraft.families import family
+
+    fam = family(json.loads((drafter / "config.json").read_text())["speculators_model_type"])
     job = {"target": target_path, "drafter": str(drafter), "k": args.k, "prompts": prompts, "dtype": args.dtype,
-           "max_tokens": args.max_tokens}
+           "max_tokens": args.max_tokens, "vllm_speculative": dict(fam.vllm_speculative)}   # method, parallel_drafting
     logs = DEFAULT_DRAFTER.parent / "logs"                       # out/ is git-ignored
     logs.mkdir(parents=True, exist_ok=True)
     runs = {e: run_engine(args.vllm_python, e, job, logs) for e in engines}
@@ -332,10 +335,7 @@ def engine_main(engine: str, job: dict) -> None:
         spec = {"method": "ngram", "num_speculative_tokens": job["k"], "prompt_lookup_max": 4,
                 "prompt_lookup_min": 2}
     elif engine == "eagle3":                  # the drafter: EAGLE-3, or P-EAGLE (eagle3 + parallel drafting)
-        spec = {"method": "eagle3", "model": job["drafter"], "num_speculative_tokens": job["k"]}
-        family = json.loads((Path(job["drafter"]) / "config.json").read_text()).get("speculators_model_type")
-        if family == "peagle":
-            spec["parallel_drafting"] = True
+        spec = {**job["vllm_speculative"], "model": job["drafter"], "num_speculative_tokens": job["k"]}
     llm = LLM(model=job["target"], dtype=job.get("dtype", "float32"), enforce_eager=True, speculative_config=spec,
               max_model_len=1024, max_num_seqs=1, seed=0, disable_log_stats=False)
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])

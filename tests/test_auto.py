@@ -261,3 +261,33 @@ def test_options_are_in_help():
         assert ("--rounds" in text) == (cmd != "generate")
         if cmd != "plan":
             assert "--draft-stop" in text and "auto" in text
+
+
+# ----------------------------------------------------------------------------- one-forward families
+
+def test_a_one_forward_family_pays_its_draft_once_per_round():
+    """P-EAGLE and DFlash draft K tokens in one forward: cycle(K) = draft + verify(K+1), so a costly
+    draft that sinks every EAGLE-3 chain still lets a long parallel round pay."""
+    rates, verify, draft = [0.7, 0.6, 0.5, 0.4], [10.0, 10.2, 10.4, 10.6, 10.8], 6.0
+    chain = chain_options(rates, verify, draft, 4)
+    parallel = chain_options(rates, verify, draft, 4, one_forward=True)
+    assert [o.cycle_ms for o in parallel] == pytest.approx([10.0] + [draft + v for v in verify[1:]])
+    assert [o.cycle_ms for o in chain] == pytest.approx([k * draft + v for k, v in enumerate(verify)])
+    assert auto.decide(rates, verify, draft, None, False, 4)[0].k < auto.decide(rates, verify, draft, None, False, 4,
+                                                                                 one_forward=True)[0].k
+    assert stop_threshold(parallel[4], verify, draft, one_forward=True) < stop_threshold(parallel[4], verify, draft)
+
+
+@pytest.mark.parametrize("family", ["peagle", "dflash"])
+def test_k_auto_times_a_one_forward_round_and_stays_lossless(target, family):
+    d = tiny_drafter_for(target, AUX, every=2, seed=1, family=family).eval()
+    step = auto.draft_timer(d, context=12, k=4)
+    step(), step()                                             # repeatable: the context is cropped back each time
+    choice = auto.choose(target, d, None, [5, 6, 7, 8, 9], None, None, stop_auto=False, k_max=4)
+    assert choice.one_forward and 0 <= choice.k <= 4
+    assert ("draft forward" in choice.line()) == (choice.k > 0)
+    from specdraft.families import family as family_named
+
+    out = generate(target, [5, 6, 7, 8, 9], family_named(family).proposer(d, k=max(choice.k, 1)), max_new_tokens=12,
+                   eos_token_ids={2})
+    assert out.token_ids == hf_greedy(target, [5, 6, 7, 8, 9], 12)

@@ -187,7 +187,7 @@ def test_export_is_recorded_in_the_run_for_its_report(made, tmp_path, monkeypatc
 def test_a_drafter_sglang_cannot_serve_gets_vllm_commands_only(tmp_path):
     """An EAGLE-3.1 drafter (fc_norm / norm_output, the quick profile's): the card and the report
     name the engine that serves it and say why SGLang does not, instead of an export that fails."""
-    from specdraft.analysis.report import sglang_missing
+    from specdraft.analysis.report import served_as
     from specdraft.formats import card
     from specdraft.model.eagle3 import sglang
 
@@ -200,5 +200,5 @@ def test_a_drafter_sglang_cannot_serve_gets_vllm_commands_only(tmp_path):
     commands = card.serve_commands("tiny/target", tmp_path, 3, "speculators", missing)
     assert [engine for engine, _, _ in commands] == ["vLLM"] and "SGLang cannot serve" in commands[0][1]
     (tmp_path / "config.json").write_text(json.dumps({"specdraft": {"drafter_config": cfg.to_dict()}}))
-    assert sglang_missing(str(tmp_path)) == missing
+    assert served_as(str(tmp_path)) == ({"method": "eagle3"}, missing)
     assert len(card.serve_commands("tiny/target", tmp_path, 3, "speculators")) == 2

@@ -545,13 +545,15 @@ def generate(
     from specdraft.infer.speculative import eos_ids_of
     from specdraft.targets import DTYPES, load_target
 
-    k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC), default_auto=method == "eagle3" and not tree)
+    chain = B.needs_drafter(method) and not tree                   # a drafter's chain: -k auto applies
+    k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC), default_auto=chain)
     stop = parse_draft_stop(draft_stop)
     choices = ["greedy", "ngram", *(n for n in B.all_methods() if B.needs_drafter(n) and not n.endswith(B.TREE))]
     if method not in choices:
         raise SpecdraftError(f"--method {method}: unknown; choose {', '.join(choices)}")
-    if (k is None or stop is not None) and (method != "eagle3" or tree):
-        raise SpecdraftError(f"{NUM_SPEC} auto and --draft-stop: only with --method eagle3 (a chain, no --tree)")
+    if (k is None or stop is not None) and not chain:
+        raise SpecdraftError(f"{NUM_SPEC} auto and --draft-stop: only with a drafter's chain (--method eagle3, "
+                             "peagle, dflash, ...; no --tree)")
     if max_new_tokens < 1:
         raise SpecdraftError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
     if dtype not in DTYPES:
@@ -640,7 +642,8 @@ def bench(
         check_output_file(out, [prompts, drafter], ".json")
         check_output_file(out.with_suffix(".png"), [prompts, drafter], ".png")
     names = [n.strip() for n in methods.split(",") if n.strip()]
-    k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC), default_auto="eagle3" in names)
+    chains = [n for n in names if B.needs_drafter(n) and not n.endswith(B.TREE)]   # -k auto applies to these
+    k = parse_k(renamed(num_speculative_tokens, k, "--k", NUM_SPEC), default_auto=bool(chains))
     stop = parse_draft_stop(draft_stop)
     bad = [n for n in names if n not in B.all_methods()]
     if bad or not names:
@@ -649,8 +652,9 @@ def bench(
         raise SpecdraftError(f"--max-new-tokens {max_new_tokens} --rounds {rounds}: each must be >= 1")
     if dtype not in DTYPES:
         raise SpecdraftError(f"--dtype {dtype}: choose float32, bfloat16 or float16")
-    if (k is None or stop is not None) and "eagle3" not in names:
-        raise SpecdraftError(f"{NUM_SPEC} auto and --draft-stop: for the eagle3 chain; add eagle3 to --methods")
+    if (k is None or stop is not None) and not chains:
+        raise SpecdraftError(f"{NUM_SPEC} auto and --draft-stop: for a drafter's chain; add its family (eagle3, "
+                             "peagle, dflash, ...) to --methods")
     shape = TreeShape.parse(tree or B.DEFAULT_TREE)
     if drafter is None:
         B.check_drafter_methods(names, None)

@@ -22,6 +22,7 @@ from specdraft.errors import SpecdraftError
 BUILTIN = (
     "specdraft.model.eagle3",
     "specdraft.model.peagle",
+    "specdraft.model.dflash",
 )
 
 
@@ -60,6 +61,11 @@ class Family:
     # drafter -> the wide submodules FSDP2 shards as their own units
     fsdp_units: Callable[[torch.nn.Module], list[torch.nn.Module]] = lambda drafter: []
     layouts: tuple[Layout, ...] = ()                               # other engines' layouts (EAGLE-3: SGLang)
+    # True: one drafter forward drafts a round's K tokens (P-EAGLE, DFlash), so a round's draft cost is
+    # one forward whatever K; False: K forwards, one per token (EAGLE-3's chain). -k auto's cost model
+    drafts_in_one_forward: bool = False
+    # the keys of vLLM's --speculative-config that select this family (besides model and K)
+    vllm_speculative: tuple[tuple[str, Any], ...] = (("method", "eagle3"),)
 
 
 FAMILIES: dict[str, Family] = {}

@@ -73,17 +73,16 @@ def save_tiny_target(folder: str | Path, template: str = "chatml", **kw) -> Path
     return folder
 
 
-def tiny_drafter_for(target, aux_layer_ids: list[int], every: int = 3, seed: int = 0):
-    """Random drafter over a partial draft vocab (every `every`-th target id, so d2t offsets are
-    non-zero), initialised from `target` as training would."""
-    from specdraft.model.eagle3.config import DrafterConfig
-    from specdraft.model.eagle3.module import Eagle3Drafter
+def tiny_drafter_for(target, aux_layer_ids: list[int], every: int = 3, seed: int = 0, family: str = "eagle3"):
+    """Random drafter of `family` over a partial draft vocab (every `every`-th target id, so d2t offsets
+    are non-zero), initialised from `target` as training would."""
+    from specdraft.families import family as family_named
 
+    fam = family_named(family)
     V = target.config.vocab_size
     torch.manual_seed(seed)
     draft_targets = torch.arange(0, V, every)
-    cfg = DrafterConfig.from_target(target.config, draft_vocab_size=len(draft_targets), aux_layer_ids=aux_layer_ids)
-    drafter = Eagle3Drafter(cfg)
+    drafter = fam.build(fam.new_config(target.config, len(draft_targets), aux_layer_ids))
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[draft_targets] = True
     drafter.init_from_target(target, draft_targets - torch.arange(len(draft_targets)), t2d)

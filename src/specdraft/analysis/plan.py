@@ -17,6 +17,8 @@ from specdraft import journal
 from specdraft.analysis.probe import drafter_metrics, sample_batch
 from specdraft.data.store import HiddenStore
 from specdraft.errors import SpecdraftError
+from specdraft.families import Family, family
+from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer import kernels
 from specdraft.infer.auto import draft_timer, measure_costs
 from specdraft.infer.bench import load_drafter_for
@@ -67,6 +69,15 @@ def accept_from_store(drafter, model: str, store: str | Path, samples: int = 64,
     return [m[f"cond_acc_{k}"] for k in range(steps)]
 
 
+def drafter_family(spec) -> Family:
+    """The family of --drafter (its config.json's speculators_model_type; an SGLang layout or
+    `untrained` is EAGLE-3), without loading its weights."""
+    if str(spec).startswith("untrained"):
+        return family("eagle3")
+    config = read_json(resolve_checkpoint(spec) / "config.json", "drafter config")
+    return family(config.get("speculators_model_type", "eagle3") if isinstance(config, dict) else "eagle3")
+
+
 # ----------------------------------------------------------------------------- command
 
 def run(drafter=None, model: str = "default", accept: str | None = None, data=None,
@@ -94,11 +105,13 @@ def run(drafter=None, model: str = "default", accept: str | None = None, data=No
                                                     trust_remote_code)
     warnings = [busy_warning("plan", load_start, machine_load()) if timing else None,
                 monotonic_warning(verify_ms) if "verify" in measured else None]
-    options = chain_options(rates, verify_ms, draft_ms, k_max)
+    one_forward = drafter is not None and drafter_family(drafter).drafts_in_one_forward
+    options = chain_options(rates, verify_ms, draft_ms, k_max, one_forward)
     best = best_option(options)
     result = {"accept": {"cond_acc": rates, "source": accept_source,
                          "note": "positions past the measured ones repeat the last rate"},
               "verify_ms": extend(verify_ms, k_max + 1), "draft_ms": draft_ms, "measured": measured,
+              "draft_in_one_forward": one_forward,
               "options": [asdict(o) for o in options], "best": asdict(best), "timing": timing,
               "warnings": [w for w in warnings if w]}
     if out is not None:
@@ -127,7 +140,7 @@ def measure(drafter, model: str, verify_ms: list[float] | None, draft_ms: float 
         measured["verify"] = f"{target.name}, context {context}, this machine"
     else:
         with torch.inference_mode():
-            timed = interleaved_ms({"draft": draft_timer(net, context)}, rounds, 10)
+            timed = interleaved_ms({"draft": draft_timer(net, context, k_max)}, rounds, 10)
         timing = {"draft_ms": timed["stats"]["draft"]["median"], "context": context, "rounds": rounds,
                   "repeats": 10, **timed}
     if draft_ms is None:

@@ -20,11 +20,12 @@ from specdraft import journal, vocab
 from specdraft.data.capture import capture_samples
 from specdraft.data.prepared import load_prepared
 from specdraft.errors import SpecdraftError
+from specdraft.families import family_of
 from specdraft.infer.bench import load_drafter_for
 from specdraft.io import write_json
 from specdraft.progress import progress, track
 from specdraft.targets import default_aux_layers, load_target
-from specdraft.model.eagle3.objective import ttt_forward
+from specdraft.train.config import RunConfig
 from specdraft.train.objective import MAX_TTT_STEPS, TeacherHead, add_sums, finalize_metrics
 from specdraft.vocab import format_diff
 
@@ -155,14 +156,16 @@ def sample_batch(input_ids, aux, last, loss_mask) -> dict[str, torch.Tensor]:
 
 
 def drafter_metrics(net, target_model, batches, steps: int) -> dict[str, float]:
-    """train.objective's TTT metrics of `net` (as it is, no training) summed over `batches`."""
+    """The metrics of `net` (as it is, no training) summed over `batches`, from its family's own training
+    forward in eval mode (EAGLE-3's TTT unroll, P-EAGLE's mask slots, DFlash's blocks)."""
     if not 1 <= steps <= MAX_TTT_STEPS:
         raise SpecdraftError(f"--steps {steps}: must be in 1..{MAX_TTT_STEPS}")
     teacher = TeacherHead.from_target(target_model, net.d2t)
+    objective = family_of(net).objective(net, teacher, RunConfig(ttt_steps=steps)).eval()
     sums = None
     with torch.no_grad():
         for batch in batches:
-            _, part = ttt_forward(net, teacher, batch, steps)
+            _, part = objective(batch)
             sums = add_sums(sums, part)
     if sums is None:
         raise SpecdraftError("no samples to measure acceptance on")

@@ -276,20 +276,23 @@ def export_html(run: Path) -> str:
             continue
         parts.append(f"<p><b>{esc(e['out'])}</b> <span class=meta>{esc(e.get('layout'))} layout, "
                      f"{esc(e.get('dtype'))}</span></p>")
+        vllm_keys, sglang_lacks = served_as(e["out"])
         for engine, note, command in card.serve_commands(target, e["out"], e.get("num_speculative_tokens", 3),
-                                                         e.get("layout", "speculators"), sglang_missing(e["out"])):
+                                                         e.get("layout", "speculators"), sglang_lacks, vllm_keys):
             parts.append(f"<p>Serve with {esc(engine)}{': ' + esc(note) if note else ''}</p><pre>{esc(command)}</pre>")
     return "".join(parts)
 
 
-def sglang_missing(export: str) -> str | None:
-    """What SGLang lacks for the exported drafter (its config.json's specdraft block), or None."""
+def served_as(export: str) -> tuple[dict, str | None]:
+    """How vLLM selects the exported drafter (its family's speculative-config keys) and what SGLang
+    lacks for it, from its config.json (EAGLE-3's defaults when that cannot be read)."""
     try:
         config = json.loads((Path(export) / "config.json").read_text())
         fam = family(config.get("speculators_model_type", "eagle3"))
-        return card.sglang_missing(fam.config_type.from_dict(config["specdraft"]["drafter_config"]))
+        return dict(fam.vllm_speculative), card.sglang_missing(
+            fam.config_type.from_dict(config["specdraft"]["drafter_config"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, SpecdraftError):
-        return None
+        return {"method": "eagle3"}, None
 
 
 def stages_html(run: Path) -> str:

@@ -121,7 +121,8 @@ def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: 
         "τ is the mean number of tokens accepted per target forward pass (1 = no speedup).",
         "",
     ]
-    for engine, note, command in serve_commands(target, export, speculative_tokens, layout, sglang_missing(cfg)):
+    for engine, note, command in serve_commands(target, export, speculative_tokens, layout, sglang_missing(cfg),
+                                                dict(family_of(cfg).vllm_speculative)):
         lines += [f"## Serve with {engine}", ""] + ([note, ""] if note else []) + ["```bash", command, "```", ""]
     lines += ["See specdraft's docs/serving.md for what each engine reads from this folder.", ""]
     return "\n".join(lines)
@@ -153,14 +154,15 @@ def sglang_missing(cfg) -> str | None:
 
 
 def serve_commands(target: str, export: str | Path, speculative_tokens: int, layout: str,
-                   sglang_missing: str | None = None) -> list[tuple[str, str, str]]:
+                   sglang_missing: str | None = None, vllm_keys: dict | None = None) -> list[tuple[str, str, str]]:
     """(engine, note, command) to paste for an export folder: the model card and `specdraft report`
     both show these, so the two never disagree. SGLang reads only the SGLang layout: for another
     layout the note says to export again, and the command names that second folder; a drafter using
-    what SGLang lacks (`sglang_missing`) gets vLLM's command only."""
+    what SGLang lacks (`sglang_missing`) gets vLLM's command only. `vllm_keys`: the family's keys of
+    vLLM's speculative config (P-EAGLE: eagle3 with parallel_drafting, DFlash: dflash)."""
     serve_target = target if target and target != UNKNOWN else "TARGET"
     export, k = str(export), int(speculative_tokens)
-    spec = json.dumps({"method": "eagle3", "model": export, "num_speculative_tokens": k})
+    spec = json.dumps({**(vllm_keys or {"method": "eagle3"}), "model": export, "num_speculative_tokens": k})
     vllm = f"vllm serve {serve_target} \\\n  --speculative-config '{spec}'"
     if sglang_missing:
         return [("vLLM", f"SGLang cannot serve this drafter: it does not implement {sglang_missing}.", vllm)]

@@ -22,6 +22,7 @@ from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, 
                                        stop_threshold)
 from specdraft.families import family_of
 from specdraft.infer.kernels import mm_flags
+from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import cache_kwarg, few_row_matmul, generate, per_position_accept, target_linears
 from specdraft.infer.timing import interleaved_ms
 from specdraft.io import read_json
@@ -61,12 +62,26 @@ def verify_timers(target_model, n_max: int, context: int) -> dict[str, Callable[
     return {f"verify_{n}": timer(n) for n in range(1, n_max + 1)}
 
 
-def draft_timer(drafter, context: int) -> Callable[[], None]:
-    """One chain draft step (EagleProposer.step, the loop's own path) on a drafter cache of `context`."""
-    proposer = family_of(drafter).proposer(drafter, k=1)
+def draft_timer(drafter, context: int, k: int = 1) -> Callable[[], None]:
+    """A drafter's cost on a cache of `context` positions, through the loop's own path: one chain draft
+    step (EagleProposer.step), or for a family that drafts a round in one forward, that forward at
+    K = k with one new position to catch up (the shortest round)."""
+    fam = family_of(drafter)
+    proposer = fam.proposer(drafter, k=k if fam.drafts_in_one_forward else 1)
     H, dev = drafter.config.hidden_size, proposer.param.device
     g = torch.Generator().manual_seed(0)
-    proposer.pending = [torch.randn(context, drafter.config.num_aux, H, generator=g).to(dev, proposer.param.dtype)]
+    aux = torch.randn(context + 1, drafter.config.num_aux, H, generator=g).to(dev, proposer.param.dtype)
+    if fam.drafts_in_one_forward:
+        tokens = [0] * (context + 2)
+        proposer.observe(aux[:context])
+        proposer.propose(tokens[:context + 1], k, Sampling(), g)      # the context, into the drafter's cache
+
+        def round_():
+            proposer.observe(aux[context:])
+            proposer.propose(tokens, k, Sampling(), g)
+            proposer.cache.crop(context)
+        return round_
+    proposer.pending = [aux[:context]]
     proposer.catch_up([0] * (context + 1))
     token, hidden = torch.tensor(0, device=dev), torch.randn(1, H, generator=g).to(dev, proposer.param.dtype)
 
@@ -85,7 +100,7 @@ def measure_costs(target_model, drafter, n_max: int, context: int, rounds: int =
         raise SpecdraftError(f"--rounds {rounds}: must be >= 1 (3 or more to see the spread)")
     timers = verify_timers(target_model, n_max, context)
     if drafter is not None:
-        timers["draft"] = draft_timer(drafter, context)
+        timers["draft"] = draft_timer(drafter, context, n_max - 1)
     with progress(label, rounds, 0, "rounds") as tracker:
         timed = interleaved_ms(timers, rounds, repeats, on_round=lambda r: tracker.advance(1))
     stats = timed["stats"]
@@ -151,6 +166,7 @@ class AutoChoice:
     draft_ms: float
     k_auto: bool
     stop_auto: bool
+    one_forward: bool = False    # the family drafts a round in one forward: draft_ms is that forward
 
     def line(self) -> str:
         o = self.option
@@ -159,15 +175,15 @@ class AutoChoice:
         what = (f"-k auto: K={self.k}" if self.k_auto else f"K={self.k}")
         stop = f"; --draft-stop auto: {self.stop:.2f}" if self.stop_auto else ""
         return (f"{what} (expected {o.tokens_per_cycle:.2f} tokens/round, predicted {o.speedup:.2f}x over plain "
-                f"decoding; acceptance {' '.join(f'{a:.2f}' for a in self.rates)} from {self.source}; draft step "
-                f"{self.draft_ms:.1f} ms, verify 1..{len(self.verify_ms)} tokens {self.verify_ms[0]:.1f}.."
+                f"decoding; acceptance {' '.join(f'{a:.2f}' for a in self.rates)} from {self.source}; "
+                f"{'draft forward' if self.one_forward else 'draft step'} {self.draft_ms:.1f} ms, verify 1..{len(self.verify_ms)} tokens {self.verify_ms[0]:.1f}.."
                 f"{self.verify_ms[-1]:.1f} ms){stop}")
 
     def plain_line(self) -> str:
         """Why -k auto decodes plainly here, in one sentence with the measured costs."""
-        one = chain_options(self.rates, self.verify_ms, self.draft_ms, 1)[1]
+        one = chain_options(self.rates, self.verify_ms, self.draft_ms, 1, self.one_forward)[1]
         return (f"-k auto: K=0, plain decoding: no draft length pays on this machine (one draft costs a "
-                f"{self.draft_ms:.1f} ms drafter step and turns a {self.verify_ms[0]:.1f} ms 1-token forward into a "
+                f"{self.draft_ms:.1f} ms drafter {'forward' if self.one_forward else 'step'} and turns a {self.verify_ms[0]:.1f} ms 1-token forward into a "
                 f"{self.verify_ms[1]:.1f} ms 2-token verify, for {one.tokens_per_cycle:.2f} tokens a round at "
                 f"acceptance {self.rates[0]:.2f} from {self.source}: predicted {one.speedup:.2f}x)")
 
@@ -176,13 +192,13 @@ class AutoChoice:
 
 
 def decide(rates: list[float], verify_ms: list[float], draft_ms: float, k: int | None, stop_auto: bool,
-           k_max: int = K_MAX) -> tuple[ChainOption, float | None]:
+           k_max: int = K_MAX, one_forward: bool = False) -> tuple[ChainOption, float | None]:
     """The cost model's choice: K (best predicted throughput among 0..k_max, or the given k; K=0 is
     plain decoding, the floor where no chain pays) and the confidence threshold (with stop_auto).
     Pure: tests check it against a brute-force sweep."""
-    options = chain_options(rates, verify_ms, draft_ms, max(k_max, k or 0))
+    options = chain_options(rates, verify_ms, draft_ms, max(k_max, k or 0), one_forward)
     option = best_option(options, k_min=0) if k is None else options[k]
-    return option, stop_threshold(option, verify_ms, draft_ms) if stop_auto else None
+    return option, stop_threshold(option, verify_ms, draft_ms, one_forward) if stop_auto else None
 
 
 def choose(target_model, drafter, spec, ids: list[int], k: int | None, stop: float | None, stop_auto: bool,
@@ -192,7 +208,8 @@ def choose(target_model, drafter, spec, ids: list[int], k: int | None, stop: flo
     rates, source = gather_accept(target_model, drafter, spec, ids, n_max)
     costs = measure_costs(target_model, drafter, n_max + 1, max(len(ids), 16), rounds=3, repeats=2,
                           label="-k auto: timing")
-    option, threshold = decide(rates, costs["verify_ms"], costs["draft_ms"], k, stop_auto, k_max)
+    one_forward = family_of(drafter).drafts_in_one_forward
+    option, threshold = decide(rates, costs["verify_ms"], costs["draft_ms"], k, stop_auto, k_max, one_forward)
     stop = None if option.k == 0 else threshold if stop_auto else stop     # K=0 drafts nothing to stop
     return AutoChoice(option.k, stop, option, rates, source, costs["verify_ms"],
-                      costs["draft_ms"], k is None, stop_auto)
+                      costs["draft_ms"], k is None, stop_auto, one_forward)

@@ -375,7 +375,8 @@ def why_not_faster(report: dict) -> str | None:
     cfg = report.get("config") or {}
     choice = cfg.get("k_auto") or {}
     if choice.get("k") == 0 and cfg.get("k_auto_line"):
-        return f"eagle3 ran as plain decoding here. {cfg['k_auto_line']}"
+        chains = [n for n in report.get("methods", {}) if needs_drafter(n) and not n.endswith(TREE)] or ["the chain"]
+        return f"{', '.join(chains)} ran as plain decoding here. {cfg['k_auto_line']}"
     slower = [n for n, m in report.get("methods", {}).items() if n != "greedy" and m.get("speedup", 1.0) < 1.0]
     if not slower:
         return None

@@ -6,6 +6,8 @@ For a chain of K drafts with conditional acceptance a_1..a_K (a_k = P(draft k ac
     tokens(K) = 1 + sum_{k=1..K} prod_{i<=k} a_i        (the target's own token included)
 and costs
     cycle(K)  = K * draft + verify(K+1)                 (verify K drafts + the bonus position)
+A family that drafts a round in one forward (P-EAGLE, DFlash: `one_forward`) pays its draft once:
+    cycle(K)  = draft + verify(K+1)   (K >= 1; `draft` then is one such forward, timed at the largest K)
 so throughput is tokens(K) / cycle(K). Why measure verify(n) per n: on one GPU verify is nearly
 flat in n, but on 8 GPUs with tensor parallelism (the seed: ~30 ms verify, ~25 ms of it all-reduce)
 the fixed cost dominates and longer chains pay off; on a CPU verify grows with n.
@@ -49,7 +51,13 @@ def extend(values: list[float], n: int) -> list[float]:
     return [values[min(i, len(values) - 1)] for i in range(n)]
 
 
-def chain_options(rates: list[float], verify_ms: list[float], draft_ms: float, k_max: int) -> list[ChainOption]:
+def draft_cost(draft_ms: float, k: int, one_forward: bool = False) -> float:
+    """A round's drafting time at K: K steps of a chain, or one forward (nothing at K=0)."""
+    return (draft_ms if k > 0 else 0.0) if one_forward else k * draft_ms
+
+
+def chain_options(rates: list[float], verify_ms: list[float], draft_ms: float, k_max: int,
+                  one_forward: bool = False) -> list[ChainOption]:
     """Expected throughput for K = 0..k_max; verify_ms[n-1] is the latency of verifying n tokens."""
     if not verify_ms or min(verify_ms) <= 0:
         raise SpecdraftError("--verify-ms: need positive latencies (ms) for 1..K+1 tokens")
@@ -62,9 +70,10 @@ def chain_options(rates: list[float], verify_ms: list[float], draft_ms: float, k
     options = []
     for k in range(k_max + 1):
         tokens = expected_tokens(rates, k)
-        cycle = k * draft_ms + verify[k]
+        drafting = draft_cost(draft_ms, k, one_forward)
+        cycle = drafting + verify[k]
         tps = 1000.0 * tokens / cycle
-        options.append(ChainOption(k, tokens, cycle, tps, tps / plain, k * draft_ms / cycle, verify[k] / cycle))
+        options.append(ChainOption(k, tokens, cycle, tps, tps / plain, drafting / cycle, verify[k] / cycle))
     return options
 
 
@@ -76,17 +85,19 @@ def best_option(options: list[ChainOption], k_min: int = 0) -> ChainOption:
     return max(candidates, key=lambda o: (o.tokens_per_s, -o.k))
 
 
-def stop_threshold(option: ChainOption, verify_ms: list[float], draft_ms: float) -> float:
+def stop_threshold(option: ChainOption, verify_ms: list[float], draft_ms: float, one_forward: bool = False) -> float:
     """--draft-stop auto: the chain confidence below which one more draft costs more than it earns.
 
     One more position costs a drafter step plus one verify row (the mean marginal row cost up to
     `option.k`, at least one row's worth of the slope seen); it earns one token, worth what a token
-    costs at `option` (cycle_ms / tokens_per_cycle), with probability = the chain's confidence."""
+    costs at `option` (cycle_ms / tokens_per_cycle), with probability = the chain's confidence. A
+    one-forward family has drafted every position already: only the verify row counts."""
     verify = extend(verify_ms, max(option.k, 1) + 1)
     k = max(option.k, 1)
     row_ms = max((verify[k] - verify[0]) / k, 0.0)
     value_ms = option.cycle_ms / option.tokens_per_cycle
-    return min(max((draft_ms + row_ms) / value_ms, 0.0), 1.0)
+    step_ms = 0.0 if one_forward else draft_ms
+    return min(max((step_ms + row_ms) / value_ms, 0.0), 1.0)
 
 
 # ----------------------------------------------------------------------------- acceptance sources

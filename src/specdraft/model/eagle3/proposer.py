@@ -28,6 +28,36 @@ def causal_chunk_mask(cached: int, new: int, device) -> torch.Tensor | None:
                       torch.ones(new, new, dtype=torch.bool, device=device).tril()], dim=1)[None, None]
 
 
+def draw_chain(logits: torch.Tensor, advance, k: int, sampling: Sampling, generator: torch.Generator,
+               stop: float | None, draft_target_ids: torch.Tensor, vocab_size: int) -> tuple[Draft, bool]:
+    """A chain of up to k drafts read off draft-vocab logits [Vd]: `advance(step, target id)` gives the
+    next position's logits. Greedy takes the argmax; sampling draws from the drafter's distribution and
+    keeps it (q, over target ids) for the rejection rule. `stop` P ends the chain once the product of
+    the drafted tokens' probabilities falls below P (the token that crossed it is not drafted).
+    -> (the chain, whether the stop cut it)."""
+    ids, qs = [], [] if not sampling.greedy else None
+    confidence = 1.0
+    for step in range(k):
+        if sampling.greedy and stop is None:
+            draft_id = logits.argmax()
+        elif sampling.greedy:
+            p, draft_id = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+            confidence *= float(p)
+        else:
+            q_draft = probabilities(logits, sampling)                              # [Vd]
+            draft_id = sample(q_draft, generator)
+            confidence *= float(q_draft[draft_id])
+        if stop is not None and confidence < stop:
+            return Draft.chain(torch.stack(ids).tolist() if ids else [], qs), True
+        if qs is not None:
+            q = torch.zeros(vocab_size, device=q_draft.device)
+            qs.append(q.index_copy_(0, draft_target_ids, q_draft))                # [V] target ids
+        ids.append(draft_target_ids[draft_id])
+        if step + 1 < k:
+            logits = advance(step, ids[-1])
+    return Draft.chain(torch.stack(ids).tolist() if ids else [], qs), False
+
+
 class GrowingKVCache(KVCache):
     """The drafter's KVCache over preallocated buffers: append writes in place (capacity doubles when
     full) and crop moves the end, instead of a torch.cat of the whole cache at every draft step."""
@@ -148,28 +178,15 @@ class EagleProposer:
 
     def draft_chain(self, logits, hidden, t: int, k: int, sampling: Sampling,
                     generator: torch.Generator) -> Draft:
-        ids, qs = [], [] if not sampling.greedy else None
-        confidence = 1.0
-        for step in range(k):
-            if sampling.greedy and self.stop is None:
-                draft_id = logits.argmax()
-            elif sampling.greedy:
-                p, draft_id = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-                confidence *= float(p)
-            else:
-                q_draft = probabilities(logits, sampling)                          # [Vd]
-                draft_id = sample(q_draft, generator)
-                confidence *= float(q_draft[draft_id])
-            if self.stop is not None and confidence < self.stop:
-                self.drafts_cut += 1
-                break
-            if qs is not None:
-                q = torch.zeros(self.drafter.config.vocab_size, device=q_draft.device)
-                qs.append(q.index_copy_(0, self.draft_target_ids, q_draft))       # [V] target ids
-            ids.append(self.draft_target_ids[draft_id])
-            if step + 1 < k:
-                logits, hidden = self.step(ids[-1], hidden, t + step + 1)
-        return Draft.chain(torch.stack(ids).tolist() if ids else [], qs)
+        state = [hidden]
+
+        def advance(step: int, token: torch.Tensor) -> torch.Tensor:
+            next_logits, state[0] = self.step(token, state[0], t + step + 1)
+            return next_logits
+        draft, cut = draw_chain(logits, advance, k, sampling, generator, self.stop, self.draft_target_ids,
+                                self.drafter.config.vocab_size)
+        self.drafts_cut += cut
+        return draft
 
     def draft_tree(self, logits, hidden, t: int, depth: int) -> Draft:
         """EAGLE-2 dynamic tree (greedy verification). Nodes are kept in creation order, so a

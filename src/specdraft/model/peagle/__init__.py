@@ -33,4 +33,5 @@ FAMILY = register(Family(model_type="peagle", config_type=PeagleConfig, new_conf
                          objective=lambda drafter, teacher, run: eagle3.training_objective(drafter, teacher, run, parallel=True),
                          proposer=PeagleProposer, checkpoint_config=checkpoint.build_config,
                          parse_config=checkpoint.parse_config, validate=checkpoint.validate,
-                         fsdp_units=eagle3.fsdp_units))
+                         fsdp_units=eagle3.fsdp_units, drafts_in_one_forward=True,
+                         vllm_speculative=(("method", "eagle3"), ("parallel_drafting", True))))

@@ -1,0 +1,61 @@
+"""DFlash: a block drafter over N target layers. One forward drafts K tokens: the last accepted
+token and K mask slots attend to the context built from the target's aux states (fc, hidden_norm,
+then each layer's own k/v projections). Trained on blocks at sampled anchors of the same store
+EAGLE-3 trains on; served by vLLM from `speculators_model_type: "dflash"` (DFlashDraftModel).
+
+module.py the config and nn.Module · objective.py the block training forward · proposer.py the
+one-forward chain · checkpoint.py config.json and tensors.
+"""
+
+from __future__ import annotations
+
+from specdraft.errors import SpecdraftError
+from specdraft.families import Family, register
+from specdraft.model.dflash import checkpoint
+from specdraft.model.dflash.module import DFlashConfig, DFlashDrafter
+from specdraft.model.dflash.objective import DFlashObjective
+from specdraft.model.dflash.proposer import DFlashProposer
+from specdraft.model.peagle.module import mask_token_of
+
+# EAGLE-3's options with no DFlash counterpart: (setting, the value DFlash trains with, why)
+EAGLE_ONLY = (("fc_norm", False, "vLLM's DFlash has no fc_norm"),
+              ("norm_before_residual", False, "DFlash's layers are plain pre-norm Qwen3 layers"),
+              ("norm_output", False, "DFlash feeds no hidden state back"),
+              ("init_layer", "fresh", "DFlash's layers take H-wide inputs, not EAGLE-3's 2H"),
+              ("ttt_inputs", "data", "DFlash's mask slots read no drafted tokens"),
+              ("attention", "sdpa", "DFlash's block mask runs on sdpa"))
+
+
+def check_run(run) -> None:
+    for name, value, why in EAGLE_ONLY:
+        if getattr(run, name) != value:
+            flag = "--" + name.replace("_", "-")
+            raise SpecdraftError(f"{flag} {getattr(run, name)}: an EAGLE-3 option ({why}); train --family "
+                                 f"dflash without it")
+
+
+def new_config(target_config, draft_vocab_size: int, aux_layer_ids: list[int], verifier: str = "", run=None):
+    if run is not None:
+        check_run(run)
+    base = DFlashConfig.from_target(target_config, draft_vocab_size=draft_vocab_size, aux_layer_ids=aux_layer_ids,
+                                    verifier=verifier)
+    base.mask_token_id = mask_token_of(target_config)
+    base.block_size = (run.ttt_steps if run is not None else 3) + 1
+    return base
+
+
+def init_from_target(drafter, target, d2t, t2d, run=None) -> None:
+    drafter.init_from_target(target.model, d2t, t2d)
+
+
+def training_objective(drafter, teacher, run) -> DFlashObjective:
+    check_run(run)
+    return DFlashObjective(drafter, teacher, run.ttt_steps, run.step_decay, run.loss, run.aux_noise)
+
+
+FAMILY = register(Family(model_type="dflash", config_type=DFlashConfig, new_config=new_config, build=DFlashDrafter,
+                         init_from_target=init_from_target, objective=training_objective, proposer=DFlashProposer,
+                         checkpoint_config=checkpoint.build_config, parse_config=checkpoint.parse_config,
+                         validate=checkpoint.validate,
+                         fsdp_units=lambda drafter: [drafter.embed_tokens, drafter.fc, drafter.lm_head],
+                         drafts_in_one_forward=True, vllm_speculative=(("method", "dflash"),)))

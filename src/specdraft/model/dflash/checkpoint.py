@@ -1,0 +1,134 @@
+"""DFlash in the speculators layout, as vLLM 0.32 reads it (update_dflash, qwen3_dflash.py):
+config.json with `speculators_model_type: "dflash"`, `aux_hidden_state_layer_ids` (the target's
+hidden_states indices, as our aux ids; vLLM subtracts 1 for its target_layer_ids), `mask_token_id`,
+`sample_from_anchor: false` (the anchor is the bonus token; the K mask slots draft) and a Qwen3
+`transformer_layer_config` (q_norm/k_norm per head; `num_hidden_layers` = the draft's layers).
+Tensors: fc, hidden_norm, layers.{i}.*, norm, lm_head, d2t/t2d, and embed_tokens unless dropped
+(vLLM then shares the target's)."""
+
+from __future__ import annotations
+
+from specdraft.errors import SpecdraftError
+from specdraft.io import check_fields
+from specdraft.model.dflash.module import DFlashConfig
+from specdraft.model.eagle3 import checkpoint as eagle3_checkpoint
+from specdraft.model.eagle3.tensors import require_keys
+from specdraft.vocab import check_mapping
+
+MODEL_TYPE = "dflash"
+FIELDS = {"aux_hidden_state_layer_ids": list, "aux_hidden_state_layer_ids.*": int, "mask_token_id": int,
+          "draft_vocab_size": int, "transformer_layer_config": dict, "sample_from_anchor": bool,
+          "specdraft": dict, **eagle3_checkpoint.dataclass_fields(DFlashConfig, "specdraft.drafter_config."),
+          **{f"transformer_layer_config.{k}": v for k, v in eagle3_checkpoint.LLAMA_FIELDS.items()},
+          "transformer_layer_config.num_hidden_layers": int}
+
+
+def layer_dict(cfg: DFlashConfig, dtype: str) -> dict:
+    """The draft's decoder stack as a Qwen3 config dict (what DFlashQwen3ForCausalLM builds from)."""
+    from transformers import Qwen3Config
+
+    d = eagle3_checkpoint.llama_layer_dict(cfg, dtype)
+    qwen = Qwen3Config(**{k: v for k, v in d.items() if k not in ("model_type", "transformers_version", "num_hidden_layers")},
+                       num_hidden_layers=cfg.num_layers, use_sliding_window=False).to_dict()
+    for noise in ("id2label", "label2id", "architectures"):
+        qwen.pop(noise, None)
+    qwen.update({"dtype": dtype, "torch_dtype": dtype, "rope_theta": cfg.rope_theta})
+    return qwen
+
+
+def build_config(cfg: DFlashConfig, dtype: str, speculative_tokens: int, verifier_architectures: list[str]) -> dict:
+    if speculative_tokens > cfg.block_size - 1:
+        raise SpecdraftError(f"-k {speculative_tokens}: this DFlash drafter was trained with {cfg.block_size - 1} "
+                             f"draft slots per block; export with -k {cfg.block_size - 1} or less")
+    return {
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": MODEL_TYPE,
+        "speculators_version": eagle3_checkpoint.SPECULATORS_VERSION,
+        "speculators_config": {
+            "algorithm": MODEL_TYPE,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
+                                  "verifier_accept_k": 1}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": cfg.verifier or None, "architectures": list(verifier_architectures)},
+        },
+        "transformer_layer_config": layer_dict(cfg, dtype),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.hidden_size,
+        "aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        "mask_token_id": int(cfg.mask_token_id),
+        "sample_from_anchor": False,
+        "sliding_window_non_causal": True,         # the block attends both ways, as trained
+        "block_size": int(cfg.block_size),
+        "dtype": dtype,
+        "torch_dtype": dtype,
+        "specdraft": {"format_version": eagle3_checkpoint.FORMAT_VERSION, "drafter_config": cfg.to_dict()},
+    }
+
+
+def parse_config(config: dict, where: str) -> DFlashConfig:
+    check_fields(config, FIELDS, eagle3_checkpoint.config_file(where), eagle3_checkpoint.FIX)
+    require_keys(config, ["transformer_layer_config", "draft_vocab_size", "aux_hidden_state_layer_ids",
+                          "mask_token_id"], where, "a DFlash drafter names them; re-export it or fix config.json")
+    if config.get("sample_from_anchor"):
+        raise SpecdraftError(f"{where}: sample_from_anchor is true (the anchor's row drafts too); specdraft's "
+                             "DFlash drafts from the mask slots only")
+    block = (config.get("specdraft") or {}).get("drafter_config")
+    if block:
+        return DFlashConfig.from_dict(block)
+    layer = config["transformer_layer_config"]
+    base = eagle3_checkpoint.drafter_config_from_llama(
+        layer, f"{where} transformer_layer_config", draft_vocab_size=config["draft_vocab_size"],
+        aux_layer_ids=list(config["aux_hidden_state_layer_ids"]),
+        verifier=((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
+    return DFlashConfig.from_dict({**base.to_dict(), "num_layers": layer.get("num_hidden_layers", 1),
+                                   "mask_token_id": config["mask_token_id"],
+                                   "block_size": config.get("block_size", 16)})
+
+
+def expected_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
+    H, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q_out, kv_out = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    shapes = {"embed_tokens.weight": (cfg.vocab_size, H), "fc.weight": (H, cfg.num_aux * H),
+              "hidden_norm.weight": (H,), "norm.weight": (H,), "lm_head.weight": (cfg.draft_vocab_size, H),
+              "d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)}
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        shapes.update({f"{p}self_attn.q_proj.weight": (q_out, H), f"{p}self_attn.k_proj.weight": (kv_out, H),
+                       f"{p}self_attn.v_proj.weight": (kv_out, H), f"{p}self_attn.o_proj.weight": (H, q_out),
+                       f"{p}self_attn.q_norm.weight": (hd,), f"{p}self_attn.k_norm.weight": (hd,),
+                       f"{p}mlp.gate_proj.weight": (I, H), f"{p}mlp.up_proj.weight": (I, H),
+                       f"{p}mlp.down_proj.weight": (H, I), f"{p}input_layernorm.weight": (H,),
+                       f"{p}post_attention_layernorm.weight": (H,)})
+    return shapes
+
+
+OPTIONAL = ("embed_tokens.weight", "d2t", "t2d")   # embed_tokens: vLLM shares the target's when absent
+
+
+def validate(tensors: dict, cfg: DFlashConfig, where: str) -> None:
+    """Fail on the first missing, unknown or misshapen tensor, a bad mapping, mask token or aux id."""
+    shapes = expected_shapes(cfg)
+    missing = [k for k in shapes if k not in tensors and k not in OPTIONAL]
+    if missing:
+        raise SpecdraftError(f"{where}: missing tensor(s) {', '.join(missing[:5])}; not a complete "
+                             f"{cfg.num_layers}-layer DFlash drafter")
+    unknown = sorted(k for k in tensors if k not in shapes)
+    if unknown:
+        raise SpecdraftError(f"{where}: unexpected tensor(s) {', '.join(unknown[:5])}; a {cfg.num_layers}-layer "
+                             "DFlash drafter has no such tensors (config num_hidden_layers and weights disagree?)")
+    for name, t in tensors.items():
+        if tuple(t.shape) != shapes[name]:
+            raise SpecdraftError(f"{where}: tensor {name} has shape {list(t.shape)} but the config implies "
+                                 f"{list(shapes[name])}; config and weights disagree")
+    if "d2t" in tensors:
+        check_mapping(tensors["d2t"], tensors.get("t2d"), where, cfg.vocab_size)
+    elif cfg.draft_vocab_size != cfg.vocab_size:
+        raise SpecdraftError(f"{where}: no d2t tensor but draft_vocab_size {cfg.draft_vocab_size} != vocab_size "
+                             f"{cfg.vocab_size}; the draft-to-target mapping is required")
+    if not 0 <= cfg.mask_token_id < cfg.vocab_size:
+        raise SpecdraftError(f"{where}: mask_token_id {cfg.mask_token_id} outside the target vocab "
+                             f"(0..{cfg.vocab_size - 1}); re-export the drafter")
+    bad = [i for i in cfg.aux_layer_ids if cfg.target_num_layers and not 0 <= i < cfg.target_num_layers]
+    if not cfg.aux_layer_ids or bad:
+        raise SpecdraftError(f"{where}: aux_hidden_state_layer_ids {list(cfg.aux_layer_ids)}: DFlash needs the "
+                             f"target layers it reads, each in 0..{max(cfg.target_num_layers - 1, 0)}")
