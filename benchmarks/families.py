@@ -1,14 +1,16 @@
-"""Drafter families side by side on one store: EAGLE-3 chain, EAGLE-3 tree and P-EAGLE.
+"""Drafter families side by side on one store: EAGLE-3 chain, EAGLE-3 tree, P-EAGLE and DFlash.
 
     .venv/bin/python benchmarks/families.py --workspace ws/demo [--prompts builtin-holdout]
-        [--limit 6] [--max-new-tokens 96] [--rounds 2] [--peagle-steps 4] [--out benchmarks/results/families.json]
+        [--natural benchmarks/prompts/natural.jsonl] [--limit 6] [--max-new-tokens 96] [--rounds 2]
+        [--parallel-steps 4] [--out benchmarks/results/families.json]
 
-Trains each family on WS/hidden with WS/vocab.safetensors and the quick recipe's settings (P-EAGLE
-with --peagle-steps parallel steps: its K drafts are its trained steps), unless WS/runs/family-F/best
-exists. Then one bench, every method in interleaved rounds on the same prompts against transformers'
-greedy: plain (our loop, no drafter), the EAGLE-3 chain at K = 1, 2, 4, the EAGLE-3 tree and P-EAGLE at
-K = 2, 4. Reports training time and tokens/s, τ and tok/s vs greedy, and whether each output equals
-greedy's. Writes JSON and a table.
+Trains each family on WS/hidden with WS/vocab.safetensors and the quick recipe's settings (P-EAGLE and
+DFlash with --parallel-steps drafts per round trained, and without the EAGLE-3.1 options vLLM does not
+serve for them), unless WS/runs/family-F/best exists. Then one bench, every method in interleaved
+rounds on the same prompts against transformers' greedy: plain (our loop, no drafter), the EAGLE-3
+chain at K = 1, 2, 4, the EAGLE-3 tree, P-EAGLE and DFlash at K = 2, 4. Reports training time and
+tokens/s, τ and tok/s vs greedy, and whether each output equals greedy's; then τ of every drafter method
+on the natural prompts (one round, not timed). Writes JSON and a table.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def train_family(ws: Path, family: str, steps: int | None) -> dict:
         cmd = [sys.executable, "-m", "specdraft.cli", "train", "--config", str(QUICK), "--family", family,
                "--store", str(ws / "hidden"), "--vocab", str(ws / "vocab.safetensors"), "--out", str(run),
                "--overwrite", "--no-progress", *(["--ttt-steps", str(steps)] if steps else []),
-               *(["--no-fc-norm"] if family == "peagle" else [])]          # vLLM's P-EAGLE has no fc_norm
+               *(["--no-fc-norm"] if family == "peagle" else []),          # vLLM's P-EAGLE has no fc_norm
+               *(["--no-fc-norm", "--no-norm-output"] if family == "dflash" else [])]   # EAGLE-3.1 options
         start = time.perf_counter()
         subprocess.run(cmd, check=True)
         (run / "train_seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - start}))
@@ -65,13 +68,15 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--peagle-steps", type=int, default=4)
+    ap.add_argument("--natural", default="benchmarks/prompts/natural.jsonl", help="prompts for a second τ")
+    ap.add_argument("--parallel-steps", type=int, default=4, help="drafts per round P-EAGLE and DFlash train")
     ap.add_argument("--out", default="benchmarks/results/families.json")
     args = ap.parse_args()
     ws = Path(args.workspace)
     torch.set_num_threads(2)
 
-    trained = {"eagle3": train_family(ws, "eagle3", None), "peagle": train_family(ws, "peagle", args.peagle_steps)}
+    trained = {"eagle3": train_family(ws, "eagle3", None)}
+    trained.update({f: train_family(ws, f, args.parallel_steps) for f in ("peagle", "dflash")})
     target = load_target(args.model)
     drafters = {f: load_drafter(Path(t["run"]) / "best", target_model=target.model) for f, t in trained.items()}
     methods = [B.Method("greedy", None, hf=True), B.Method("plain", None)]
@@ -79,8 +84,9 @@ def main() -> None:
         methods.append(B.Method(f"eagle3 K={k}", family_of(drafters["eagle3"]).proposer(drafters["eagle3"], k=k)))
     methods.append(B.Method("eagle3-tree 4,4,16", family_of(drafters["eagle3"]).proposer(
         drafters["eagle3"], tree=TreeShape.parse(B.DEFAULT_TREE))))
-    for k in (2, 4):
-        methods.append(B.Method(f"peagle K={k}", family_of(drafters["peagle"]).proposer(drafters["peagle"], k=k)))
+    for family in ("peagle", "dflash"):
+        for k in (2, 4):
+            methods.append(B.Method(f"{family} K={k}", family_of(drafters[family]).proposer(drafters[family], k=k)))
 
     conversations = B.read_prompts(args.prompts, args.limit)
     prompts = [B.prompt_ids(target.tokenizer, c) for c in conversations]
@@ -98,7 +104,12 @@ def main() -> None:
     plain = statistics.median(r["tokens_per_s"] for r in results["plain"]["rounds"])
     for r in results.values():
         r["speedup_over_plain"] = r["tokens_per_s"] / plain
-    report = {"benchmark": "families", "workspace": str(ws), "prompts": args.prompts, "num_prompts": len(prompts),
+    natural = [B.prompt_ids(target.tokenizer, c) for c in B.read_prompts(args.natural, None)]
+    for m in methods[2:]:                                    # the drafters' τ on natural prompts (not timed)
+        runs_natural = [B.run_one(target.model, m, ids, args.max_new_tokens, eos) for ids in natural]
+        results[m.name]["natural_accept_len"] = B.summarize(m.name, runs_natural, None)["accept_len"]
+        print(f"natural prompts: {m.name}", file=sys.stderr, flush=True)
+    report = {"benchmark": "families", "natural_prompts": args.natural, "num_natural": len(natural), "workspace": str(ws), "prompts": args.prompts, "num_prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "trained": trained,
               "methods": {n: {k: v for k, v in r.items() if k not in ("profile",)} for n, r in results.items()},
               "environment": B.environment("cpu", "float32")}
@@ -108,11 +119,13 @@ def main() -> None:
 
     table = Table(title=f"drafter families on {ws / 'hidden'} ({len(prompts)} {args.prompts} prompts x "
                         f"{args.max_new_tokens} tokens, median of {args.rounds} interleaved rounds)")
-    for col in ("method", "tok/s", "x greedy", "x plain", "τ", "= greedy"):
+    for col in ("method", "tok/s", "x greedy", "x plain", "τ", "τ natural", "= greedy"):
         table.add_column(col)
     for name, r in results.items():
+        natural_tau = f"{r['natural_accept_len']:.2f}" if "natural_accept_len" in r else "-"
         table.add_row(name, f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}", f"{r['speedup_over_plain']:.2f}",
-                      f"{r['accept_len']:.2f}", "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']})")
+                      f"{r['accept_len']:.2f}", natural_tau,
+                      "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']})")
     Console().print(table)
     for family, t in trained.items():
         print(f"{family}: trained {t['tokens_seen']:,} tokens in {t['train_seconds'] or float('nan'):.0f} s "

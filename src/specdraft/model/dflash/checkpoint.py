@@ -12,8 +12,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.io import check_fields
 from specdraft.model.dflash.module import DFlashConfig
 from specdraft.model.eagle3 import checkpoint as eagle3_checkpoint
-from specdraft.model.eagle3.tensors import require_keys
-from specdraft.vocab import check_mapping
+from specdraft.model.eagle3.tensors import check_tensors, require_keys
 
 MODEL_TYPE = "dflash"
 FIELDS = {"aux_hidden_state_layer_ids": list, "aux_hidden_state_layer_ids.*": int, "mask_token_id": int,
@@ -108,23 +107,8 @@ OPTIONAL = ("embed_tokens.weight", "d2t", "t2d")   # embed_tokens: vLLM shares t
 def validate(tensors: dict, cfg: DFlashConfig, where: str) -> None:
     """Fail on the first missing, unknown or misshapen tensor, a bad mapping, mask token or aux id."""
     shapes = expected_shapes(cfg)
-    missing = [k for k in shapes if k not in tensors and k not in OPTIONAL]
-    if missing:
-        raise SpecdraftError(f"{where}: missing tensor(s) {', '.join(missing[:5])}; not a complete "
-                             f"{cfg.num_layers}-layer DFlash drafter")
-    unknown = sorted(k for k in tensors if k not in shapes)
-    if unknown:
-        raise SpecdraftError(f"{where}: unexpected tensor(s) {', '.join(unknown[:5])}; a {cfg.num_layers}-layer "
-                             "DFlash drafter has no such tensors (config num_hidden_layers and weights disagree?)")
-    for name, t in tensors.items():
-        if tuple(t.shape) != shapes[name]:
-            raise SpecdraftError(f"{where}: tensor {name} has shape {list(t.shape)} but the config implies "
-                                 f"{list(shapes[name])}; config and weights disagree")
-    if "d2t" in tensors:
-        check_mapping(tensors["d2t"], tensors.get("t2d"), where, cfg.vocab_size)
-    elif cfg.draft_vocab_size != cfg.vocab_size:
-        raise SpecdraftError(f"{where}: no d2t tensor but draft_vocab_size {cfg.draft_vocab_size} != vocab_size "
-                             f"{cfg.vocab_size}; the draft-to-target mapping is required")
+    check_tensors(tensors, shapes, [k for k in shapes if k not in OPTIONAL], cfg, where,
+                  f"{cfg.num_layers}-layer DFlash drafter")
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
         raise SpecdraftError(f"{where}: mask_token_id {cfg.mask_token_id} outside the target vocab "
                              f"(0..{cfg.vocab_size - 1}); re-export the drafter")

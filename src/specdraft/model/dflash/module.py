@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, Ll
                                                       apply_rotary_pos_emb)
 
 from specdraft.model.eagle3.config import DrafterConfig
-from specdraft.targets import final_norm
+from specdraft.model.eagle3.module import init_heads_from_target
 
 
 @dataclass
@@ -118,12 +118,5 @@ class DFlashDrafter(nn.Module):
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
-    @torch.no_grad()
     def init_from_target(self, target_model, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        """The target's embeddings (frozen), final norm and lm_head rows of the draft tokens."""
-        self.embed_tokens.weight.copy_(target_model.get_input_embeddings().weight.float())
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-        draft_to_target = torch.arange(len(d2t)) + d2t
-        self.lm_head.weight.copy_(target_model.get_output_embeddings().weight[draft_to_target].float())
-        self.norm.weight.copy_(final_norm(target_model)[0].float())
+        init_heads_from_target(self, target_model, d2t, t2d)

@@ -53,16 +53,17 @@ def fc_norm_names(cfg: DrafterConfig) -> list[str]:
     return [f"fc_norm.{i}.weight" for i in range(cfg.num_aux)] if cfg.fc_norm else []
 
 
-def validate(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, where: str) -> None:
-    """Fail on the first missing, unknown or misshapen tensor, a bad mapping or bad aux ids."""
-    shapes = expected_shapes(cfg)
-    missing = [k for k in REQUIRED + fc_norm_names(cfg) if k not in tensors]
+def check_tensors(tensors: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], required: list[str], cfg,
+                  where: str, what: str) -> None:
+    """Any family's tensor checks: the first missing, unknown or misshapen tensor (against `shapes`, the
+    config's), then the d2t/t2d mapping; one line each naming the tensor and `what` drafter it is."""
+    missing = [k for k in required if k not in tensors]
     if missing:
-        raise SpecdraftError(f"{where}: missing tensor(s) {', '.join(missing)}; not a complete EAGLE-3 drafter")
+        raise SpecdraftError(f"{where}: missing tensor(s) {', '.join(missing[:5])}; not a complete {what}")
     unknown = sorted(k for k in tensors if k not in shapes)
     if unknown:
-        raise SpecdraftError(f"{where}: unexpected tensor(s) {', '.join(unknown[:5])}; expected only "
-                             "the EAGLE-3 drafter tensors (one decoder layer)")
+        raise SpecdraftError(f"{where}: unexpected tensor(s) {', '.join(unknown[:5])}; expected only the tensors "
+                             f"of a {what}")
     for name, t in tensors.items():
         if tuple(t.shape) != shapes[name]:
             raise SpecdraftError(f"{where}: tensor {name} has shape {list(t.shape)} but the config implies "
@@ -74,6 +75,12 @@ def validate(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, where: str) -
     elif cfg.draft_vocab_size != cfg.vocab_size:
         raise SpecdraftError(f"{where}: no d2t tensor but draft_vocab_size {cfg.draft_vocab_size} != vocab_size "
                              f"{cfg.vocab_size}; the draft-to-target mapping is required")
+
+
+def validate(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, where: str) -> None:
+    """Fail on the first missing, unknown or misshapen tensor, a bad mapping or bad aux ids."""
+    check_tensors(tensors, expected_shapes(cfg), REQUIRED + fc_norm_names(cfg), cfg, where,
+                  "EAGLE-3 drafter (one decoder layer)")
     ids = list(cfg.aux_layer_ids)        # any count: vLLM sizes fc by len(eagle_aux_hidden_state_layer_ids)
     if ids and cfg.target_num_layers:
         bad = [i for i in ids if not 0 <= i < cfg.target_num_layers]
