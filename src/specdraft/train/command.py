@@ -58,6 +58,8 @@ def train(
         distributed.exec_torchrun(nproc, distributed.forward_cli_args(argv))
     overrides = {name: value for name, value in settings.items()
                  if getattr(ctx.get_parameter_source(name), "name", "") != "DEFAULT"}
+    if isinstance(overrides.get("store"), list) and len(overrides["store"]) == 1:
+        overrides["store"] = overrides["store"][0]   # one store stays a string in config.yaml
     if "resume" in overrides or "out" in overrides:   # resume reads RUN/config.yaml unless --config is given
         overrides.setdefault("out", settings["out"])
     cfg = resolve_config(config, **overrides)
@@ -98,8 +100,11 @@ def setting_option(f: dataclasses.Field, hint) -> inspect.Parameter:
     names += [f.metadata["short"]] if f.metadata["short"] else []
     allowed = choices(hint)
     kind = str if allowed else hint
-    option = typer.Option(f.default, *names, help=f.metadata["help"], rich_help_panel=SETTINGS_PANEL,
-                          metavar="[" + "|".join(allowed) + "]" if allowed else None)
+    default = f.default
+    if hint == str | list[str]:          # --store A --store B: a list option (one value is saved as a string)
+        kind, default = list[str], [f.default]
+    option = typer.Option(default, *names, help=f.metadata["help"], rich_help_panel=SETTINGS_PANEL,
+                          metavar="[" + "|".join(allowed) + "]" if allowed else "PATH" if kind == list[str] else None)
     return inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option, annotation=kind)
 
 
