@@ -169,3 +169,38 @@ def test_convert_to_each_format(tiny_target, tmp_path, monkeypatch, capsys):
     code, err = cli(monkeypatch, capsys, "store", "convert", tmp_path / "compact", "--store-format", "fp8",
                     "--out", tmp_path / "back")
     assert code == 2 and "cannot become fp8" in err and "Traceback" not in err
+
+
+def test_training_from_each_format_tracks_bf16(tiny_target, tmp_path):
+    """The same run (seed, samples) from each format: compact and fp8 train, and their validation
+    metrics stay near the bf16 store's (the tiny random target's flat distributions are the hard case
+    for a top-k teacher: most of its mass is outside the top 32)."""
+    from specdraft import vocab as vocab_mod
+    from specdraft.targets import load_target
+    from specdraft.train.config import RunConfig
+    from specdraft.train.loop import train
+
+    target = load_target(str(tiny_target))
+    prepared = make_prepared(tmp_path / "data", target.identity)
+    for name in sf.FORMATS:
+        run(tiny_target, prepared, tmp_path / name, dtype="bfloat16", store_format=name, layers=[1, 3, 5])
+    store = st.HiddenStore(tmp_path / "bf16")
+    ids = torch.cat([store[i]["input_ids"] for i in range(len(store))]).numpy()
+    mask = torch.cat([store[i]["loss_mask"] for i in range(len(store))]).numpy()
+    d2t, t2d = vocab_mod.mapping_from_counts(vocab_mod.count_tokens(ids, mask, target.vocab_size), 48)
+    vocab_mod.save(vocab_mod.Vocab(d2t, t2d, {"target_id": target.name, "fingerprint": target.identity["fingerprint"]}),
+                   tmp_path / "vocab.safetensors")
+    val, last_train = {}, {}
+    for name in sf.FORMATS:
+        cfg = RunConfig(out=str(tmp_path / f"run-{name}"), store=str(tmp_path / name), model=str(tiny_target),
+                        vocab=str(tmp_path / "vocab.safetensors"), max_tokens=64, epochs=2, lr=2e-3, warmup_steps=2,
+                        log_every=1, val_fraction=0.25, progress=False, precision="fp32", seed=3)
+        val[name] = train(cfg)["val"]
+        lines = (tmp_path / f"run-{name}" / "metrics.jsonl").read_text().splitlines()
+        last_train[name] = [json.loads(x) for x in lines if json.loads(x)["split"] == "train"][-1]["metrics"]
+    print({name: (round(val[name]["loss"], 4), round(last_train[name]["accept_len"], 4)) for name in val})
+    assert abs(val["fp8"]["loss"] - val["bf16"]["loss"]) <= 0.01 * val["bf16"]["loss"]
+    assert abs(val["compact"]["loss"] - val["bf16"]["loss"]) <= 0.05 * val["bf16"]["loss"]
+    for name in ("fp8", "compact"):
+        assert abs(val[name]["accept_len"] - val["bf16"]["accept_len"]) <= 0.03
+        assert abs(last_train[name]["accept_len"] - last_train["bf16"]["accept_len"]) <= 0.1
