@@ -45,6 +45,9 @@ def train(
                                              help="With --online --engine vllm: GPUs per engine."),
     engine_args: Optional[str] = typer.Option(None, "--engine-args", rich_help_panel=LAUNCH_PANEL,
                                               help="With --online --engine vllm: JSON object passed to vllm.LLM(...)."),
+    store_format: str = typer.Option("bf16", "--store-format", rich_help_panel=LAUNCH_PANEL,
+                                     help="With --online: train on the hidden states as a store of this format "
+                                          "(bf16, fp8, compact) would hold them."),
     data: Optional[str] = typer.Option(None, "--data", hidden=True),   # --prepared's old name, for one release
     **settings,
 ):
@@ -69,7 +72,10 @@ def train(
         from specdraft.data.vllm_engine import engine_options
         from specdraft.train.online import online_setup
 
-        setup = online_setup(data, engine_options(engine, tensor_parallel_size, engine_args))
+        setup = online_setup(data, engine_options(engine, tensor_parallel_size, engine_args), store_format)
+    elif store_format != "bf16":
+        raise SpecdraftError(f"--store-format {store_format}: only with --online (a store's format is chosen at "
+                             "capture: `specdraft capture --store-format`, or `specdraft store convert`)")
     summary = run(cfg, parallel, setup)
     if summary is not None:
         val = summary.get("val") or {}
