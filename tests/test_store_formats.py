@@ -204,3 +204,11 @@ def test_training_from_each_format_tracks_bf16(tiny_target, tmp_path):
     for name in ("fp8", "compact"):
         assert abs(val[name]["accept_len"] - val["bf16"]["accept_len"]) <= 0.03
         assert abs(last_train[name]["accept_len"] - last_train["bf16"]["accept_len"]) <= 0.1
+
+
+def test_bad_format_options_are_one_line_exit_2(tiny_target, tmp_path, monkeypatch, capsys):
+    code, err = cli(monkeypatch, capsys, "capture", "--model", tiny_target, "--prepared", tmp_path / "none",
+                    "--out", tmp_path / "h", "--store-format", "int3")
+    assert code == 2 and "--store-format int3: unknown; use bf16, fp8, compact" in err and "Traceback" not in err
+    code, err = cli(monkeypatch, capsys, "train", "--store-format", "fp8", "--out", tmp_path / "run")
+    assert code == 2 and "only with --online" in err and "Traceback" not in err
