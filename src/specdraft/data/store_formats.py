@@ -32,6 +32,7 @@ DEFAULT_FORMAT = "bf16"
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0             # largest finite float8_e4m3fn
 INT4_MAX = 7                # symmetric int4: -7..7 (nibble 1..15; 0 unused)
+FP16_MAX = 65504.0          # largest float16: a compact group scale, so a group's max is at most 7x that
 GROUP_SIZES = (64, 32, 16, 8, 4, 2)
 DEFAULT_TOPK = 32
 TOPK_CHUNK = 1024           # tokens per lm_head matmul when computing the teacher's top-k
@@ -99,7 +100,11 @@ def int4_encode(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor
     element 2i in the low nibble and 2i+1 in the high one."""
     x = x.float()
     grouped = x.unflatten(-1, (-1, group))                                 # [..., H/G, G]
-    scale = (grouped.abs().amax(-1) / INT4_MAX).clamp(SCALE_FLOOR, 65504.0).half()   # [..., H/G]
+    amax = grouped.abs().amax(-1)                                          # [..., H/G]
+    if bool((amax > INT4_MAX * FP16_MAX).any()):
+        raise SpecdraftError(f"--store-format compact: a hidden state reaches {float(amax.max()):.4g}, beyond what "
+                             f"its float16 group scales hold ({INT4_MAX * FP16_MAX:.4g}); use --store-format fp8")
+    scale = (amax / INT4_MAX).clamp_min(SCALE_FLOOR).half()                # [..., H/G]
     q = (grouped / scale.float()[..., None]).round().clamp(-INT4_MAX, INT4_MAX).to(torch.uint8) + 8
     q = q.flatten(-2).unflatten(-1, (-1, 2))                               # [..., H/2, 2] nibbles 1..15
     return q[..., 0] | (q[..., 1] << 4), scale
