@@ -212,3 +212,22 @@ def test_bad_format_options_are_one_line_exit_2(tiny_target, tmp_path, monkeypat
     assert code == 2 and "--store-format int3: unknown; use bf16, fp8, compact" in err and "Traceback" not in err
     code, err = cli(monkeypatch, capsys, "train", "--store-format", "fp8", "--out", tmp_path / "run")
     assert code == 2 and "only with --online" in err and "Traceback" not in err
+
+
+def test_vllm_capture_reads_the_teacher_head_from_the_checkpoint(tiny_target):
+    """A vLLM capture has no weights in this process: compact's top-k then comes from the norm and
+    lm_head read from the checkpoint, and equals the loaded model's."""
+    from types import SimpleNamespace
+
+    from specdraft.targets import load_target
+
+    target = load_target(str(tiny_target))
+    manifest = st.new_manifest(target.identity, [1, 2, 3], "bfloat16", target.hidden_size, store_format="compact")
+    loaded = cap.top_k_teacher(manifest, target, str(tiny_target), "cpu", False)
+    from_checkpoint = cap.top_k_teacher(manifest, SimpleNamespace(model=None), str(tiny_target), "cpu", False)
+    last = torch.randn(10, target.hidden_size, generator=torch.Generator().manual_seed(0))
+    ids_a, logp_a = loaded(last)
+    ids_b, logp_b = from_checkpoint(last)
+    assert torch.equal(ids_a, ids_b) and torch.allclose(logp_a.float(), logp_b.float(), atol=1e-3)
+    assert cap.top_k_teacher(st.new_manifest(target.identity, [1], "bfloat16", target.hidden_size), target,
+                             str(tiny_target), "cpu", False) is None

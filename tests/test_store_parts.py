@@ -102,3 +102,14 @@ def test_mismatched_parts_are_refused_naming_part_and_field(captured, tiny_targe
     code, err = cli(monkeypatch, capsys, "capture", "--model", tiny_target, "--prepared", captured["prepared"],
                     "--out", tmp_path / "bad", "--part", "3/2")
     assert code == 2 and "--part 3/2: must be I/N" in err
+
+
+def test_config_file_takes_a_list_of_stores(tmp_path):
+    from specdraft.train.config import resolve_config
+
+    (tmp_path / "run.yaml").write_text("store: [ws/hidden-1, ws/hidden-2]\n")
+    assert resolve_config(tmp_path / "run.yaml").stores == ["ws/hidden-1", "ws/hidden-2"]
+    assert resolve_config(None, store="ws/hidden").stores == ["ws/hidden"]
+    (tmp_path / "bad.yaml").write_text("store: [1, 2]\n")
+    with pytest.raises(SpecdraftError, match="store is .* expected a string or a list of strings"):
+        resolve_config(tmp_path / "bad.yaml")
