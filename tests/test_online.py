@@ -109,3 +109,25 @@ def test_online_from_the_command_line(ws, tmp_path):
     assert rc == 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
     assert main(["--online", "--model", ws["model"], "--out", str(out)]) == 2      # --prepared missing: one line
+
+
+@pytest.mark.parametrize("store_format", ["fp8", "compact"])
+def test_online_batches_hold_what_a_store_of_that_format_holds(ws, tmp_path, store_format):
+    """--online --store-format F: each batch's hidden states pass through F's encoding, so they are
+    the batches of a store captured in F (up to one quantisation step where batch rounding differs)."""
+    capture(ws["model"], ws["root"] / "data", tmp_path / "hidden", layers=LAYERS, dtype="float32",
+            batch_tokens=256, target=ws["target"], progress=False, store_format=store_format)
+    store = HiddenStore(tmp_path / "hidden")
+    samples = online_samples(ws["target"], ws["root"] / "data", LAYERS, max_tokens=64, store_format=store_format)
+    ids = list(range(len(store)))
+    common = dict(max_tokens=64, rows_per_batch=2, seed=5, shuffle=True)
+    for a, b in zip(StoreBatches(store, ids, **common).batches(0), OnlineBatches(samples, ids, **common).batches(0),
+                    strict=True):
+        assert a.keys() == b.keys() and ("teacher_ids" in a) == (store_format == "compact")
+        step = a["aux"].abs().amax(-1, keepdim=True) / (7 if store_format == "compact" else 16)
+        assert ((a["aux"] - b["aux"]).abs() <= step + 1e-6).all()
+        if store_format == "compact":
+            assert (a["teacher_ids"] == b["teacher_ids"]).float().mean() > 0.95
+            torch.testing.assert_close(b["teacher_logp"][:, :, 0], a["teacher_logp"][:, :, 0], rtol=1e-2, atol=1e-2)
+        else:
+            assert ((a["last"] - b["last"]).abs() <= a["last"].abs().amax(-1, keepdim=True) / 16 + 1e-6).all()

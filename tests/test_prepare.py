@@ -257,3 +257,22 @@ def test_sampling_is_seeded_and_not_mixed_with_greedy(tiny_target, tmp_path):
     again = prepare(str(tiny_target), "builtin", tmp_path / "other", temperature=1.5, seed=3, **kw)
     assert load_prepared(tmp_path / "other")[0]["input_ids"] == sampled
     assert again["regeneration"]["generated"] == 4 and greedy["regeneration"]["temperature"] == 0.0
+
+
+def test_prepare_parts_split_the_samples_by_index(tiny_target, tmp_path):
+    """prepare --part I/N keeps samples index % N == I-1 of what the whole prepare keeps; the parts
+    together are the whole, and capture refuses to cut a part again."""
+    from specdraft.data.prepared import take_part
+
+    data = write_jsonl(tmp_path / "d.jsonl", CONVERSATIONS)
+    prepare(str(tiny_target), str(data), tmp_path / "whole", dedup=False)
+    whole, _ = load_prepared(tmp_path / "whole")
+    parts = []
+    for i in (1, 2):
+        meta = prepare(str(tiny_target), str(data), tmp_path / f"p{i}", dedup=False, part=(i, 2))
+        ds, saved = load_prepared(tmp_path / f"p{i}")
+        assert saved["part"] == [i, 2] and meta["counts"]["samples"] == len(ds)
+        parts.append(ds["input_ids"])
+    assert parts[0] == whole["input_ids"][0::2] and parts[1] == whole["input_ids"][1::2]
+    with pytest.raises(SpecdraftError, match="already part 1/2"):
+        take_part(*load_prepared(tmp_path / "p1"), (1, 2), tmp_path / "p1")

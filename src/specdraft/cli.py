@@ -168,12 +168,15 @@ def prepare(
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Regenerate through a running `vllm serve` (OpenAI-compatible), e.g. http://HOST:8000/v1."),
     tensor_parallel_size: int = TP,
     engine_args: Optional[str] = ENGINE_ARGS,
+    part: Optional[str] = typer.Option(None, "--part", help="I/N: keep only samples with index % N == I-1 (one of N nodes)."),
     data: Optional[str] = old_name("--data"),
 ):
     """Render conversations with the chat template and build the assistant-token loss mask."""
     from specdraft.data.prepare import prepare as run_prepare
+    from specdraft.data.prepared import parse_part
     from specdraft.data.vllm_engine import engine_options
 
+    share = parse_part(part)
     from specdraft.io import own_folder
 
     data = required(renamed(conversations, data, "--data", "--conversations"), "--conversations",
@@ -184,7 +187,7 @@ def prepare(
                               max_new_tokens=max_new_tokens, max_length=max_length,
                               min_assistant_tokens=min_assistant_tokens, dedup=dedup, limit=limit,
                               batch_size=batch_size, split=split, seed=seed, trust_remote_code=trust_remote_code,
-                              engine=opts)
+                              engine=opts, part=share)
     counts = summary["counts"]
     dropped = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in counts["dropped"].items() if n)
     console.print(f"[green]prepared[/] {counts['samples']} samples, {counts['tokens']} tokens "
@@ -207,12 +210,18 @@ def capture(
     engine: str = ENGINE,
     tensor_parallel_size: int = TP,
     engine_args: Optional[str] = ENGINE_ARGS,
+    store_format: str = typer.Option("bf16", "--store-format", help="How shards keep the hidden states: bf16 (--dtype, exact), fp8 (~0.5x), compact (int4 aux + the teacher's top-k, ~0.2x)."),
+    part: Optional[str] = typer.Option(None, "--part", help="I/N: capture only samples with index % N == I-1 (one of N nodes); train on the parts with --store A --store B ..."),
     data: Optional[Path] = old_name("--data"),
 ):
     """Store the target's aux hidden states and pre-norm last layer output, per token."""
     from specdraft.data import capture as cap
+    from specdraft.data.prepared import parse_part
+    from specdraft.data.store_formats import check_format
     from specdraft.data.vllm_engine import engine_options
 
+    check_format(store_format)
+    share = parse_part(part)
     data = renamed(prepared, data, "--data", "--prepared")
     if verify:
         report = cap.verify_store(out)
@@ -227,9 +236,32 @@ def capture(
         manifest = cap.capture(model=model, data=data, out=out, layers=parse_layers(layers), dtype=dtype,
                                batch_tokens=batch_tokens, shard_tokens=shard_tokens, resume=resume,
                                trust_remote_code=trust_remote_code, compute_dtype=compute_dtype,
-                               engine=engine_options(engine, tensor_parallel_size, engine_args))
+                               engine=engine_options(engine, tensor_parallel_size, engine_args),
+                               store_format=store_format, part=share)
     console.print(f"[green]captured[/] {manifest['num_samples']} samples, {manifest['num_tokens']} tokens "
                   f"in {len(manifest['shards'])} shards -> {out}")
+
+
+store_app = typer.Typer(no_args_is_help=True, help="Hidden-state stores: convert between store formats.")
+app.add_typer(store_app, name="store")
+
+
+@store_app.command("convert")
+def store_convert(
+    src: Path = typer.Argument(..., help="A finished store (WS/hidden)."),
+    store_format: str = typer.Option(..., "--store-format", help="bf16, fp8 or compact."),
+    out: Path = typer.Option(..., "--out", help="New store folder (empty); the source is kept."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="For compact: the target the store was captured from (default: the one its manifest names)."),
+    trust_remote_code: bool = TRUST,
+):
+    """Re-write a store in another store format (same samples, same shards)."""
+    from specdraft.data.store_convert import convert_store
+    from specdraft.io import own_folder
+
+    with own_folder(out, "store convert"):
+        manifest = convert_store(src, out, store_format, model, trust_remote_code)
+    console.print(f"[green]converted[/] {manifest['num_samples']} samples, {manifest['num_tokens']} tokens "
+                  f"to {store_format} in {len(manifest['shards'])} shards -> {out}")
 
 
 @vocab_app.command("build")
@@ -819,7 +851,7 @@ def json_or_out(ctx: typer.Context, as_json: bool, out: Optional[Path]) -> tuple
     return as_json, out
 
 
-for _group in (app, vocab_app, journal_app):
+for _group in (app, vocab_app, journal_app, store_app):
     for _command in _group.registered_commands:
         _command.callback = numbers_checked_first(_command.callback)
 

@@ -34,7 +34,7 @@ def run_config_of(drafter: Path) -> dict:
 
 
 # The fields eval reads from a run's config.yaml and a checkpoint's inputs.json, and their types.
-RUN_CONFIG_FIELDS = {"val_fraction": (int, float), "seed": int, "store": str}
+RUN_CONFIG_FIELDS = {"val_fraction": (int, float), "seed": int, "store": (str, list)}   # a list: a run over parts
 INPUTS_FIELDS = {"data_fingerprint": str, "num_samples": int, "num_tokens": int, "store": str}
 
 

@@ -62,8 +62,7 @@ def accept_from_store(drafter, model: str, store: str | Path, samples: int = 64,
     net = load_drafter_for(drafter, target)
     hs = HiddenStore(store)
     n = min(samples, len(hs))
-    batches = (sample_batch(s["input_ids"], s["aux"].float(), s["last"].float(), s["loss_mask"])
-               for s in (hs[i] for i in range(n)))
+    batches = (store_sample_batch(hs[i]) for i in range(n))
     batches = track(batches, "plan: acceptance", n, "samples", tokens=lambda b: int(b["loss_mask"].numel()))
     m = drafter_metrics(net, target.model, batches, steps)
     return [m[f"cond_acc_{k}"] for k in range(steps)]
@@ -76,6 +75,16 @@ def drafter_family(spec) -> Family:
         return family("eagle3")
     config = read_json(resolve_checkpoint(spec) / "config.json", "drafter config")
     return family(config.get("speculators_model_type", "eagle3") if isinstance(config, dict) else "eagle3")
+
+
+def store_sample_batch(sample: dict) -> dict:
+    """A stored sample as a batch of one row; a compact store's teacher top-k rides along instead of last."""
+    if "last" in sample:
+        return sample_batch(sample["input_ids"], sample["aux"].float(), sample["last"].float(), sample["loss_mask"])
+    T, K = sample["teacher_ids"].shape
+    batch = sample_batch(sample["input_ids"], sample["aux"].float(), torch.zeros(T, 0), sample["loss_mask"])
+    del batch["last"]
+    return {**batch, "teacher_ids": sample["teacher_ids"][None], "teacher_logp": sample["teacher_logp"][None]}
 
 
 # ----------------------------------------------------------------------------- command

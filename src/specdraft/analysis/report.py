@@ -73,7 +73,7 @@ INPUTS_FIELDS = {"num_samples": int, "num_tokens": int, "target": dict, "target.
 EXPORTS_FIELDS = {"exports": list, "exports.*": dict, "exports.*.out": str, "exports.*.layout": str,
                   "exports.*.dtype": str, "exports.*.num_speculative_tokens": int}
 STAGES_FIELDS = {"*": dict, "*.seconds": NUMBER, "*.command": str}
-CONFIG_FIELDS = {"store": str, "data": str, "model": str}
+CONFIG_FIELDS = {"store": (str, list), "data": str, "model": str}   # store: a list for a run over parts
 MANIFEST_FIELDS = {"num_samples": int, "num_tokens": int}
 
 
@@ -130,7 +130,7 @@ def data_size(run: Path) -> str:
     inputs, source = checkpoint_inputs(run), "checkpoint inputs.json"
     if "num_samples" not in inputs:
         store = run_config(run).get("store") or run_config(run).get("data")
-        manifest = read_json(Path(store) / "manifest.json", MANIFEST_FIELDS) if store else None
+        manifest = read_json(Path(store) / "manifest.json", MANIFEST_FIELDS) if isinstance(store, str) else None
         inputs, source = (manifest, f"store {store}") if isinstance(manifest, dict) else ({}, "")
     if "num_samples" not in inputs:
         return "unknown"

@@ -10,6 +10,7 @@ norm), shared with online training, probe and the generation loop. We call the b
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import sys
 from contextlib import contextmanager
@@ -18,7 +19,8 @@ from pathlib import Path
 import torch
 
 from specdraft.data import store as st
-from specdraft.data.prepared import check_prepared_for, load_prepared
+from specdraft.data import store_formats as sf
+from specdraft.data.prepared import check_prepared_for, load_prepared, take_part
 from specdraft.data.vllm_engine import (
     EngineOptions,
     capture_engine,
@@ -37,6 +39,7 @@ from specdraft.targets import (
     default_aux_layers,
     describe_target,
     load_target,
+    load_target_head,
     tap_hidden_states,
 )
 
@@ -220,10 +223,15 @@ def _resume_manifest(out: Path, want: dict) -> dict:
                              f"{have_t.get('fingerprint')}) but --model is {want_t.get('id')} (fingerprint "
                              f"{want_t.get('fingerprint')}); pass the same --model or another --out")
     for key, option in (("layer_ids", "--layers"), ("dtype", "--dtype"), ("hidden_size", "--model"),
+                        ("store_format", "--store-format"), ("part", "--part"),
                         ("shard_tokens", "--shard-tokens"), ("compute_dtype", "--compute-dtype")):
-        if manifest.get(key) != want.get(key):
-            raise SpecdraftError(f"{out}: store has {key} {manifest.get(key)} but this capture would use "
-                                 f"{want.get(key)}; pass {option} {manifest.get(key)} or another --out")
+        have, wanted = manifest.get(key), want.get(key)
+        if key == "store_format":   # stores from before formats existed are bf16
+            have, wanted = sf.manifest_format(manifest), sf.manifest_format(want)
+        if have != wanted:
+            shown = "/".join(map(str, have)) if key == "part" and have else have
+            raise SpecdraftError(f"{out}: store has {key} {json.dumps(have)} but this capture would use "
+                                 f"{json.dumps(wanted)}; pass {option} {shown} or another --out")
     have_engine = (manifest.get("engine") or {}).get("name", "transformers")
     if have_engine != want["engine"]["name"]:
         flag = "vllm" if have_engine == "vllm" else "hf"
@@ -245,14 +253,29 @@ def _resume_manifest(out: Path, want: dict) -> dict:
     return manifest
 
 
-def _check_disk(out: Path, tokens: int, hidden_size: int, dtype: str, num_aux: int) -> None:
-    need = tokens * st.bytes_per_token(hidden_size, dtype, num_aux=num_aux)
+def _check_disk(out: Path, tokens: int, hidden_size: int, dtype: str, manifest: dict) -> None:
+    per_token = st.bytes_per_token(hidden_size, dtype, num_aux=len(manifest["layer_ids"]),
+                                   store_format=sf.manifest_format(manifest),
+                                   topk=manifest.get("teacher_topk", sf.DEFAULT_TOPK))
+    need = tokens * per_token
     free = shutil.disk_usage(out).free
     if need > free:
-        raise SpecdraftError(f"{out}: not enough disk space: {tokens:,} tokens x {num_aux + 1} x {hidden_size} x "
-                             f"{st.STORE_DTYPES[dtype].itemsize} B needs {_size(need)} but only "
-                             f"{_size(free)} is free; free space, choose another --out, or use --limit "
-                             "at prepare time")
+        store_format, num_aux = sf.manifest_format(manifest), len(manifest["layer_ids"])
+        what = (f"{num_aux + 1} x {hidden_size} x {st.STORE_DTYPES[dtype].itemsize} B" if store_format == "bf16" else
+                f"{per_token:,} B ({store_format}, {num_aux} aux layers, H={hidden_size})")
+        raise SpecdraftError(f"{out}: not enough disk space: {tokens:,} tokens x {what} needs {_size(need)} but only "
+                             f"{_size(free)} is free; free space, choose another --out, use a smaller "
+                             "--store-format, or use --limit at prepare time")
+
+
+def top_k_teacher(manifest: dict, target, model: str, device: str, trust_remote_code: bool):
+    """The target's head for a compact store (None for the others): the loaded model's own, or for
+    a vLLM capture (no weights in this process) its norm and lm_head read from the checkpoint."""
+    if sf.manifest_format(manifest) != "compact":
+        return None
+    head = target.model if target.model is not None else load_target_head(
+        model, device="cuda" if torch.cuda.is_available() else "cpu", trust_remote_code=trust_remote_code).model
+    return sf.TopKTeacher.from_model(head, int(manifest["teacher_topk"]))
 
 
 def _size(n: int) -> str:
@@ -266,13 +289,17 @@ def _size(n: int) -> str:
 def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | None = None,
             dtype: str = "bfloat16", batch_tokens: int = 4096, shard_tokens: int = 65536,
             resume: bool = False, trust_remote_code: bool = False, compute_dtype: str = "float32",
-            device: str = "cpu", target=None, progress: bool = True, engine="hf") -> dict:
+            device: str = "cpu", target=None, progress: bool = True, engine="hf",
+            store_format: str = sf.DEFAULT_FORMAT, part: tuple[int, int] | None = None) -> dict:
     """Capture the store for prepared `data` into `out`; returns the final manifest.
 
     `target` may be an already loaded specdraft.targets.Target (benchmarks, online use).
     `engine` is 'hf', 'vllm', 'auto' or a vllm_engine.EngineOptions (tensor parallelism, LLM args).
+    `store_format` is how the shards keep the hidden states (data/store_formats.py); `part` (I, N)
+    captures only samples I-1, I-1+N, ... so N nodes each capture one part.
     """
     dtype = st.dtype_name(dtype)
+    sf.check_format(store_format)
     if compute_dtype not in DTYPES:
         raise SpecdraftError(f"--compute-dtype {compute_dtype}: use float32, bfloat16 or float16")
     if batch_tokens <= 0:
@@ -287,7 +314,7 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
                              "it or choose another --out")
 
     opts = engine if isinstance(engine, EngineOptions) else engine_options(engine)
-    ds, meta = load_prepared(data)
+    ds, meta = take_part(*load_prepared(data), part, data)
     lengths, data_fingerprint, max_id = sample_columns(ds)
     if target is None:
         engine_name = choose_engine(opts, model, trust_remote_code)
@@ -303,9 +330,11 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     layer_ids = check_aux_layers(list(layers) if layers is not None else default_aux_layers(L), L)
 
     compute_name = str(DTYPES[compute_dtype]).removeprefix("torch.")
-    want = st.new_manifest(target.identity, layer_ids, dtype, target.hidden_size, shard_tokens=shard_tokens,
-                           batch_tokens=batch_tokens, compute_dtype=compute_name,
-                           engine=engine_record(engine_name), data={"path": str(data), "fingerprint": data_fingerprint,
+    part_record = {"part": list(meta["part"])} if meta.get("part") else {}
+    want = st.new_manifest(target.identity, layer_ids, dtype, target.hidden_size, store_format=store_format,
+                           shard_tokens=shard_tokens, batch_tokens=batch_tokens, compute_dtype=compute_name,
+                           engine=engine_record(engine_name), **part_record,
+                           data={"path": str(data), "fingerprint": data_fingerprint,
                                  "num_samples": len(lengths), "num_tokens": sum(lengths)})
     ensure_writable_dir(out)
     if resume and (out / st.MANIFEST).exists():
@@ -321,10 +350,10 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
         manifest = want
 
     plan = st.plan_shards(lengths, shard_tokens)
-    writer = st.StoreWriter(out, manifest)
+    writer = st.StoreWriter(out, manifest, top_k_teacher(manifest, target, model, device, trust_remote_code))
     todo = plan[writer.next_shard:]
     remaining = sum(lengths[writer.next_sample:])
-    _check_disk(out, remaining, target.hidden_size, dtype, len(manifest["layer_ids"]))
+    _check_disk(out, remaining, target.hidden_size, dtype, manifest)
 
     store_dtype = st.STORE_DTYPES[dtype]
     with progress_of("capture", sum(lengths), sum(lengths) - remaining, "tokens", enabled=progress) as tracker:

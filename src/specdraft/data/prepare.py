@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from specdraft.data.conversations import Conversation, load_conversations, self_question_count, source_kind
-from specdraft.data.prepared import save_prepared
+from specdraft.data.prepared import part_indices, save_prepared
 from specdraft.data.render import end_of_turn_ids, render, require_chat_template, template_sha256
 from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
 from specdraft.errors import SpecdraftError
@@ -44,8 +44,12 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
             max_new_tokens: int = 256, max_length: int = 2048, min_assistant_tokens: int = 1,
             dedup: bool = True, limit: int | None = None, batch_size: int = 16, split: str = "train",
             seed: int = 0, trust_remote_code: bool = False, console: Console | None = None,
-            engine="auto") -> dict:
+            engine="auto", part: tuple[int, int] | None = None) -> dict:
     """Write OUT/dataset and OUT/prepare.json; return the prepare.json content.
+
+    `part` (I, N) keeps samples I-1, I-1+N, ... (prepared.part_indices): with --regenerate, of the
+    conversations after dedup and --limit, so each node regenerates only its share; otherwise of
+    the rendered samples.
 
     `engine` ('auto', 'hf', 'vllm' or a vllm_engine.EngineOptions, whose `endpoint` names a
     running `vllm serve`) is what regenerates; without --regenerate no engine runs."""
@@ -105,6 +109,8 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
         if limit is not None and len(conversations) > limit:
             dropped["over_limit"] += len(conversations) - limit
             conversations = conversations[:limit]
+        if part is not None:
+            conversations = [conversations[i] for i in part_indices(len(conversations), part)]
         settings = RegenSettings(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                                  target=target.identity["fingerprint"])
         with answer_engine(engine_name, target, settings, end_ids, opts) as answer:
@@ -116,6 +122,9 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
         regeneration = {**settings.as_dict(), "batch_size": batch_size, "engine": used, **vars(stats)}
 
     rows = render_and_filter(tok, conversations, end_ids, max_length, min_assistant_tokens, dedup, limit, dropped)
+    if part is not None and not regenerate:
+        keep = part_indices(len(rows["input_ids"]), part)
+        rows = {key: [column[i] for i in keep] for key, column in rows.items()}
     if not rows["input_ids"]:
         raise SpecdraftError(f"--conversations {source}: no samples left after filtering {records} conversations "
                              f"({describe_drops(dropped, max_length, min_assistant_tokens)}); relax that filter")
@@ -144,6 +153,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
         "limit": limit,
         "regenerate": regenerate,
         "regeneration": regeneration,
+        **({"part": list(part)} if part else {}),
         "counts": counts,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - started, 2),

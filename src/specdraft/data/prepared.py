@@ -81,3 +81,34 @@ def check_prepared_for(meta: dict, target, data, use: str) -> None:
                              f"{prepared_for['fingerprint']}) but --model is {target.name} (fingerprint "
                              f"{target.identity['fingerprint']}); {use} with the target the data was "
                              "prepared for, or re-run prepare with this --model")
+
+
+def parse_part(text: str | None, option: str = "--part") -> tuple[int, int] | None:
+    """'I/N' -> (I, N), 1 <= I <= N: this node's share of the samples (None: all of them)."""
+    if text is None:
+        return None
+    try:
+        index, count = (int(x) for x in str(text).split("/"))
+    except ValueError:
+        index, count = 0, 0
+    if not 1 <= index <= count:
+        raise SpecdraftError(f"{option} {text}: must be I/N with 1 <= I <= N, e.g. {option} 2/4 (the second of 4 parts)")
+    return index, count
+
+
+def part_indices(num_samples: int, part: tuple[int, int]) -> list[int]:
+    """The samples of part I/N: those whose index % N == I - 1, so N nodes split a set
+    deterministically, each sample in exactly one part, and part I's sample j is sample (I-1) + j*N."""
+    index, count = part
+    return list(range(index - 1, num_samples, count))
+
+
+def take_part(ds, meta: dict, part: tuple[int, int] | None, where) -> tuple[object, dict]:
+    """The prepared dataset cut to part I/N (meta records it), or as it is when part is None.
+    Data already cut by `prepare --part` cannot be cut again."""
+    if part is None:
+        return ds, meta
+    if meta.get("part"):
+        raise SpecdraftError(f"{where}: already part {meta['part'][0]}/{meta['part'][1]} of a larger set (prepare "
+                             "--part); drop --part here, or prepare the whole set without --part")
+    return ds.select(part_indices(len(ds), part)), {**meta, "part": list(part)}

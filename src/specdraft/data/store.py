@@ -4,6 +4,7 @@
     WS/hidden/shard-00000.safetensors   many samples, token-major:
         aux        [tokens, n, H]  residual stream entering the n aux layers (bf16 | fp16 | fp32)
         last       [tokens, H]     last decoder layer output, before the final norm
+        (the manifest's store_format says how aux and last are kept: data/store_formats.py)
         input_ids  [tokens]        int64 (int32 accepted)
         loss_mask  [tokens]        uint8, 1 on trained (assistant) tokens
         offsets    [samples + 1]   int64, sample k of the shard is tokens offsets[k]:offsets[k+1]
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from specdraft.data import store_formats as sf
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_path, read_json, sha256_file, write_json
 
@@ -33,7 +35,7 @@ MANIFEST = "manifest.json"
 SHARD_NAME = re.compile(r"^shard-\d{5,}\.safetensors$")
 STORE_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
                 "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
-TENSORS = ("aux", "last", "input_ids", "loss_mask", "offsets")
+TENSORS = ("input_ids", "loss_mask", "offsets")   # in every shard; the hidden states depend on the format
 MAX_OPEN_SHARDS = 4   # memory-mapped shards a reader keeps open at once
 
 
@@ -50,9 +52,12 @@ def dtype_name(dtype: str | torch.dtype) -> str:
     return str(STORE_DTYPES[dtype]).removeprefix("torch.")
 
 
-def bytes_per_token(hidden_size: int, dtype: str | torch.dtype, ids_bytes: int = 8, num_aux: int = 3) -> int:
-    """Store bytes per token: the aux layers' + the last hidden states, plus the id and mask byte."""
-    return (num_aux + 1) * hidden_size * STORE_DTYPES[dtype_name(dtype)].itemsize + ids_bytes + 1
+def bytes_per_token(hidden_size: int, dtype: str | torch.dtype, ids_bytes: int = 8, num_aux: int = 3,
+                    store_format: str = sf.DEFAULT_FORMAT, topk: int = sf.DEFAULT_TOPK) -> int:
+    """Store bytes per token: the aux layers' + the last hidden states (or the teacher's top-k) in the
+    store format, plus the id and mask byte."""
+    return sf.bytes_per_token(store_format, hidden_size, num_aux, STORE_DTYPES[dtype_name(dtype)].itemsize, topk,
+                              ids_bytes)
 
 
 def plan_shards(lengths: list[int], shard_tokens: int) -> list[tuple[int, int]]:
@@ -134,6 +139,7 @@ def read_manifest(root: str | Path) -> dict:
             raise manifest_error(path, key, f"must be a {'positive' if key == 'hidden_size' else 'non-negative'} "
                                             f"integer, got {json.dumps(manifest[key])}")
     check_against_target(path, manifest)
+    check_format_fields(path, manifest)
     if not isinstance(manifest.get("complete", False), bool):
         raise manifest_error(path, "complete", f"must be true or false, got {json.dumps(manifest['complete'])}")
     if not isinstance(manifest["shards"], list):
@@ -184,6 +190,21 @@ def check_against_target(path: Path, manifest: dict) -> None:
                                                   "(target.hidden_size)")
 
 
+def check_format_fields(path: Path, manifest: dict) -> None:
+    """store_format and the fields its decoding reads (older stores have none: bf16)."""
+    name = sf.manifest_format(manifest)
+    if name not in sf.FORMATS:
+        raise manifest_error(path, "store_format", f"must be one of {', '.join(sf.FORMATS)}, got {json.dumps(name)}")
+    if name != "compact":
+        return
+    if manifest.get("group_size") != sf.group_size(manifest["hidden_size"]):
+        raise manifest_error(path, "group_size", f"must be {sf.group_size(manifest['hidden_size'])} for hidden size "
+                                                 f"{manifest['hidden_size']}, got {json.dumps(manifest.get('group_size'))}")
+    k = manifest.get("teacher_topk")
+    if not is_int(k) or k < 1:
+        raise manifest_error(path, "teacher_topk", f"must be a positive integer, got {json.dumps(k)}")
+
+
 def check_samples(path: Path, handle, start: int, offsets: list[int], vocab_size: int | None) -> None:
     """A shard's token ids within the target's vocabulary and at least one trained token (loss_mask
     1) in every sample: reads only input_ids and loss_mask (9 bytes a token), once, at open."""
@@ -221,9 +242,13 @@ def check_all_shards_listed(root: Path, manifest: dict) -> None:
                              "only some of its shards; re-capture into an empty --out")
 
 
-def new_manifest(target: dict, layer_ids: list[int], dtype: str, hidden_size: int, **extra) -> dict:
+def new_manifest(target: dict, layer_ids: list[int], dtype: str, hidden_size: int,
+                 store_format: str = sf.DEFAULT_FORMAT, topk: int = sf.DEFAULT_TOPK, **extra) -> dict:
+    """A store's manifest before its first shard; dtype is what readers decode to (bf16: also
+    what is stored)."""
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "target": dict(target),
             "layer_ids": list(layer_ids), "dtype": dtype_name(dtype), "hidden_size": int(hidden_size),
+            **sf.format_fields(store_format, int(hidden_size), topk),
             "num_samples": 0, "num_tokens": 0, "complete": False, **extra, "shards": []}
 
 
@@ -235,10 +260,13 @@ class StoreWriter:
     """Writes shards one at a time, each atomically, and the manifest after each.
 
     `manifest` is the dict from `new_manifest` (or a resumed one truncated to its good shards).
+    `teacher` (store_formats.TopKTeacher) is the target's head, which a compact store needs to keep
+    the teacher's top-k instead of the last hidden state.
     """
 
     root: Path
     manifest: dict
+    teacher: sf.TopKTeacher | None = None
 
     def __post_init__(self):
         self.root = Path(self.root)
@@ -267,7 +295,8 @@ class StoreWriter:
         start = self.next_sample
         end = start + len(offsets) - 1
         name = shard_name(self.next_shard)
-        tensors = {"aux": aux.to(self.dtype).contiguous(), "last": last.to(self.dtype).contiguous(),
+        hidden = sf.encode(self.manifest, aux, last, self.dtype, self.teacher)
+        tensors = {**{k: v.contiguous() for k, v in hidden.items()},
                    "input_ids": input_ids.contiguous(), "loss_mask": loss_mask.to(torch.uint8).contiguous(),
                    "offsets": offsets.to(torch.int64).contiguous()}
         # One metadata key: safetensors writes several in hash order, which would make
@@ -295,13 +324,14 @@ class StoreWriter:
 
 # ---------------------------------------------------------------------------- reader
 
-SAFETENSORS_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
-
-
 def shard_identity(manifest: dict) -> dict:
-    """The capture settings every shard records in its metadata (older shards lack them)."""
-    return {"layer_ids": list(manifest["layer_ids"]), "dtype": manifest["dtype"],
-            "hidden_size": int(manifest["hidden_size"]), "target": manifest["target"].get("fingerprint", "")}
+    """The capture settings every shard records in its metadata (older shards lack them; bf16 shards
+    do not name their format, so they stay byte-identical to those written before formats existed)."""
+    identity = {"layer_ids": list(manifest["layer_ids"]), "dtype": manifest["dtype"],
+                "hidden_size": int(manifest["hidden_size"]), "target": manifest["target"].get("fingerprint", "")}
+    if sf.manifest_format(manifest) != sf.DEFAULT_FORMAT:
+        identity["store_format"] = sf.manifest_format(manifest)
+    return identity
 
 
 def check_shard(path: Path, handle, entry: dict, manifest: dict) -> None:
@@ -321,14 +351,18 @@ def check_shard(path: Path, handle, entry: dict, manifest: dict) -> None:
             raise SpecdraftError(f"{path}: {field} {json.dumps(meta[field])} but {MANIFEST} says "
                                  f"{json.dumps(want)}; {fix}")
     n, H = entry["num_tokens"], manifest["hidden_size"]
-    dtype = SAFETENSORS_DTYPES[dtype_name(manifest["dtype"])]
-    for name in ("aux", "last"):
+    layout = sf.tensor_layout(manifest, n)
+    store_format = sf.manifest_format(manifest)
+    for name, (dtype, _) in layout.items():
+        if name not in handle.keys():
+            raise SpecdraftError(f"{path}: no tensor '{name}', which store_format {store_format} keeps; {fix}")
         got = handle.get_slice(name).get_dtype()
         if got != dtype:
-            raise SpecdraftError(f"{path}: tensor '{name}' is {got} but {MANIFEST} says dtype "
-                                 f"{manifest['dtype']}; {fix}")
+            raise SpecdraftError(f"{path}: tensor '{name}' is {got} but {MANIFEST} says store_format "
+                                 f"{store_format}, dtype {manifest['dtype']} ({dtype}); {fix}")
     n_aux = len(manifest["layer_ids"])
-    shapes = {"aux": [n, n_aux, H], "last": [n, H], "input_ids": [n], "loss_mask": [n], "offsets": [end - start + 1]}
+    shapes = {**{name: shape for name, (_, shape) in layout.items()},
+              "input_ids": [n], "loss_mask": [n], "offsets": [end - start + 1]}
     for name, want in shapes.items():
         got = list(handle.get_slice(name).get_shape())
         if got != want:
@@ -425,6 +459,15 @@ class HiddenStore(torch.utils.data.Dataset):
         return STORE_DTYPES[self.manifest["dtype"]]
 
     @property
+    def store_format(self) -> str:
+        return sf.manifest_format(self.manifest)
+
+    @property
+    def teacher_topk(self) -> int:
+        """K of a compact store's teacher top-k (0: the store keeps the last hidden state)."""
+        return int(self.manifest.get("teacher_topk", 0)) if self.store_format == "compact" else 0
+
+    @property
     def num_tokens(self) -> int:
         return int(self.manifest["num_tokens"])
 
@@ -477,10 +520,10 @@ class HiddenStore(torch.utils.data.Dataset):
         handle = self._handle(k)
         j = i - self._starts[k]
         a, b = self._offsets[k][j], self._offsets[k][j + 1]
+        # aux [T, n_aux, H] and last [T, H] in self.dtype (compact: teacher_ids, teacher_logp [T, K])
+        hidden = sf.decode(self.manifest, lambda name: handle.get_slice(name)[a:b], self.dtype)
         return {"input_ids": handle.get_slice("input_ids")[a:b].long(),
-                "loss_mask": handle.get_slice("loss_mask")[a:b],
-                "aux": handle.get_slice("aux")[a:b],      # [T, n_aux, H]
-                "last": handle.get_slice("last")[a:b]}    # [T, H]
+                "loss_mask": handle.get_slice("loss_mask")[a:b], **hidden}
 
     def __getstate__(self):
         # safetensors handles do not pickle; each DataLoader worker opens its own.

@@ -111,9 +111,13 @@ class StoreBatches:
     def __getitem__(self, row: list[int]) -> dict[str, torch.Tensor]:
         """One packed row: its samples one after another, cut at max_tokens, padding after."""
         T, H, dtype = self.max_tokens, self.store.hidden_size, self.store.dtype
+        K = getattr(self.store, "teacher_topk", 0)   # a compact store: the teacher's top-k instead of last
+        teacher = ({"teacher_ids": torch.zeros(T, K, dtype=torch.int32),
+                    "teacher_logp": torch.zeros(T, K, dtype=torch.float16)} if K else
+                   {"last": torch.zeros(T, H, dtype=dtype)})
         packed = {"input_ids": torch.zeros(T, dtype=torch.long),
                   "aux": torch.zeros(T, len(self.store.layer_ids), H, dtype=dtype),
-                  "last": torch.zeros(T, H, dtype=dtype),
+                  **teacher,
                   "loss_mask": torch.zeros(T, dtype=torch.uint8),
                   "doc_ids": torch.full((T,), -1, dtype=torch.long),
                   "position_ids": torch.zeros(T, dtype=torch.long)}
@@ -121,7 +125,7 @@ class StoreBatches:
         for doc, s in enumerate(row):
             sample = self.store[s]
             n = min(sample["input_ids"].shape[0], T - at)
-            for key in ("input_ids", "aux", "last", "loss_mask"):
+            for key in ("input_ids", "aux", *teacher, "loss_mask"):
                 packed[key][at:at + n] = sample[key][:n]
             packed["doc_ids"][at:at + n] = doc
             packed["position_ids"][at:at + n] = torch.arange(n)

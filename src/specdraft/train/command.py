@@ -45,6 +45,9 @@ def train(
                                              help="With --online --engine vllm: GPUs per engine."),
     engine_args: Optional[str] = typer.Option(None, "--engine-args", rich_help_panel=LAUNCH_PANEL,
                                               help="With --online --engine vllm: JSON object passed to vllm.LLM(...)."),
+    store_format: str = typer.Option("bf16", "--store-format", rich_help_panel=LAUNCH_PANEL,
+                                     help="With --online: train on the hidden states as a store of this format "
+                                          "(bf16, fp8, compact) would hold them."),
     data: Optional[str] = typer.Option(None, "--data", hidden=True),   # --prepared's old name, for one release
     **settings,
 ):
@@ -58,6 +61,8 @@ def train(
         distributed.exec_torchrun(nproc, distributed.forward_cli_args(argv))
     overrides = {name: value for name, value in settings.items()
                  if getattr(ctx.get_parameter_source(name), "name", "") != "DEFAULT"}
+    if isinstance(overrides.get("store"), list) and len(overrides["store"]) == 1:
+        overrides["store"] = overrides["store"][0]   # one store stays a string in config.yaml
     if "resume" in overrides or "out" in overrides:   # resume reads RUN/config.yaml unless --config is given
         overrides.setdefault("out", settings["out"])
     cfg = resolve_config(config, **overrides)
@@ -67,7 +72,10 @@ def train(
         from specdraft.data.vllm_engine import engine_options
         from specdraft.train.online import online_setup
 
-        setup = online_setup(data, engine_options(engine, tensor_parallel_size, engine_args))
+        setup = online_setup(data, engine_options(engine, tensor_parallel_size, engine_args), store_format)
+    elif store_format != "bf16":
+        raise SpecdraftError(f"--store-format {store_format}: only with --online (a store's format is chosen at "
+                             "capture: `specdraft capture --store-format`, or `specdraft store convert`)")
     summary = run(cfg, parallel, setup)
     if summary is not None:
         val = summary.get("val") or {}
@@ -98,8 +106,11 @@ def setting_option(f: dataclasses.Field, hint) -> inspect.Parameter:
     names += [f.metadata["short"]] if f.metadata["short"] else []
     allowed = choices(hint)
     kind = str if allowed else hint
-    option = typer.Option(f.default, *names, help=f.metadata["help"], rich_help_panel=SETTINGS_PANEL,
-                          metavar="[" + "|".join(allowed) + "]" if allowed else None)
+    default = f.default
+    if hint == str | list[str]:          # --store A --store B: a list option (one value is saved as a string)
+        kind, default = list[str], [f.default]
+    option = typer.Option(default, *names, help=f.metadata["help"], rich_help_panel=SETTINGS_PANEL,
+                          metavar="[" + "|".join(allowed) + "]" if allowed else "PATH" if kind == list[str] else None)
     return inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option, annotation=kind)
 
 

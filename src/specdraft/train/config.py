@@ -36,7 +36,8 @@ def setting(default, help: str, *, low=None, high=None, short: str | None = None
 class RunConfig:
     # inputs and output
     out: str = setting("ws/runs/run", "Run folder (config.yaml, metrics.jsonl, checkpoints/).")
-    store: str = setting("ws/hidden", "Hidden-state store from `specdraft capture`.")
+    store: str | list[str] = setting("ws/hidden", "Hidden-state store from `specdraft capture`; several (--store A "
+                                     "--store B, or a YAML list) train on their union, e.g. the parts of `capture --part`.")
     vocab: str = setting("ws/vocab.safetensors", "Draft vocab from `specdraft vocab build`.")
     model: str = setting("default", "The target (teacher head, embeddings, checks): hub id, local folder, "
                          ".gguf file, or 'default' (SmolLM2-135M-Instruct).", short="-m")
@@ -137,6 +138,11 @@ class RunConfig:
             raise SpecdraftError("--resume and --overwrite: pick one (continue the run in --out, or wipe it and start over)")
         return self
 
+    @property
+    def stores(self) -> list[str]:
+        """--store as a list: one store, or the parts to train on together."""
+        return [self.store] if isinstance(self.store, str) else list(self.store)
+
     def watch_config(self):
         """The baseline watch's settings (watch.WatchConfig) from this run's."""
         return WatchConfig(split=self.watch_split, metric=self.watch_metric, margin=self.watch_margin,
@@ -183,7 +189,9 @@ def check_type(name: str, value, expected, where: str):
             value = float(value)
         except ValueError:
             pass
-    if bool in allowed:
+    if list[str] in allowed and isinstance(value, list):   # store: [A, B]
+        ok, words = bool(value) and all(isinstance(v, str) for v in value), "a string or a list of strings"
+    elif bool in allowed:
         ok, words = isinstance(value, bool), "true or false"
     elif int in allowed:
         ok, words = isinstance(value, int) and not isinstance(value, bool), "a whole number"

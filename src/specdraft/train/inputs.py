@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdraft.data.store import HiddenStore
+from specdraft.data.store_parts import open_stores
 from specdraft.errors import SpecdraftError
 from specdraft.io import check_fields, read_json
 from specdraft.targets import load_target, load_target_head
@@ -16,8 +16,8 @@ from specdraft.train.runtime import Runtime, TrainData
 
 
 def store_data(cfg: RunConfig, runtime: Runtime) -> TrainData:
-    """The default data: packed batches from the hidden store, split by sample."""
-    store = HiddenStore(cfg.store)
+    """The default data: packed batches from the hidden store (or the union of its parts), split by sample."""
+    store = open_stores(cfg.stores)
     train_ids, val_ids = split_samples(len(store), cfg.val_fraction, cfg.seed)
     common = dict(max_tokens=cfg.max_tokens, rows_per_batch=cfg.rows_per_batch, seed=cfg.seed,
                   rank=runtime.rank, world_size=runtime.world_size)
@@ -26,7 +26,7 @@ def store_data(cfg: RunConfig, runtime: Runtime) -> TrainData:
     data = store.manifest.get("data") if isinstance(store.manifest.get("data"), dict) else {}
     identity = {"data_fingerprint": data.get("fingerprint", ""), "num_samples": len(store),
                 "num_tokens": store.num_tokens}
-    return TrainData(train, val, store.hidden_size, store.layer_ids, store.target, str(cfg.store), identity)
+    return TrainData(train, val, store.hidden_size, store.layer_ids, store.target, " + ".join(cfg.stores), identity)
 
 
 def training_target(cfg: RunConfig):

@@ -30,10 +30,13 @@ class TeacherHead(nn.Module):
     draft vocab, renormalised (log_softmax over the N draft logits only).
     """
 
-    def __init__(self, norm_weight: torch.Tensor, lm_head_rows: torch.Tensor, eps: float):
+    def __init__(self, norm_weight: torch.Tensor, lm_head_rows: torch.Tensor, eps: float,
+                 draft_of_target: torch.Tensor | None = None):
         super().__init__()
         self.register_buffer("norm_weight", norm_weight.detach().float().clone())     # [H]
         self.register_buffer("lm_head", lm_head_rows.detach().float().clone())        # [N, H]
+        # [V] draft id of each target token, -1 off the draft vocab: reads a compact store's top-k
+        self.register_buffer("draft_of_target", draft_of_target, persistent=False)
         self.eps = float(eps)
 
     @classmethod
@@ -42,7 +45,9 @@ class TeacherHead(nn.Module):
         norm_weight, eps = final_norm(target_model)
         draft_to_target = torch.arange(d2t.numel()) + d2t.to(torch.long)
         lm_head = target_model.get_output_embeddings().weight
-        return cls(norm_weight, lm_head[draft_to_target], eps)
+        draft_of_target = torch.full((lm_head.shape[0],), -1, dtype=torch.long)
+        draft_of_target[draft_to_target] = torch.arange(d2t.numel())
+        return cls(norm_weight, lm_head[draft_to_target], eps, draft_of_target)
 
     def logits(self, last: torch.Tensor) -> torch.Tensor:
         """last [..., H] (pre-norm) -> draft-vocab logits [..., N]."""
@@ -51,6 +56,21 @@ class TeacherHead(nn.Module):
 
     def log_probs(self, last: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.logits(last).float(), dim=-1)
+
+    def log_probs_from_top_k(self, ids: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+        """A compact store's teacher, top-k target ids [M, K] and their log-probs [M, K] -> log-probs
+        over the draft vocab [M, N]: the top-k entries that are draft tokens keep theirs, every other
+        draft token gets an even share of the mass outside the top-k, renormalised over the draft vocab."""
+        M, K = ids.shape
+        N, V = self.lm_head.shape[0], self.draft_of_target.numel()
+        logp = logp.float()
+        outside = (1 - logp.exp().sum(-1)).clamp_min(1e-12) / max(V - K, 1)          # [M] each tail token
+        dense = outside.log()[:, None].expand(M, N).clone()                          # [M, N]
+        draft = self.draft_of_target[ids.long()]                                     # [M, K], -1 off vocab
+        keep = draft >= 0
+        rows = torch.arange(M, device=ids.device)[:, None].expand(M, K)
+        dense[rows[keep], draft[keep]] = logp[keep]
+        return torch.log_softmax(dense, dim=-1)
 
 
 def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
@@ -109,7 +129,11 @@ def teacher_targets(teacher: TeacherHead, batch: dict[str, torch.Tensor]):
     (every step k reads its targets from these rows) -> (logp [M, N], argmax [M], flat pos -> row)."""
     need_teacher = in_document(batch["doc_ids"], -1)                              # [B,T]
     with torch.no_grad():
-        teacher_logp = teacher.log_probs(batch["last"][need_teacher])            # [M, N] fp32
+        if "teacher_ids" in batch:                                                # a compact store
+            teacher_logp = teacher.log_probs_from_top_k(batch["teacher_ids"][need_teacher],
+                                                        batch["teacher_logp"][need_teacher])   # [M, N]
+        else:
+            teacher_logp = teacher.log_probs(batch["last"][need_teacher])        # [M, N] fp32
         teacher_top = teacher_logp.argmax(-1)                                     # [M]
     compact_index = need_teacher.flatten().long().cumsum(0) - 1                   # flat pos -> row of teacher_logp
     return teacher_logp, teacher_top, compact_index

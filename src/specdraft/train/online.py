@@ -21,6 +21,9 @@ With `--engine vllm` the hidden states come from a vLLM engine started once for 
 (data.vllm_engine: extract_hidden_states), not from hooks in this process, which loads only what
 the loop needs of the target (targets.TargetHead: embeddings, final norm, lm_head); the batches
 are the same.
+
+`--store-format fp8|compact` passes each batch's hidden states through that store format's encoding
+and decoding (data/store_formats.py), so an online run trains on what a store of that format holds.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from specdraft.data import store_formats as sf
 from specdraft.data.capture import capture_samples, hidden_state_engine
 from specdraft.data.prepared import check_prepared_for, load_prepared
 from specdraft.data.vllm_engine import choose_engine
@@ -43,8 +47,14 @@ class OnlineSamples:
     """Prepared samples whose aux/last hidden states come from the target on demand."""
 
     def __init__(self, target, input_ids: list[list[int]], loss_mask: list[list[int]], layer_ids: list[int],
-                 max_tokens: int | None = None, batch_tokens: int = 8192, dtype: torch.dtype = torch.float32):
+                 max_tokens: int | None = None, batch_tokens: int = 8192, dtype: torch.dtype = torch.float32,
+                 store_format: str = sf.DEFAULT_FORMAT):
         self.target = target.identity
+        # what a store of that format records (decoding reads it) and, for compact, the target's head
+        self.format = {"hidden_size": target.hidden_size, "layer_ids": list(layer_ids), "dtype": "float32",
+                       **sf.format_fields(store_format, target.hidden_size)}
+        self.teacher = sf.TopKTeacher.from_model(target.model) if store_format == "compact" else None
+        self.teacher_topk = self.teacher.k if self.teacher else 0
         self.model = target.model
         self.layer_ids = list(layer_ids)
         self.hidden_size = target.hidden_size
@@ -72,11 +82,12 @@ class OnlineSamples:
         else:
             aux, last, offsets = capture_samples(self.model, samples, self.layer_ids, self.dtype,
                                                  self.batch_tokens)                  # [N,3,H], [N,H], [S+1]
+        stored = sf.encode(self.format, aux, last, self.dtype, self.teacher)
         for k, i in enumerate(ids):
             a, b = int(offsets[k]), int(offsets[k + 1])
             self._ready[i] = {"input_ids": torch.tensor(self.input_ids[i], dtype=torch.long),
                               "loss_mask": torch.tensor(self.loss_mask[i], dtype=torch.uint8),
-                              "aux": aux[a:b], "last": last[a:b]}
+                              **sf.decode(self.format, lambda name: stored[name][a:b], self.dtype)}
 
     def clear(self) -> None:
         self._ready.clear()
@@ -116,7 +127,7 @@ class OnlineBatches(StoreBatches):
 
 
 def online_samples(target, data: str | Path, layer_ids: list[int] | None = None,
-                   max_tokens: int | None = None, engine=None) -> OnlineSamples:
+                   max_tokens: int | None = None, engine=None, store_format: str = sf.DEFAULT_FORMAT) -> OnlineSamples:
     """Load prepared data (WS/data) for `target`, refusing data prepared for another target.
 
     `engine` (vllm_engine.EngineOptions) runs the target in a vLLM engine started here for the
@@ -132,16 +143,19 @@ def online_samples(target, data: str | Path, layer_ids: list[int] | None = None,
     if max_id >= target.vocab_size:
         raise SpecdraftError(f"{data}: token id {max_id} is outside the vocabulary of {target.name} "
                              f"({target.vocab_size} tokens); the data was tokenized for another model")
-    samples = OnlineSamples(target, columns["input_ids"], columns["loss_mask"], layer_ids, max_tokens=max_tokens)
+    samples = OnlineSamples(target, columns["input_ids"], columns["loss_mask"], layer_ids, max_tokens=max_tokens,
+                            store_format=store_format)
     if engine is not None:
         samples.start_vllm(target, engine)
     return samples
 
 
-def online_data(cfg, runtime, target, data: str | Path, layer_ids: list[int] | None = None, engine=None):
+def online_data(cfg, runtime, target, data: str | Path, layer_ids: list[int] | None = None, engine=None,
+                store_format: str = sf.DEFAULT_FORMAT):
     """The loop's TrainData for online mode: the same split, packing and rank sharding as
     train.loop.store_data, over prepared samples run through `target` (or `engine`, vLLM)."""
-    samples = online_samples(target, data, layer_ids, max_tokens=cfg.max_tokens, engine=engine)
+    samples = online_samples(target, data, layer_ids, max_tokens=cfg.max_tokens, engine=engine,
+                             store_format=store_format)
     train_ids, val_ids = split_samples(len(samples), cfg.val_fraction, cfg.seed)
     common = dict(max_tokens=cfg.max_tokens, rows_per_batch=cfg.rows_per_batch, seed=cfg.seed,
                   rank=runtime.rank, world_size=runtime.world_size)
@@ -150,12 +164,13 @@ def online_data(cfg, runtime, target, data: str | Path, layer_ids: list[int] | N
     return TrainData(train, val, samples.hidden_size, samples.layer_ids, samples.target, f"{data} (online)")
 
 
-def online_setup(data: str | Path | None, engine=None):
+def online_setup(data: str | Path | None, engine=None, store_format: str = sf.DEFAULT_FORMAT):
     """For `--online --prepared WS/data`: a function (cfg, runtime) -> train() keyword arguments, the
     target loaded once on this rank's device (teacher head, embeddings and hidden states) and the
     online TrainData. `engine` (vllm_engine.EngineOptions) may move the hidden states to vLLM."""
     if not data:
         raise SpecdraftError("--online: pass --prepared WS/data (the prepared data the target runs over)")
+    sf.check_format(store_format)
 
     def setup(cfg, runtime) -> dict:
         use_vllm = engine is not None and choose_engine(engine, cfg.model, cfg.trust_remote_code) == "vllm"
@@ -165,5 +180,6 @@ def online_setup(data: str | Path | None, engine=None):
         # with vLLM holding the target, this process needs only its embeddings, final norm and lm_head
         load = load_target_head if use_vllm else load_target
         target = load(cfg.model, device=str(runtime.device), trust_remote_code=cfg.trust_remote_code)
-        return {"target": target, "data": online_data(cfg, runtime, target, data, engine=engine if use_vllm else None)}
+        return {"target": target, "data": online_data(cfg, runtime, target, data, engine=engine if use_vllm else None,
+                                                      store_format=store_format)}
     return setup

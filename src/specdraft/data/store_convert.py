@@ -1,0 +1,67 @@
+"""`specdraft store convert`: re-write a finished store in another store format, shard by shard,
+with the same samples in the same shards (data/store_formats.py says what each format keeps)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specdraft.data import store as st
+from specdraft.data import store_formats as sf
+from specdraft.errors import SpecdraftError
+from specdraft.io import LOCK_NAME
+
+# the manifest fields that describe the shards, not the capture: rewritten by the writer
+SHARD_FIELDS = ("shards", "num_samples", "num_tokens", "complete", "store_format", "group_size", "teacher_topk")
+
+
+def converted_manifest(manifest: dict, store_format: str, topk: int) -> dict:
+    """The source's manifest (target, layers, data, part...) in the new format, before any shard."""
+    capture = {k: v for k, v in manifest.items() if k not in SHARD_FIELDS and k not in
+               ("format", "format_version", "target", "layer_ids", "dtype", "hidden_size")}
+    return st.new_manifest(manifest["target"], manifest["layer_ids"], manifest["dtype"], manifest["hidden_size"],
+                           store_format=store_format, topk=topk, **capture)
+
+
+def teacher_for(manifest: dict, model: str | None, trust_remote_code: bool) -> sf.TopKTeacher:
+    """The target's head (norm + lm_head) for a compact store, refused unless it is the store's target."""
+    from specdraft.targets import load_target_head
+
+    model = model or manifest["target"].get("id")
+    if not model:
+        raise SpecdraftError("--store-format compact: the store names no target; pass --model (the target it was "
+                             "captured from)")
+    target = load_target_head(model, device="cuda" if torch.cuda.is_available() else "cpu",
+                              trust_remote_code=trust_remote_code)
+    have, want = target.identity.get("fingerprint"), manifest["target"].get("fingerprint")
+    if have and want and have != want:
+        raise SpecdraftError(f"--model {model}: fingerprint {have} but the store was captured from "
+                             f"{manifest['target'].get('id')} ({want}); pass the target the store was captured from")
+    return sf.TopKTeacher.from_model(target.model, sf.DEFAULT_TOPK)
+
+
+def convert_store(src: str | Path, out: str | Path, store_format: str, model: str | None = None,
+                  trust_remote_code: bool = False, topk: int = sf.DEFAULT_TOPK) -> dict:
+    """Write `src` (a finished, hash-checked store) again into `out` in `store_format`; returns the
+    new manifest. compact keeps no last hidden state, so a compact store converts to nothing else."""
+    src, out = Path(src), Path(out)
+    sf.check_format(store_format)
+    store = st.HiddenStore(src, verify=True)
+    have = store.store_format
+    if have == "compact" and store_format != "compact":
+        raise SpecdraftError(f"{src}: a compact store keeps the teacher's top-k, not the last hidden state, so it "
+                             f"cannot become {store_format}; convert the bf16 or fp8 store, or re-capture")
+    if have == store_format:
+        raise SpecdraftError(f"{src}: already store_format {have}; nothing to convert")
+    if out.exists() and (not out.is_dir() or any(p.name != LOCK_NAME for p in out.iterdir())):
+        raise SpecdraftError(f"{out}: exists and is not empty; pass a new folder as --out (the source is kept)")
+    teacher = teacher_for(store.manifest, model, trust_remote_code) if store_format == "compact" else None
+    writer = st.StoreWriter(out, converted_manifest(store.manifest, store_format, topk), teacher)
+    for k, entry in enumerate(store.shards):
+        handle = store._handle(k)
+        hidden = sf.decode(store.manifest, handle.get_tensor, torch.float32)     # the whole shard
+        writer.write_shard(hidden["aux"], hidden["last"], handle.get_tensor("input_ids"),
+                           handle.get_tensor("loss_mask"), handle.get_tensor("offsets"))
+    writer.save(complete=True)
+    return writer.manifest
