@@ -460,7 +460,7 @@ def check_round_cost(d: Doctor) -> Finding:
     the K the run was exported with lose to another K? The loss is the τ the chosen K would need on
     top of its own to match the best K's tokens/s."""
     exports = (read_json(d.run / card.EXPORTS_FILE, "exports") if (d.run / card.EXPORTS_FILE).is_file() else {})
-    chosen = [e.get("speculative_tokens") for e in exports.get("exports") or [] if e.get("speculative_tokens")]
+    chosen = [e.get("num_speculative_tokens") for e in exports.get("exports") or [] if e.get("num_speculative_tokens")]
     plan_file = d.run / "plan.json"
     if not chosen or not plan_file.is_file():
         return Finding("round_cost", False, {"skipped": "needs RUN/exports.json (the served K) and RUN/plan.json "
