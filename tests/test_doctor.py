@@ -83,6 +83,16 @@ def test_healthy_run_reports_no_cause_and_the_json_schema(ws, tmp_path):
     assert saved == json.loads(json.dumps(result)) and set(saved) >= {"causes", "checked"}
 
 
+def test_report_shows_the_doctor_under_the_headline(ws, tmp_path):
+    from specdraft.analysis import report
+
+    run = copy_run(ws, tmp_path)
+    doctor.diagnose(run, prompts=str(ws / "other.jsonl"))
+    page = report.build([run]).read_text()
+    assert page.index("specdraft doctor") < page.index("<h2>Run ")
+    assert "prompt_shift" in page and "checked and fine: vocab_coverage" in page
+
+
 def test_json_schema_of_a_cause_from_the_cli(ws, tmp_path):
     from typer.testing import CliRunner
 
@@ -239,3 +249,15 @@ def edit_config(folder, **fields):
         cfg["eagle_aux_hidden_state_layer_ids" if name == "aux_layer_ids" else name] = value
         cfg["specdraft"]["drafter_config"][name] = value
     path.write_text(json.dumps(cfg))
+
+
+def test_demo_prints_the_top_cause_when_tau_is_below_2(ws, tmp_path, tiny_target):
+    from specdraft import pipeline
+
+    run = copy_run(ws, tmp_path)
+    assert pipeline.diagnose_low_tau(str(tiny_target), ws, run, {"methods": {"eagle3": {"accept_len": 2.5}}}) is None
+    line = pipeline.diagnose_low_tau(str(tiny_target), ws, run, {"methods": {"eagle3": {"accept_len": 1.5}}})
+    saved = json.loads((run / doctor.REPORT_FILE).read_text())
+    assert line == (doctor.top_cause_line(saved) or line) and line.startswith("doctor: ")
+    if saved["causes"]:
+        assert saved["causes"][0]["fix"] in line
