@@ -13,7 +13,7 @@ ones checked and fine are listed too, and those that could not be checked say wh
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -85,7 +85,6 @@ class Doctor:
     model: str | None = None
     store_path: str | None = None
     prompts: str | None = None
-    cache: dict = field(default_factory=dict)
 
     @cached_property
     def config(self) -> dict:
