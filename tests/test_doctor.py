@@ -29,7 +29,7 @@ def conversations(words, n, seed):
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory, tiny_target):
-    """root/{data, hidden, vocab.safetensors, run (ttt 3), run-ttt1}, prompts files of both domains."""
+    """root/{data, hidden, vocab.safetensors, run (TTT 3, 16 epochs)}, prompts files of both domains."""
     from specdraft import vocab
     from specdraft.data.capture import capture
     from specdraft.data.prepared import save_prepared
@@ -53,7 +53,7 @@ def ws(tmp_path_factory, tiny_target):
     save_prepared(root / "data", rows, {"target": target.identity, "chat_template_sha256": template_sha256(tok)})
     capture(model=str(tiny_target), data=root / "data", out=root / "hidden", dtype="float32", progress=False)
     vocab.build_from_data(root / "data", 96, root / "vocab.safetensors", model=str(tiny_target))
-    for name, ttt, epochs in (("run", 3, 16), ("run-ttt1", 1, 8)):
+    for name, ttt, epochs in (("run", 3, 16),):
         train(RunConfig(out=str(root / name), store=str(root / "hidden"), vocab=str(root / "vocab.safetensors"),
                         model=str(tiny_target), max_tokens=512, epochs=epochs, lr=3e-3, warmup_steps=2, log_every=1,
                         val_every=5, val_fraction=0.25, progress=False, precision="fp32", ttt_steps=ttt))
