@@ -56,8 +56,11 @@ ROUND_COST_MARGIN = 0.10      # the chosen K's predicted tokens/s this far below
 HELD_OUT_SAMPLES = 32         # samples per τ measurement: seconds on CPU, enough for a quarter-token resolution
 COVERAGE_TOKENS = 8192        # target next tokens whose coverage is counted
 PROMPT_TOKENS = 48            # tokens the target generates per --prompts prompt (the measured continuation)
-EXPORT_FIELDS = ("aux_layer_ids", "draft_vocab_size", "vocab_size", "norm_before_residual", "fc_norm",
-                 "norm_output", "hidden_size")
+# Drafter config fields specdraft keeps only in its own block of config.json: no serving engine reads
+# them (the target's layer count, its name), so they are not compared with the top-level fields
+BLOCK_ONLY_FIELDS = ("target_num_layers", "verifier")
+# Served-config differences whose τ cost the doctor can measure on the store (the rest: unknown)
+MEASURABLE_FIELDS = {"d2t", "aux_layer_ids", "norm_before_residual", "fc_norm", "norm_output"}
 
 
 @dataclass
@@ -118,9 +121,18 @@ class Doctor:
         return int(self.config.get("ttt_steps", 3))
 
     @cached_property
+    def trained_positions(self) -> int:
+        """Draft positions the run trained: its TTT steps, or where the family's config names a block
+        (DFlash's block_size: the anchor and its draft slots), the block's draft slots."""
+        block = getattr(self.drafter.config, "block_size", None)
+        return int(block) - 1 if block else self.ttt_steps
+
+    @cached_property
     def steps(self) -> int:
-        """Draft positions measured: the trained ones and two more (where too few TTT steps show)."""
-        return min(MAX_TTT_STEPS, self.ttt_steps + 2)
+        """Draft positions measured: the trained ones and two more (where too few TTT steps show); a
+        block family drafts no further than its block, so only its trained slots."""
+        extra = 0 if getattr(self.drafter.config, "block_size", None) else 2
+        return min(MAX_TTT_STEPS, self.trained_positions + extra)
 
     @cached_property
     def held_out(self) -> list[int]:
@@ -169,22 +181,40 @@ def rates_of(metrics: dict, steps: int) -> list[float]:
     return [float(metrics[f"cond_acc_{k}"]) for k in range(steps)]
 
 
-def drafter_unchecked(folder: Path, target, d2t: torch.Tensor | None = None):
-    """The drafter in `folder` as a serving engine would run it: a speculators config.json and its
-    tensors, with the d2t/t2d it ships (or `d2t`) even where they break the convention. Other layouts
-    load through the checked loader."""
+def served_config(config: dict, where: str):
+    """The drafter config a serving engine builds from a speculators config.json: the top-level fields
+    only (vLLM never reads specdraft's own "specdraft" block), parsed by the family's own reader, so
+    each family's names (eagle_aux_hidden_state_layer_ids, aux_hidden_state_layer_ids, ...) apply."""
+    top = {k: v for k, v in config.items() if k != "specdraft"}
+    return family(config["speculators_model_type"]).parse_config(top, where)
+
+
+def served_differences(trained, served) -> dict:
+    """{field: [as trained, as served]} for every config field a serving engine reads."""
+    ours, theirs = asdict(trained), asdict(served)
+    return {f: [ours[f], theirs.get(f)] for f in ours
+            if f not in BLOCK_ONLY_FIELDS and ours[f] != theirs.get(f)}
+
+
+def drafter_unchecked(folder: Path, target, d2t: torch.Tensor | None = None, as_served: bool = False):
+    """The drafter in `folder`: a speculators config.json and its tensors, with the d2t/t2d it ships
+    (or `d2t`) even where they break the convention. Its config is the one it trained with (the
+    "specdraft" block where there is one) or, `as_served`, the top-level fields a serving engine
+    reads. Other layouts load through the checked loader."""
     config = read_json(folder / "config.json", "drafter config")
     if "speculators_model_type" not in config:
         tensors, cfg, _ = load_checkpoint(folder)
     else:
-        cfg = family(config["speculators_model_type"]).parse_config(config, str(folder))
+        read = served_config if as_served else family(config["speculators_model_type"]).parse_config
+        cfg = read(config, str(folder))
         tensors = read_weights(folder)
     if d2t is not None:
         tensors["d2t"] = d2t
         tensors["t2d"] = vocab.t2d_from_d2t(d2t, cfg.vocab_size)
     if "embed_tokens.weight" not in tensors:
         tensors["embed_tokens.weight"] = target.model.get_input_embeddings().weight.detach().float()
-    tensors["d2t"] = tensors["d2t"].long()
+    if "d2t" in tensors:             # a family may ship none (a draft vocab that is the target's)
+        tensors["d2t"] = tensors["d2t"].long()
     if "t2d" in tensors:
         tensors["t2d"] = tensors["t2d"].bool()
     net = family_of(cfg).build(cfg)
@@ -193,9 +223,11 @@ def drafter_unchecked(folder: Path, target, d2t: torch.Tensor | None = None):
 
 
 def mapping_of(folder: Path) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(d2t, t2d or None) as stored in a checkpoint folder's weights."""
+    """(d2t, t2d or None) as stored in a checkpoint folder's weights; no d2t is the identity (offsets
+    of zero over the lm_head's rows)."""
     tensors = read_weights(folder)
-    return tensors["d2t"].long(), (tensors["t2d"].bool() if "t2d" in tensors else None)
+    d2t = tensors["d2t"].long() if "d2t" in tensors else torch.zeros(tensors["lm_head.weight"].shape[0], dtype=torch.long)
+    return d2t, (tensors["t2d"].bool() if "t2d" in tensors else None)
 
 
 def mapping_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, where: str, vocab_size: int) -> str | None:
@@ -294,10 +326,29 @@ def check_aux_layers(d: Doctor) -> Finding:
         loss = d.tau - tau_of(d.metrics_of(d.drafter, served), d.steps)
         evidence["tau_with_checkpoint_layers"] = fmt(d.tau - loss)
     layers = ",".join(map(str, served))
+    key = aux_ids_key(read_json(d.checkpoint / "config.json", "drafter config"), str(d.checkpoint))
     return Finding("aux_layers", holds, evidence, loss,
-                   f"set eagle_aux_hidden_state_layer_ids to {trained} in {d.checkpoint}/config.json (the layers "
+                   f"set {key} to {trained} in {d.checkpoint}/config.json (the layers "
                    f"it trained on), or capture them: specdraft capture --layers {layers} and retrain",
                    f"the checkpoint names aux layers {served}, the run trained on {trained}")
+
+
+def aux_ids_key(config: dict, where: str) -> str:
+    """The top-level config.json field the serving engine reads the aux layer ids from, as the family's
+    own reader says (eagle_aux_hidden_state_layer_ids for EAGLE-3, aux_hidden_state_layer_ids for
+    DFlash): the list of ints whose change changes the served aux_layer_ids."""
+    if "speculators_model_type" in config:
+        served = served_config(config, where).aux_layer_ids
+        for name, value in config.items():
+            if name == "specdraft" or not (isinstance(value, list) and value and all(type(v) is int for v in value)):
+                continue
+            try:
+                moved = served_config({**config, name: [v + 1 for v in value]}, where).aux_layer_ids
+            except SpecdraftError:
+                continue
+            if moved != served:
+                return name
+    return "the aux layer ids"
 
 
 def check_template(d: Doctor) -> Finding:
@@ -410,34 +461,45 @@ def check_overfit(d: Doctor) -> Finding:
 
 
 def check_depth_decay(d: Doctor) -> Finding:
-    """Per-position acceptance past the TTT-trained positions against within them: a drop beyond
-    DEPTH_DROP means the chain runs on inputs training never showed it. The loss is τ with the
-    untrained positions at the trained positions' level."""
+    """Acceptance at the first draft position past the trained ones against within them: a drop
+    beyond DEPTH_DROP means the chain runs on inputs training never showed it. The first untrained
+    position is the measure because every chain that gets past the trained positions meets it; the
+    conditional acceptance further on is measured only on the chains that survived it (the easy
+    stretches) and rises again, so a mean over all untrained positions hides the drop. The loss is τ
+    with each untrained position at least at the trained positions' level."""
     rates = rates_of(d.measured, d.steps)
-    n = d.ttt_steps
-    trained = rates[1:n] if n > 1 else rates[:1]
+    n = d.trained_positions
+    trained = rates[1:n] if n > 1 else rates[:1]      # position 0 reads the target's states, 1.. the drafter's own
     untrained = rates[n:]
-    evidence = {"cond_acc": [fmt(a) for a in rates], "ttt_steps": n, "threshold": DEPTH_DROP}
+    evidence = {"cond_acc": [fmt(a) for a in rates], "trained_positions": n, "threshold": DEPTH_DROP}
     if not untrained:
-        return Finding("depth_decay", False, {**evidence, "skipped": f"{n} TTT steps: no untrained position measured"})
-    level, past = float(np.mean(trained)), float(np.mean(untrained))
-    holds = past < level - DEPTH_DROP
-    loss = chain_accept_lengths(rates[:n] + [level] * len(untrained))[-1] - d.tau if holds else None
+        return Finding("depth_decay", False, {**evidence, "skipped": f"{n} trained draft positions: no untrained "
+                                                                     "position measured"})
+    level, first = float(np.mean(trained)), untrained[0]
+    holds = first < level - DEPTH_DROP
+    loss = chain_accept_lengths(rates[:n] + [max(a, level) for a in untrained])[-1] - d.tau if holds else None
     vocab_path = d.config.get("vocab", "WS/vocab.safetensors")
-    return Finding("depth_decay", holds, {**evidence, "trained_mean": fmt(level), "untrained_mean": fmt(past)}, loss,
+    return Finding("depth_decay", holds,
+                   {**evidence, "trained_mean": fmt(level), "first_untrained": fmt(first), "drop": fmt(level - first)},
+                   loss,
                    f"specdraft train --out {d.run}-ttt{d.steps} --store {d.store.root} --vocab {vocab_path} "
                    f"--ttt-steps {d.steps} --from-pretrained {d.checkpoint}",
-                   f"acceptance {past:.2f} past the {n} trained draft positions vs {level:.2f} within them")
+                   f"acceptance {first:.2f} at draft position {n + 1}, the first past the {n} trained ones, "
+                   f"vs {level:.2f} within them")
 
 
 def check_below_baseline(d: Doctor) -> Finding:
-    """The baseline watch (watch.py) replayed against config.yaml's --baseline; the loss is the
-    baseline's val τ minus the run's at the run's last tokens_seen."""
+    """The baseline watch (watch.py) replayed with the run's own watch settings against config.yaml's
+    --baseline; the evidence adds the training settings in which the two runs differ (the likely
+    cause: an init, an lr); the loss is the baseline's val τ minus the run's at the run's last
+    tokens_seen."""
     base = d.config.get("baseline")
     if not base or not Path(base).exists():
         return Finding("below_baseline", False, {"skipped": f"no baseline run ({base or 'none in config.yaml'})"})
     cfg = WatchConfig(split=d.config.get("watch_split", "val"), metric=d.config.get("watch_metric", "full_acc_0"),
-                      margin=float(d.config.get("watch_margin", 0.05)))
+                      margin=float(d.config.get("watch_margin", 0.05)),
+                      warmup_tokens=float(d.config.get("watch_warmup_tokens", 0)),
+                      min_points=int(d.config.get("watch_min_points", 2)))
     watch = BaselineWatch.from_run(base, cfg)
     for i, rec in enumerate(d.metrics.records):
         watch.update(rec, d.metrics.where(i))
@@ -446,12 +508,47 @@ def check_below_baseline(d: Doctor) -> Finding:
     base_curve = BaselineWatch.from_run(base, WatchConfig(metric="accept_len"))._base
     at = BaselineWatch._at(base_curve, float(x[-1])) if len(x) else None
     loss = at - float(y[-1]) if verdict is not None and at is not None else None
-    evidence = {"verdict": verdict.message if verdict else "level with or ahead of the baseline", "baseline": str(base)}
+    evidence = {"verdict": verdict.message if verdict else "level with or ahead of the baseline", "baseline": str(base),
+                "settings_that_differ": settings_that_differ(d.config, base)}
+    if verdict is not None and verdict.evidence:
+        last = verdict.evidence[-1]
+        evidence.update(metric=cfg.metric, run_value=fmt(last.run), baseline_value=fmt(last.baseline),
+                        at_tokens=int(last.tokens_seen), margin=cfg.margin)
     if at is not None:
         evidence.update(val_tau=fmt(y[-1]), baseline_val_tau=fmt(at), tokens_seen=int(x[-1]))
+    flags = "".join(train_flag(k, v[1]) for k, v in evidence["settings_that_differ"].items())
     return Finding("below_baseline", verdict is not None and verdict.kind == "behind", evidence, loss,
-                   f"train from scratch: specdraft train --out {d.run}-scratch --store {d.config.get('store')} "
-                   f"--vocab {d.config.get('vocab')}", verdict.message if verdict else "")
+                   f"train with the baseline's settings: specdraft train --out {d.run}-as-baseline "
+                   f"--store {d.config.get('store')} --vocab {d.config.get('vocab')}{flags}",
+                   verdict.message if verdict else "")
+
+
+# Settings that name the run or how it is logged and watched, not how it trains
+NOT_TRAINING_SETTINGS = {"out", "baseline", "stop_if_behind", "watch_split", "watch_metric", "watch_margin",
+                         "watch_warmup_tokens", "watch_min_points", "progress", "overwrite", "resume", "report_to",
+                         "log_every", "val_every", "save_every", "keep_step_checkpoints", "stop_after", "epochs"}
+
+
+def train_flag(name: str, value) -> str:
+    """` --name value` as `specdraft train` takes it; nothing for a setting the baseline left unset."""
+    option = name.replace("_", "-")
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return f" --{option}" if value else f" --no-{option}"
+    return f" --{option} {value}"
+
+
+def settings_that_differ(config: dict, baseline: str | Path) -> dict:
+    """{setting: [this run's, the baseline's]} for the training settings in which the two config.yaml
+    differ; {} where the baseline is a bare metrics.jsonl."""
+    folder = Path(baseline) if Path(baseline).is_dir() else Path(baseline).parent
+    path = run_layout.config_file(folder)
+    if not path.is_file():
+        return {}
+    theirs = load_yaml(path)
+    return {k: [config.get(k), theirs.get(k)] for k in sorted(set(config) | set(theirs))
+            if k not in NOT_TRAINING_SETTINGS and config.get(k) != theirs.get(k)}
 
 
 def check_round_cost(d: Doctor) -> Finding:
@@ -480,30 +577,43 @@ def check_round_cost(d: Doctor) -> Finding:
 
 
 def check_export_mismatch(d: Doctor) -> Finding:
-    """Each export in RUN/exports.json read back as a serving engine reads it, against the checkpoint
-    it came from: config fields and d2t. The loss is τ of the export as served minus τ of the run's."""
+    """The run's checkpoint and each export in RUN/exports.json read back as a serving engine reads
+    them (config.json's top-level fields, its d2t), against the config the run trained with (the
+    checkpoint's "specdraft" block): vLLM serves the top-level fields, so a config.json whose
+    top-level fields disagree with its own block is served differently from how it trained. The loss
+    is τ as served minus the run's τ, where the differences are ones the store can measure."""
     exports = (read_json(d.run / card.EXPORTS_FILE, "exports") if (d.run / card.EXPORTS_FILE).is_file() else {})
-    folders = [Path(e["out"]) for e in exports.get("exports") or [] if Path(e.get("out", "")).is_dir()]
-    if not folders:
-        return Finding("export_mismatch", False, {"skipped": "no export recorded in RUN/exports.json"})
-    ours = d.drafter.config
+    folders = [d.checkpoint] + [Path(e["out"]) for e in exports.get("exports") or []
+                                if Path(e.get("out", "")).is_dir()]
+    trained = d.drafter.config
     d2t, _ = mapping_of(d.checkpoint)
-    differ, worst = {}, None
+    differ, worst, unread = {}, None, []
     for folder in folders:
-        net = drafter_unchecked(folder, d.target)
-        fields = {f: [getattr(ours, f, None), getattr(net.config, f, None)] for f in EXPORT_FIELDS
-                  if getattr(ours, f, None) != getattr(net.config, f, None)}
-        if not torch.equal(net.d2t.long(), d2t):
+        config = read_json(folder / "config.json", "drafter config")
+        if "speculators_model_type" not in config:
+            unread.append(str(folder))          # another engine's layout: formats/ checks it on export
+            continue
+        net = drafter_unchecked(folder, d.target, as_served=True)
+        fields = served_differences(trained, net.config)
+        if not torch.equal(mapping_of(folder)[0], d2t):
             fields["d2t"] = "differs"
-        if fields:
-            differ[str(folder)] = fields
-            if set(fields) <= {"d2t", "aux_layer_ids", "norm_before_residual", "fc_norm", "norm_output"}:
-                tau = tau_of(d.metrics_of(net, list(net.config.aux_layer_ids)), d.steps)
-                worst = max(worst or 0.0, d.tau - tau)
-    evidence = {"exports": [str(f) for f in folders], "differences": differ}
+        if not fields:
+            continue
+        differ[str(folder)] = fields
+        served_layers = list(net.config.aux_layer_ids)
+        in_range = len(served_layers) == len(trained.aux_layer_ids) and all(0 < i < d.target.num_layers
+                                                                             for i in served_layers)
+        if set(fields) <= MEASURABLE_FIELDS and in_range:
+            tau = tau_of(d.metrics_of(net, served_layers), d.steps)
+            worst = max(worst or 0.0, d.tau - tau)
+    evidence = {"checked": [str(f) for f in folders], "differences": differ}
+    if unread:
+        evidence["not_speculators_layout"] = unread
     return Finding("export_mismatch", bool(differ), evidence, worst,
-                   f"re-export from the run: specdraft export {d.run} --format speculators --out EXPORT --overwrite",
-                   f"{len(differ)} export(s) would be served differently from how the run trained: "
+                   f"re-export from the run: specdraft export {d.run} --format speculators --out EXPORT --overwrite "
+                   "(its config.json top-level fields then match the run's)",
+                   f"{len(differ)} drafter folder(s) would be served differently from how the run trained "
+                   "(config.json top-level fields vs the run's config): "
                    + "; ".join(f"{k}: {', '.join(v)}" for k, v in differ.items()))
 
 
