@@ -20,6 +20,7 @@ from specdraft.errors import SpecdraftError
 
 WORDS = "the cat sat on a mat and ran to see its friend who was at home".split()
 DIGITS = "0 1 2 3 4 5 6 7 8 9 + - * / = ( ) # % $".split()
+FEW_SAMPLES = 12     # the overfit plant's store: 3 samples to train on (val_fraction 0.75), 9 held out
 
 
 def conversations(words, n, seed):
@@ -29,10 +30,12 @@ def conversations(words, n, seed):
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory, tiny_target):
-    """root/{data, hidden, vocab.safetensors, run (TTT 3, 16 epochs)}, prompts files of both domains."""
+    """root/{data, hidden, vocab.safetensors, run (TTT 3, 16 epochs)}, prompts files of both domains, and
+    the runs three plants need: ttt1 (TTT 1), lowlr (lr 1000x too small, --baseline run) and few
+    (data-few/hidden-few: the first 12 samples, 3 of them trained on for 30 epochs)."""
     from specdraft import vocab
     from specdraft.data.capture import capture
-    from specdraft.data.prepared import save_prepared
+    from specdraft.data.prepared import load_prepared, save_prepared
     from specdraft.data.render import end_of_turn_ids, template_sha256
     from specdraft.infer.bench import hf_greedy, prompt_ids
     from specdraft.targets import load_target
@@ -53,10 +56,18 @@ def ws(tmp_path_factory, tiny_target):
     save_prepared(root / "data", rows, {"target": target.identity, "chat_template_sha256": template_sha256(tok)})
     capture(model=str(tiny_target), data=root / "data", out=root / "hidden", dtype="float32", progress=False)
     vocab.build_from_data(root / "data", 96, root / "vocab.safetensors", model=str(tiny_target))
-    for name, ttt, epochs in (("run", 3, 16),):
-        train(RunConfig(out=str(root / name), store=str(root / "hidden"), vocab=str(root / "vocab.safetensors"),
-                        model=str(tiny_target), max_tokens=512, epochs=epochs, lr=3e-3, warmup_steps=2, log_every=1,
-                        val_every=5, val_fraction=0.25, progress=False, precision="fp32", ttt_steps=ttt))
+    few = load_prepared(root / "data")[0].select(range(FEW_SAMPLES))
+    save_prepared(root / "data-few", {c: list(few[c]) for c in rows}, load_prepared(root / "data")[1])
+    capture(model=str(tiny_target), data=root / "data-few", out=root / "hidden-few", dtype="float32", progress=False)
+    runs = {"run": {},                                               # healthy: every other plant starts from it
+            "ttt1": {"ttt_steps": 1, "epochs": 8},                   # depth_decay: one trained draft position
+            "lowlr": {"lr": 3e-6, "epochs": 2, "baseline": str(root / "run")},          # below_baseline
+            "few": {"store": str(root / "hidden-few"), "val_fraction": 0.75, "epochs": 30, "lr": 1e-2}}  # overfit
+    for name, changes in runs.items():
+        settings = dict(out=str(root / name), store=str(root / "hidden"), vocab=str(root / "vocab.safetensors"),
+                        model=str(tiny_target), max_tokens=512, epochs=16, lr=3e-3, warmup_steps=2, log_every=1,
+                        val_every=5, val_fraction=0.25, progress=False, precision="fp32", ttt_steps=3)
+        train(RunConfig(**{**settings, **changes}))
     for name, words, seed in (("same.jsonl", WORDS, 7), ("other.jsonl", DIGITS, 8)):
         (root / name).write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations(words, 8, seed)))
     return root
@@ -189,6 +200,80 @@ def test_undertrained_the_run_stopped_at_half_its_epochs(ws, tmp_path):
     assert ids(result)[0] == "undertrained", doctor.format_result(result)
 
 
+def test_depth_decay_a_run_trained_on_one_draft_position(ws, tmp_path):
+    """TTT 1: the drafter never saw its own hidden state as input, and the second draft position,
+    the first that reads it, drops far below the first."""
+    result = doctor.diagnose(copy_run(ws, tmp_path, "ttt1"))
+    assert ids(result)[0] == "depth_decay", doctor.format_result(result)
+    cause = result["causes"][0]
+    ev = cause["evidence"]
+    assert ev["trained_positions"] == 1 and len(ev["cond_acc"]) == 3
+    assert ev["drop"] > doctor.DEPTH_DROP and ev["first_untrained"] == ev["cond_acc"][1]
+    assert cause["estimated_tau_loss"] > 0 and "--ttt-steps 3" in cause["fix"]
+
+
+def test_overfit_three_samples_for_thirty_epochs(ws, tmp_path):
+    result = doctor.diagnose(copy_run(ws, tmp_path, "few"))
+    assert ids(result)[0] == "overfit", doctor.format_result(result)
+    cause = result["causes"][0]
+    ev = cause["evidence"]
+    assert ev["gap"] > doctor.OVERFIT_GAP and ev["train_acc_0"] - ev["val_acc_0"] == pytest.approx(ev["gap"], abs=1e-3)
+    assert cause["estimated_tau_loss"] > 0 and "--epochs" in cause["fix"]
+
+
+def test_below_baseline_a_run_with_a_far_too_small_lr(ws, tmp_path):
+    """lr 3e-6 against the healthy run (lr 3e-3) as its --baseline: behind at equal tokens_seen."""
+    result = doctor.diagnose(copy_run(ws, tmp_path, "lowlr"))
+    assert ids(result)[0] == "below_baseline", doctor.format_result(result)
+    cause = result["causes"][0]
+    ev = cause["evidence"]
+    assert ev["run_value"] < ev["baseline_value"] - ev["margin"] and ev["baseline"] == str(ws / "run")
+    assert ev["baseline_val_tau"] - ev["val_tau"] == pytest.approx(cause["estimated_tau_loss"], abs=1e-3)
+    assert ev["settings_that_differ"] == {"lr": [3e-6, 3e-3]} and "--lr 0.003" in cause["fix"]
+
+
+def test_export_mismatch_top_level_fields_vllm_reads(ws, tmp_path):
+    """config.json's top-level fields changed, its "specdraft" block left as trained: vLLM serves the
+    top level. In the run's own checkpoint (a norm flag) and in an export (the aux layer ids)."""
+    from specdraft.formats.checkpoints import export
+
+    run = copy_run(ws, tmp_path)
+    edit_top_level(run / "best", norm_before_residual=True)
+    result = doctor.diagnose(run)
+    assert ids(result)[0] == "export_mismatch", doctor.format_result(result)
+    cause = result["causes"][0]
+    assert cause["evidence"]["differences"] == {str(run / "best"): {"norm_before_residual": [False, True]}}
+    assert cause["estimated_tau_loss"] is not None and "specdraft export" in cause["fix"]
+
+    run = copy_run(ws, tmp_path / "second")                  # a fresh copy: its checkpoint as trained
+    export(run, tmp_path / "export", "speculators", speculative_tokens=3)
+    edit_top_level(tmp_path / "export", eagle_aux_hidden_state_layer_ids=[1, 3, 6])
+    result = doctor.diagnose(run)
+    assert ids(result)[0] == "export_mismatch", doctor.format_result(result)
+    differences = result["causes"][0]["evidence"]["differences"]
+    assert list(differences) == [str(tmp_path / "export")]
+    assert differences[str(tmp_path / "export")]["aux_layer_ids"][1] == [1, 3, 6]
+
+
+def test_served_config_for_every_family(tiny_target):
+    """Each registered family's config.json as export writes it is served as trained, and moving the
+    field its own reader takes the aux layer ids from (whatever the family calls it) is a difference."""
+    from transformers import AutoConfig
+
+    from specdraft import families
+
+    target_config = AutoConfig.from_pretrained(tiny_target)
+    for name in families.names():
+        fam = families.family(name)
+        cfg = fam.new_config(target_config, 96, [1, 4, 6], str(tiny_target), None)
+        config = json.loads(json.dumps(fam.checkpoint_config(cfg, "float32", 3, ["LlamaForCausalLM"])))
+        assert doctor.served_differences(cfg, doctor.served_config(config, name)) == {}, name
+        key = doctor.aux_ids_key(config, name)
+        assert key in config and config[key] == [1, 4, 6], (name, key)
+        moved = doctor.served_config({**config, key: [2, 4, 6]}, name)
+        assert doctor.served_differences(cfg, moved) == {"aux_layer_ids": [[1, 4, 6], [2, 4, 6]]}, name
+
+
 def test_export_mismatch_and_round_cost(ws, tmp_path):
     from specdraft.formats.checkpoints import export
 
@@ -238,6 +323,15 @@ def set_config(run, **fields):
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     cfg.update(fields)
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+
+def edit_top_level(folder, **fields):
+    """Change only the top-level fields of a drafter's config.json (what vLLM reads), as a hand edit or
+    another tool would, leaving specdraft's own block as the run trained."""
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg.update(fields)
+    path.write_text(json.dumps(cfg))
 
 
 def edit_config(folder, **fields):
