@@ -525,6 +525,22 @@ def plan_cmd(drafter: Optional[Path] = typer.Option(None, "--drafter", help="Dra
     print(json.dumps(result, indent=2) if as_json else plan.format_plan(result))
 
 
+@app.command("doctor")
+def doctor_cmd(run: Path = typer.Argument(..., help="Run folder (specdraft train --out)."),
+               model: Optional[str] = typer.Option(None, "--model", "-m", help="The target (default: the run's "
+                                                   "config.yaml model)."),
+               store: Optional[Path] = typer.Option(None, "--store", help="Hidden-state store (default: the run's)."),
+               prompts: Optional[str] = typer.Option(None, "--prompts", help="jsonl of the prompts you serve (or "
+                                                     "builtin-holdout): τ on them against τ on the store."),
+               as_json: bool = AS_JSON):
+    """Why is the acceptance low? Measured causes, ranked by the τ they cost, each with its evidence
+    and the fix as a command; RUN/doctor.json keeps the result."""
+    from specdraft.analysis import doctor
+
+    result = doctor.diagnose(run, model=model, store=store, prompts=prompts)
+    print(json.dumps(result, indent=2) if as_json else doctor.format_result(result))
+
+
 @app.command("report")
 def report_cmd(runs: List[Path] = typer.Argument(..., help="Run folders."),
                out: Optional[Path] = typer.Option(None, "--out", help="The HTML file (default: "

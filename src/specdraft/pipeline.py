@@ -202,15 +202,32 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
                         "--rounds", str(recipe.bench_rounds), "--out", str(run / "bench.json"),
                         *([] if recipe.draft_stop == "off" else ["--draft-stop", str(recipe.draft_stop)])], log)
     run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(ws / "export" / "speculators")], log)
+    bench = json.loads((run / "bench.json").read_text())
+    doctor_line = diagnose_low_tau(model, ws, run, bench)     # before the report, which shows it
     run_stage(console, ["report", str(run)], log)     # -> RUN/report.html
 
-    bench = json.loads((run / "bench.json").read_text())
     from specdraft.infer.bench import why_not_faster     # torch: not at the CLI's start
 
     summary = summarize(bench, time.perf_counter() - started)
     summary["why_not_faster"] = why_not_faster(bench)
+    summary["doctor"] = doctor_line
     print_summary(console, summary, run / "report.html")
     return summary
+
+
+LOW_TAU = 2.0   # below 2 tokens per round the drafter barely pays for its own step: say why
+
+
+def diagnose_low_tau(model: str, ws: Path, run: Path, bench: dict) -> str | None:
+    """When the bench's τ is below LOW_TAU, the doctor's top cause with its fix (RUN/doctor.json
+    keeps the whole diagnosis for the report); None otherwise."""
+    tau = (bench.get("methods") or {}).get("eagle3", {}).get("accept_len")
+    if not isinstance(tau, (int, float)) or tau >= LOW_TAU:
+        return None
+    from specdraft.analysis import doctor     # torch: not at the CLI's start
+
+    result = doctor.diagnose(run, model=model, store=ws / "hidden", prompts="builtin-holdout")
+    return doctor.top_cause_line(result) or f"doctor: τ {tau:.2f} < {LOW_TAU}, and no measured cause holds"
 
 
 def summarize(bench: dict, seconds: float) -> dict:
@@ -239,6 +256,8 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
     Console().print(table)
     if summary.get("why_not_faster"):
         console.print(summary["why_not_faster"], highlight=False, soft_wrap=True)
+    if summary.get("doctor"):
+        console.print(summary["doctor"], highlight=False, soft_wrap=True)
     console.print(f"total {summary['seconds'] / 60:.1f} min · report: [bold]{report}[/]", highlight=False)
 
 

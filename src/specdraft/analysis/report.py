@@ -215,7 +215,19 @@ def headline_html(run: Path) -> str:
     why = why_not_faster(bench) if isinstance(bench, dict) and isinstance(bench.get("methods"), dict) else None
     if why:
         rows.insert(2, ["why not faster", why, ""])
-    return f"<div class=headline><h2>{esc(run.name)}</h2>{table_html([], rows)}</div>"
+    return f"<div class=headline><h2>{esc(run.name)}</h2>{table_html([], rows)}{doctor_html(run)}</div>"
+
+
+def doctor_html(run: Path) -> str:
+    """The doctor's last findings (RUN/doctor.json, written by `specdraft doctor`), under the headline."""
+    found = read_json(run / "doctor.json", {"causes": list, "checked": list})
+    if not isinstance(found, dict):
+        return ""
+    rows = [[str(c.get("id")), str(c.get("summary", "")), number(c.get("estimated_tau_loss")), str(c.get("fix", ""))]
+            for c in found.get("causes") or [] if isinstance(c, dict)]
+    fine = ", ".join(str(c.get("id")) for c in found.get("checked") or [] if isinstance(c, dict))
+    table = table_html(["cause", "found", "est. τ loss", "fix"], rows) if rows else "<p>doctor: no cause found</p>"
+    return f"<h3>Why τ is what it is (specdraft doctor)</h3>{table}<p class=meta>checked and fine: {esc(fine)}</p>"
 
 
 def bench_html(run: Path) -> str:

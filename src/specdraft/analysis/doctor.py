@@ -1,0 +1,698 @@
+"""`specdraft doctor RUN`: why is the acceptance low? Measured causes, ranked by the τ they cost.
+
+Every check is one small function `check_ID(d) -> Finding` that measures one cause on the run's own
+files (config.yaml, metrics.jsonl, the checkpoint, the store and its prepared data, exports.json,
+plan.json) and, where the doctor can, on the drafter itself: simulated τ on the run's held-out store
+samples (train.objective's metrics, as `eval`), or on hidden states the target computes on the fly
+(as `probe`). A finding that holds names its evidence (numbers), the τ it is estimated to cost
+(`estimated_tau_loss`, None where no number can be measured), and the fix as a command. The causes
+that hold come first, largest estimated loss first (those without an estimate after them); the
+ones checked and fine are listed too, and those that could not be checked say why.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdraft import run_layout, vocab
+from specdraft.analysis.evaluate import chain_accept_lengths
+from specdraft.analysis.probe import drafter_metrics, sample_batch, target_hidden
+from specdraft.data.prepared import load_prepared
+from specdraft.data.render import encode, end_of_turn_ids, render_text, template_sha256
+from specdraft.data.store import HiddenStore
+from specdraft.errors import SpecdraftError
+from specdraft.families import family, family_of
+from specdraft.formats import card
+from specdraft.formats.checkpoints import load_checkpoint, resolve_checkpoint
+from specdraft.infer.bench import hf_greedy, prompt_ids, read_prompts
+from specdraft.infer.costmodel import best_option, chain_options
+from specdraft.io import read_json, write_json
+from specdraft.metrics import load_run
+from specdraft.targets import final_norm, load_target
+from specdraft.train.batches import split_samples
+from specdraft.train.config import MAX_TTT_STEPS, load_yaml
+from specdraft.vocab import check_mapping
+from specdraft.watch import BaselineWatch, WatchConfig
+from specdraft.weights import read_weights
+
+REPORT_FILE = "doctor.json"       # RUN/doctor.json: the last diagnosis (the report shows it)
+
+# Thresholds, each with why.
+COVERAGE_MAX_MISSING = 0.05   # a token the draft vocab lacks ends the chain there: 5% off every position compounds over K
+COVERAGE_TARGET = 0.99        # the draft vocab size suggested as the fix covers 99% of the target's own tokens
+TAU_GAP = 0.25                # τ differences below a quarter token are within the noise of a few dozen samples
+UNDERTRAINED_GAIN = 0.05      # τ still gained over the last quarter of training: more tokens would pay
+UNDERTRAINED_HORIZON = 3      # its loss: three more quarters, each gaining the last one's gain times the slowing ratio
+OVERFIT_GAP = 0.15            # train acc_0 above val acc_0 by this much: the drafter memorised its samples
+VAL_LOSS_RISE = 0.05          # val loss_0 this far (relative) above its minimum at the end: training past the best
+DEPTH_DROP = 0.15             # acceptance at untrained draft positions this far below trained ones: more TTT steps
+ROUND_COST_MARGIN = 0.10      # the chosen K's predicted tokens/s this far below the best K's: choose another K
+HELD_OUT_SAMPLES = 32         # samples per τ measurement: seconds on CPU, enough for a quarter-token resolution
+COVERAGE_TOKENS = 8192        # target next tokens whose coverage is counted
+PROMPT_TOKENS = 48            # tokens the target generates per --prompts prompt (the measured continuation)
+# Drafter config fields specdraft keeps only in its own block of config.json: no serving engine reads
+# them (the target's layer count, its name), so they are not compared with the top-level fields
+BLOCK_ONLY_FIELDS = ("target_num_layers", "verifier")
+# Served-config differences whose τ cost the doctor can measure on the store (the rest: unknown)
+MEASURABLE_FIELDS = {"d2t", "aux_layer_ids", "norm_before_residual", "fc_norm", "norm_output"}
+
+
+@dataclass
+class Finding:
+    id: str
+    holds: bool
+    evidence: dict
+    estimated_tau_loss: float | None = None
+    fix: str = ""
+    summary: str = ""              # one line: what was found
+
+
+@dataclass
+class Skipped:
+    id: str
+    why: str
+
+
+# ----------------------------------------------------------------------------- what the doctor reads
+
+@dataclass
+class Doctor:
+    """The run and everything it points to, each loaded once, on first use."""
+    run: Path
+    model: str | None = None
+    store_path: str | None = None
+    prompts: str | None = None
+
+    @cached_property
+    def config(self) -> dict:
+        path = run_layout.config_file(self.run)
+        return load_yaml(path) if path.is_file() else {}
+
+    @cached_property
+    def metrics(self):
+        path = run_layout.metrics_file(self.run)
+        return load_run(path) if path.is_file() else None
+
+    @cached_property
+    def checkpoint(self) -> Path:
+        return resolve_checkpoint(self.run)
+
+    @cached_property
+    def target(self):
+        return load_target(self.model or self.config.get("model", "default"),
+                           trust_remote_code=bool(self.config.get("trust_remote_code")))
+
+    @cached_property
+    def store(self) -> HiddenStore:
+        path = self.store_path or self.config.get("store")
+        if not path or not Path(path).exists():
+            raise SpecdraftError(f"doctor {self.run}: the store {path or '(none in config.yaml)'} is not there; "
+                                 "pass --store WS/hidden (the store the run trained on)")
+        return HiddenStore(path)
+
+    @cached_property
+    def ttt_steps(self) -> int:
+        return int(self.config.get("ttt_steps", 3))
+
+    @cached_property
+    def trained_positions(self) -> int:
+        """Draft positions the run trained: its TTT steps, or where the family's config names a block
+        (DFlash's block_size: the anchor and its draft slots), the block's draft slots."""
+        block = getattr(self.drafter.config, "block_size", None)
+        return int(block) - 1 if block else self.ttt_steps
+
+    @cached_property
+    def steps(self) -> int:
+        """Draft positions measured: the trained ones and two more (where too few TTT steps show); a
+        block family drafts no further than its block, so only its trained slots."""
+        extra = 0 if getattr(self.drafter.config, "block_size", None) else 2
+        return min(MAX_TTT_STEPS, self.trained_positions + extra)
+
+    @cached_property
+    def held_out(self) -> list[int]:
+        """The run's validation samples of the store (its own split), at most HELD_OUT_SAMPLES."""
+        _, val = split_samples(len(self.store), float(self.config.get("val_fraction", 0.05)),
+                               int(self.config.get("seed", 0)))
+        return (val or list(range(len(self.store))))[:HELD_OUT_SAMPLES]
+
+    @cached_property
+    def drafter(self):
+        """The checkpoint as served, built without the mapping check (a broken d2t is a finding here)."""
+        return drafter_unchecked(self.checkpoint, self.target)
+
+    @cached_property
+    def measured(self) -> dict:
+        """The drafter's TTT metrics on the held-out store samples, with the layers it trained on."""
+        return self.metrics_of(self.drafter)
+
+    @cached_property
+    def tau(self) -> float:
+        return tau_of(self.measured, self.steps)
+
+    def metrics_of(self, net, layer_ids: list[int] | None = None) -> dict:
+        """TTT metrics of `net` on the held-out samples: the stored aux states, or (other `layer_ids`)
+        the target's states at those layers, computed now."""
+        rows = [self.store[i] for i in self.held_out]
+        if layer_ids is None or list(layer_ids) == list(self.store.layer_ids):
+            batches = [sample_batch(r["input_ids"], r["aux"].float(), r["last"].float(), r["loss_mask"]) for r in rows]
+            return drafter_metrics(net, self.target.model, batches, self.steps)
+        return self.metrics_on_tokens(net, [r["input_ids"].tolist() for r in rows],
+                                      [r["loss_mask"].tolist() for r in rows], layer_ids)
+
+    def metrics_on_tokens(self, net, ids: list[list[int]], masks: list[list[int]], layer_ids=None) -> dict:
+        layer_ids = list(layer_ids or net.config.aux_layer_ids)
+        batches = (sample_batch(row, *target_hidden(self.target, [row], layer_ids), mask)
+                   for row, mask in zip(ids, masks))
+        return drafter_metrics(net, self.target.model, batches, self.steps)
+
+
+def tau_of(metrics: dict, steps: int) -> float:
+    """Simulated τ of a chain of `steps` drafts from TTT metrics."""
+    return chain_accept_lengths(rates_of(metrics, steps))[-1]
+
+
+def rates_of(metrics: dict, steps: int) -> list[float]:
+    return [float(metrics[f"cond_acc_{k}"]) for k in range(steps)]
+
+
+def served_config(config: dict, where: str):
+    """The drafter config a serving engine builds from a speculators config.json: the top-level fields
+    only (vLLM never reads specdraft's own "specdraft" block), parsed by the family's own reader, so
+    each family's names (eagle_aux_hidden_state_layer_ids, aux_hidden_state_layer_ids, ...) apply."""
+    top = {k: v for k, v in config.items() if k != "specdraft"}
+    return family(config["speculators_model_type"]).parse_config(top, where)
+
+
+def served_differences(trained, served) -> dict:
+    """{field: [as trained, as served]} for every config field a serving engine reads."""
+    ours, theirs = asdict(trained), asdict(served)
+    return {f: [ours[f], theirs.get(f)] for f in ours
+            if f not in BLOCK_ONLY_FIELDS and ours[f] != theirs.get(f)}
+
+
+def drafter_unchecked(folder: Path, target, d2t: torch.Tensor | None = None, as_served: bool = False):
+    """The drafter in `folder`: a speculators config.json and its tensors, with the d2t/t2d it ships
+    (or `d2t`) even where they break the convention. Its config is the one it trained with (the
+    "specdraft" block where there is one) or, `as_served`, the top-level fields a serving engine
+    reads. Other layouts load through the checked loader."""
+    config = read_json(folder / "config.json", "drafter config")
+    if "speculators_model_type" not in config:
+        tensors, cfg, _ = load_checkpoint(folder)
+    else:
+        read = served_config if as_served else family(config["speculators_model_type"]).parse_config
+        cfg = read(config, str(folder))
+        tensors = read_weights(folder)
+    if d2t is not None:
+        tensors["d2t"] = d2t
+        tensors["t2d"] = vocab.t2d_from_d2t(d2t, cfg.vocab_size)
+    if "embed_tokens.weight" not in tensors:
+        tensors["embed_tokens.weight"] = target.model.get_input_embeddings().weight.detach().float()
+    if "d2t" in tensors:             # a family may ship none (a draft vocab that is the target's)
+        tensors["d2t"] = tensors["d2t"].long()
+    if "t2d" in tensors:
+        tensors["t2d"] = tensors["t2d"].bool()
+    net = family_of(cfg).build(cfg)
+    net.load_state_dict(tensors, strict=False)
+    return net.float().eval()
+
+
+def mapping_of(folder: Path) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(d2t, t2d or None) as stored in a checkpoint folder's weights; no d2t is the identity (offsets
+    of zero over the lm_head's rows)."""
+    tensors = read_weights(folder)
+    d2t = tensors["d2t"].long() if "d2t" in tensors else torch.zeros(tensors["lm_head.weight"].shape[0], dtype=torch.long)
+    return d2t, (tensors["t2d"].bool() if "t2d" in tensors else None)
+
+
+def mapping_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, where: str, vocab_size: int) -> str | None:
+    try:
+        check_mapping(d2t, t2d, where, vocab_size)
+    except SpecdraftError as e:
+        return str(e)
+    return None
+
+
+def fmt(x: float) -> float:
+    return round(float(x), 4)
+
+
+def command_model(d: Doctor) -> str:
+    return d.model or d.config.get("model", "default")
+
+
+# ----------------------------------------------------------------------------- the causes, one function each
+
+def check_vocab_coverage(d: Doctor) -> Finding:
+    """The share of the target's own next tokens (argmax of its head over the store's `last` states,
+    on loss-masked positions) that the draft vocab cannot propose: each is a rejected draft."""
+    t2d = d.drafter.t2d.bool()
+    norm_w, eps = final_norm(d.target.model)
+    head = d.target.model.get_output_embeddings().weight.float()                      # [V, H]
+    tokens = []
+    for i in range(len(d.store)):
+        s = d.store[i]
+        last = s["last"].float()[s["loss_mask"].bool()]                                   # [n, H]
+        normed = last * torch.rsqrt(last.pow(2).mean(-1, keepdim=True) + eps) * norm_w.float()
+        tokens.append((normed @ head.T).argmax(-1))                                       # [n]
+        if sum(map(len, tokens)) >= COVERAGE_TOKENS:
+            break
+    own = torch.cat(tokens)[:COVERAGE_TOKENS]
+    missing = float((~t2d[own]).float().mean()) if own.numel() else 0.0
+    counts = torch.bincount(own, minlength=t2d.numel()).sort(descending=True).values
+    needed = int((counts.cumsum(0) < COVERAGE_TARGET * own.numel()).sum()) + 1
+    evidence = {"target_tokens_measured": int(own.numel()), "missing_share": fmt(missing),
+                "draft_vocab_size": int(t2d.sum()), "size_for_99pct": needed, "threshold": COVERAGE_MAX_MISSING}
+    holds = missing > COVERAGE_MAX_MISSING
+    loss = None
+    if holds:   # with every token proposable, each position's acceptance scales by 1 / coverage
+        rates = rates_of(d.measured, d.steps)
+        covered = [min(a / max(1 - missing, 1e-6), 1.0) for a in rates]
+        loss = chain_accept_lengths(covered)[-1] - d.tau
+    data = (d.store.manifest.get("data") or {}).get("path", "WS/data")
+    return Finding("vocab_coverage", holds, evidence, loss,
+                   f"specdraft vocab build --prepared {data} --size {max(needed, int(t2d.sum()))} --out "
+                   f"WS/vocab.safetensors, then retrain with --vocab WS/vocab.safetensors",
+                   f"{missing:.1%} of the target's own next tokens are outside the {int(t2d.sum())}-token draft vocab")
+
+
+def check_vocab_mapping(d: Doctor) -> Finding:
+    """d2t/t2d against the convention (offsets, ascending target ids), the vocab the run trained with
+    (positional matches) and the target's tokenizer; the loss is τ as shipped vs with the run's vocab."""
+    d2t, t2d = mapping_of(d.checkpoint)
+    problem = mapping_problem(d2t, t2d, str(d.checkpoint), d.target.vocab_size)
+    evidence: dict = {"convention": problem or "ok", "draft_vocab_size": int(d2t.numel())}
+    trained = None
+    vocab_path = d.config.get("vocab")
+    if vocab_path and Path(vocab_path).is_file():
+        trained = vocab.load(vocab_path)
+        shipped = vocab.Vocab(d2t, t2d if t2d is not None else vocab.t2d_from_d2t(d2t, trained.target_vocab_size))
+        diff = vocab.diff(trained, shipped)
+        evidence["positional_matches"] = f"{diff['positional_matches']['count']}/{diff['positional_matches']['of']}"
+        tokenizer = trained.meta.get("tokenizer")
+        if tokenizer:
+            evidence["tokenizer_matches_target"] = tokenizer == vocab.tokenizer_fingerprint(d.target.tokenizer)
+    matches = evidence.get("positional_matches", "1/1").split("/")
+    holds = bool(problem) or matches[0] != matches[1] or evidence.get("tokenizer_matches_target") is False
+    loss = None
+    if holds and trained is not None and trained.draft_vocab_size == d2t.numel():
+        fixed = drafter_unchecked(d.checkpoint, d.target, d2t=trained.d2t)
+        loss = tau_of(d.metrics_of(fixed), d.steps) - d.tau
+        evidence["tau_with_run_vocab"] = fmt(loss + d.tau)
+    return Finding("vocab_mapping", holds, evidence, loss,
+                   f"specdraft vocab diff {vocab_path or 'WS/vocab.safetensors'} {d.checkpoint} (see which rows "
+                   f"moved), then re-save the drafter with the run's d2t/t2d: specdraft train --out RUN-fixed "
+                   f"--from-pretrained {d.checkpoint} --vocab {vocab_path or 'WS/vocab.safetensors'} --remap",
+                   problem or f"the shipped d2t matches the run's vocab at {evidence.get('positional_matches')} "
+                                "draft positions")
+
+
+def check_aux_layers(d: Doctor) -> Finding:
+    """The layers the checkpoint's config names (what vLLM taps) against the layers the store holds
+    (what the run trained on) and the target's range; the loss is τ fed the named layers."""
+    served = list(d.drafter.config.aux_layer_ids)
+    trained = list(d.store.layer_ids)
+    L = d.target.num_layers
+    evidence = {"checkpoint_config": served, "store": trained, "target_layers": L}
+    outside = [i for i in served if not 0 < i < L]
+    holds = served != trained or bool(outside)
+    loss = None
+    if holds and not outside and len(served) == len(trained):
+        loss = d.tau - tau_of(d.metrics_of(d.drafter, served), d.steps)
+        evidence["tau_with_checkpoint_layers"] = fmt(d.tau - loss)
+    layers = ",".join(map(str, served))
+    key = aux_ids_key(read_json(d.checkpoint / "config.json", "drafter config"), str(d.checkpoint))
+    return Finding("aux_layers", holds, evidence, loss,
+                   f"set {key} to {trained} in {d.checkpoint}/config.json (the layers "
+                   f"it trained on), or capture them: specdraft capture --layers {layers} and retrain",
+                   f"the checkpoint names aux layers {served}, the run trained on {trained}")
+
+
+def aux_ids_key(config: dict, where: str) -> str:
+    """The top-level config.json field the serving engine reads the aux layer ids from, as the family's
+    own reader says (eagle_aux_hidden_state_layer_ids for EAGLE-3, aux_hidden_state_layer_ids for
+    DFlash): the list of ints whose change changes the served aux_layer_ids."""
+    if "speculators_model_type" in config:
+        served = served_config(config, where).aux_layer_ids
+        for name, value in config.items():
+            if name == "specdraft" or not (isinstance(value, list) and value and all(type(v) is int for v in value)):
+                continue
+            try:
+                moved = served_config({**config, name: [v + 1 for v in value]}, where).aux_layer_ids
+            except SpecdraftError:
+                continue
+            if moved != served:
+                return name
+    return "the aux layer ids"
+
+
+def check_template(d: Doctor) -> Finding:
+    """The prompt part of each held-out sample (everything before its first assistant token) against
+    the same messages rendered now with the target's chat template (a system prompt, a thinking
+    flag), plus the template hashes; the loss is τ on the store minus τ on those samples with the
+    target's prompt rendering and the same answers."""
+    data = (d.store.manifest.get("data") or {}).get("path")
+    if not data or not Path(data).is_dir():
+        return Finding("template", False, {"skipped": f"prepared data {data} not found"})
+    ds, meta = load_prepared(data)
+    tok = d.target.tokenizer
+    evidence = {"data_template": str(meta.get("chat_template_sha256"))[:12],
+                "target_template": template_sha256(tok)[:12]}
+    ids, masks, changed = [], [], 0
+    for row in (ds.select(d.held_out) if "messages" in ds.column_names else []):
+        messages = json.loads(row["messages"]) if isinstance(row["messages"], str) else row["messages"]
+        first = next((i for i, m in enumerate(messages or []) if m.get("role") == "assistant" and i > 0), None)
+        start = next((j for j, m in enumerate(row["loss_mask"]) if m), None)
+        if first is None or start is None:
+            continue
+        prompt = encode(tok, render_text(tok, messages[:first], True))
+        changed += prompt != list(row["input_ids"][:start])
+        ids.append(prompt + list(row["input_ids"][start:]))
+        masks.append([0] * len(prompt) + list(row["loss_mask"][start:]))
+    evidence["samples_rerendered"], evidence["prompts_changed"] = len(ids), changed
+    holds = evidence["data_template"] != evidence["target_template"] or changed > 0
+    loss = None
+    if holds and ids:
+        loss = d.tau - tau_of(d.metrics_on_tokens(d.drafter, ids, masks), d.steps)
+        evidence["tau_with_target_template"] = fmt(d.tau - loss)
+    return Finding("template", holds, evidence, loss,
+                   f"specdraft prepare --model {command_model(d)} --conversations SOURCE --regenerate --out "
+                   f"WS/data-{evidence['target_template'][:8]} (render with the template the target serves with), "
+                   "then capture and retrain",
+                   f"{changed} of {len(ids)} prompts render differently with the target's chat template "
+                   f"(template {evidence['data_template'][:8]} in the data, {evidence['target_template'][:8]} served)")
+
+
+def check_prompt_shift(d: Doctor) -> Finding:
+    """τ on the held-out store samples against τ on --prompts (the target's own greedy continuation
+    of each, PROMPT_TOKENS long): far lower on the prompts means they are not what the drafter saw."""
+    convs = read_prompts(d.prompts, limit=HELD_OUT_SAMPLES)
+    tok, model = d.target.tokenizer, d.target.model
+    ends = set(end_of_turn_ids(tok))
+    ids, masks = [], []
+    with torch.no_grad():
+        for messages in convs:
+            prompt = prompt_ids(tok, messages)
+            new = hf_greedy(model, prompt, PROMPT_TOKENS, ends).token_ids
+            ids.append(prompt + new)
+            masks.append([0] * len(prompt) + [1] * len(new))
+    on_prompts = tau_of(d.metrics_on_tokens(d.drafter, ids, masks), d.steps)
+    gap = d.tau - on_prompts
+    evidence = {"tau_store_held_out": fmt(d.tau), "tau_prompts": fmt(on_prompts), "prompts": len(ids),
+                "threshold": TAU_GAP}
+    return Finding("prompt_shift", gap > TAU_GAP, evidence, gap if gap > TAU_GAP else None,
+                   f"specdraft prepare --model {command_model(d)} --conversations {d.prompts} --regenerate --out "
+                   "WS/data-prompts, capture it and train on both stores' kind of data",
+                   f"τ {on_prompts:.2f} on your prompts vs {d.tau:.2f} on the store's held-out samples")
+
+
+def val_curve(d: Doctor, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    points = [(r["tokens_seen"], r[metric]) for r in d.metrics.split("val")
+              if r.get("tokens_seen") is not None and r.get(metric) is not None]
+    return np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+
+
+def check_undertrained(d: Doctor) -> Finding:
+    """The val τ still rising at the end: its gain over the last quarter of tokens; the loss is what
+    the curve, continued at its own slowing rate, has left to gain."""
+    x, y = val_curve(d, "accept_len")
+    if len(x) < 3:
+        return Finding("undertrained", False, {"skipped": f"{len(x)} val points with accept_len (3 needed)"})
+    quarter = x[-1] - (x[-1] - x[0]) / 4
+    last_gain = float(y[-1] - np.interp(quarter, x, y))
+    before = float(np.interp(quarter, x, y) - np.interp(quarter - (x[-1] - quarter), x, y))
+    evidence = {"val_tau_end": fmt(y[-1]), "gain_last_quarter": fmt(last_gain), "gain_quarter_before": fmt(before),
+                "tokens_seen": int(x[-1]), "threshold": UNDERTRAINED_GAIN}
+    holds = last_gain > UNDERTRAINED_GAIN
+    ratio = min(last_gain / before, 1.0) if before > 0 else 1.0
+    loss = sum(last_gain * ratio ** j for j in range(1, UNDERTRAINED_HORIZON + 1)) if holds else None
+    return Finding("undertrained", holds, evidence, loss,
+                   f"specdraft train --out {d.run} --resume --epochs {int(d.config.get('epochs', 1)) * 2}",
+                   f"val τ gained {last_gain:+.2f} over the last quarter of training and is still rising")
+
+
+def check_overfit(d: Doctor) -> Finding:
+    """Train acc_0 (mean of the last train records) against the last val acc_0, and val loss_0 rising
+    from its minimum; the loss is the val τ given up since the best val point."""
+    _, acc = val_curve(d, "full_acc_0")
+    _, loss_0 = val_curve(d, "loss_0")
+    _, tau = val_curve(d, "accept_len")
+    train = [r["full_acc_0"] for r in d.metrics.split("train") if r.get("full_acc_0") is not None][-5:]
+    if not len(acc) or not train:
+        return Finding("overfit", False, {"skipped": "no train and val full_acc_0 in metrics.jsonl"})
+    gap = float(np.mean(train) - acc[-1])
+    rise = float(loss_0[-1] / loss_0.min() - 1) if len(loss_0) and loss_0.min() > 0 else 0.0
+    evidence = {"train_acc_0": fmt(np.mean(train)), "val_acc_0": fmt(acc[-1]), "gap": fmt(gap),
+                "val_loss_rise": fmt(rise), "thresholds": {"gap": OVERFIT_GAP, "val_loss_rise": VAL_LOSS_RISE}}
+    holds = gap > OVERFIT_GAP or rise > VAL_LOSS_RISE
+    train_tau = [r["accept_len"] for r in d.metrics.split("train") if r.get("accept_len") is not None][-5:]
+    loss = None   # what generalising as well as it fits its training samples would add, or the τ given up since the best val
+    if holds and len(tau) and train_tau:
+        loss = max(float(np.mean(train_tau) - tau[-1]), float(tau.max() - tau[-1]))
+    return Finding("overfit", holds, evidence, loss,
+                   f"more data: specdraft prepare --limit N (more samples) --regenerate, capture, and train with "
+                   f"fewer --epochs than {d.config.get('epochs', '?')}; serve {run_layout.best_dir(d.run)}",
+                   f"train acc_0 {np.mean(train):.2f} vs val {acc[-1]:.2f}; val loss_0 {rise:+.0%} from its minimum")
+
+
+def check_depth_decay(d: Doctor) -> Finding:
+    """Acceptance at the first draft position past the trained ones against within them: a drop
+    beyond DEPTH_DROP means the chain runs on inputs training never showed it. The first untrained
+    position is the measure because every chain that gets past the trained positions meets it; the
+    conditional acceptance further on is measured only on the chains that survived it (the easy
+    stretches) and rises again, so a mean over all untrained positions hides the drop. The loss is τ
+    with each untrained position at least at the trained positions' level."""
+    rates = rates_of(d.measured, d.steps)
+    n = d.trained_positions
+    trained = rates[1:n] if n > 1 else rates[:1]      # position 0 reads the target's states, 1.. the drafter's own
+    untrained = rates[n:]
+    evidence = {"cond_acc": [fmt(a) for a in rates], "trained_positions": n, "threshold": DEPTH_DROP}
+    if not untrained:
+        return Finding("depth_decay", False, {**evidence, "skipped": f"{n} trained draft positions: no untrained "
+                                                                     "position measured"})
+    level, first = float(np.mean(trained)), untrained[0]
+    holds = first < level - DEPTH_DROP
+    loss = chain_accept_lengths(rates[:n] + [max(a, level) for a in untrained])[-1] - d.tau if holds else None
+    vocab_path = d.config.get("vocab", "WS/vocab.safetensors")
+    return Finding("depth_decay", holds,
+                   {**evidence, "trained_mean": fmt(level), "first_untrained": fmt(first), "drop": fmt(level - first)},
+                   loss,
+                   f"specdraft train --out {d.run}-ttt{d.steps} --store {d.store.root} --vocab {vocab_path} "
+                   f"--ttt-steps {d.steps} --from-pretrained {d.checkpoint}",
+                   f"acceptance {first:.2f} at draft position {n + 1}, the first past the {n} trained ones, "
+                   f"vs {level:.2f} within them")
+
+
+def check_below_baseline(d: Doctor) -> Finding:
+    """The baseline watch (watch.py) replayed with the run's own watch settings against config.yaml's
+    --baseline; the evidence adds the training settings in which the two runs differ (the likely
+    cause: an init, an lr); the loss is the baseline's val τ minus the run's at the run's last
+    tokens_seen."""
+    base = d.config.get("baseline")
+    if not base or not Path(base).exists():
+        return Finding("below_baseline", False, {"skipped": f"no baseline run ({base or 'none in config.yaml'})"})
+    cfg = WatchConfig(split=d.config.get("watch_split", "val"), metric=d.config.get("watch_metric", "full_acc_0"),
+                      margin=float(d.config.get("watch_margin", 0.05)),
+                      warmup_tokens=float(d.config.get("watch_warmup_tokens", 0)),
+                      min_points=int(d.config.get("watch_min_points", 2)))
+    watch = BaselineWatch.from_run(base, cfg)
+    for i, rec in enumerate(d.metrics.records):
+        watch.update(rec, d.metrics.where(i))
+    verdict = watch.verdict
+    x, y = val_curve(d, "accept_len")
+    base_curve = BaselineWatch.from_run(base, WatchConfig(metric="accept_len"))._base
+    at = BaselineWatch._at(base_curve, float(x[-1])) if len(x) else None
+    loss = at - float(y[-1]) if verdict is not None and at is not None else None
+    evidence = {"verdict": verdict.message if verdict else "level with or ahead of the baseline", "baseline": str(base),
+                "settings_that_differ": settings_that_differ(d.config, base)}
+    if verdict is not None and verdict.evidence:
+        last = verdict.evidence[-1]
+        evidence.update(metric=cfg.metric, run_value=fmt(last.run), baseline_value=fmt(last.baseline),
+                        at_tokens=int(last.tokens_seen), margin=cfg.margin)
+    if at is not None:
+        evidence.update(val_tau=fmt(y[-1]), baseline_val_tau=fmt(at), tokens_seen=int(x[-1]))
+    flags = "".join(train_flag(k, v[1]) for k, v in evidence["settings_that_differ"].items())
+    return Finding("below_baseline", verdict is not None and verdict.kind == "behind", evidence, loss,
+                   f"train with the baseline's settings: specdraft train --out {d.run}-as-baseline "
+                   f"--store {d.config.get('store')} --vocab {d.config.get('vocab')}{flags}",
+                   verdict.message if verdict else "")
+
+
+# Settings that name the run or how it is logged and watched, not how it trains
+NOT_TRAINING_SETTINGS = {"out", "baseline", "stop_if_behind", "watch_split", "watch_metric", "watch_margin",
+                         "watch_warmup_tokens", "watch_min_points", "progress", "overwrite", "resume", "report_to",
+                         "log_every", "val_every", "save_every", "keep_step_checkpoints", "stop_after", "epochs"}
+
+
+def train_flag(name: str, value) -> str:
+    """` --name value` as `specdraft train` takes it; nothing for a setting the baseline left unset."""
+    option = name.replace("_", "-")
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return f" --{option}" if value else f" --no-{option}"
+    return f" --{option} {value}"
+
+
+def settings_that_differ(config: dict, baseline: str | Path) -> dict:
+    """{setting: [this run's, the baseline's]} for the training settings in which the two config.yaml
+    differ; {} where the baseline is a bare metrics.jsonl."""
+    folder = Path(baseline) if Path(baseline).is_dir() else Path(baseline).parent
+    path = run_layout.config_file(folder)
+    if not path.is_file():
+        return {}
+    theirs = load_yaml(path)
+    return {k: [config.get(k), theirs.get(k)] for k in sorted(set(config) | set(theirs))
+            if k not in NOT_TRAINING_SETTINGS and config.get(k) != theirs.get(k)}
+
+
+def check_round_cost(d: Doctor) -> Finding:
+    """plan's cost model with the measured latencies (RUN/plan.json) and the measured acceptance: does
+    the K the run was exported with lose to another K? The loss is the τ the chosen K would need on
+    top of its own to match the best K's tokens/s."""
+    exports = (read_json(d.run / card.EXPORTS_FILE, "exports") if (d.run / card.EXPORTS_FILE).is_file() else {})
+    chosen = [e.get("num_speculative_tokens") for e in exports.get("exports") or [] if e.get("num_speculative_tokens")]
+    plan_file = d.run / "plan.json"
+    if not chosen or not plan_file.is_file():
+        return Finding("round_cost", False, {"skipped": "needs RUN/exports.json (the served K) and RUN/plan.json "
+                                                        "(measured costs: specdraft plan --run RUN)"})
+    timing = read_json(plan_file, "plan")
+    k = int(chosen[-1])
+    rates = rates_of(d.measured, d.steps)
+    options = chain_options(rates, timing["verify_ms"], float(timing["draft_ms"]), max(k, len(timing["verify_ms"]) - 1))
+    best, mine = best_option(options), options[k]
+    deficit = 1 - mine.tokens_per_s / best.tokens_per_s
+    evidence = {"chosen_k": k, "chosen_tokens_per_s": fmt(mine.tokens_per_s), "best_k": best.k,
+                "best_tokens_per_s": fmt(best.tokens_per_s), "verify_ms": timing["verify_ms"],
+                "draft_ms": timing["draft_ms"], "threshold": ROUND_COST_MARGIN}
+    holds = deficit > ROUND_COST_MARGIN
+    return Finding("round_cost", holds, evidence, mine.tokens_per_cycle * deficit / (1 - deficit) if holds else None,
+                   f"specdraft export {d.run} --num-speculative-tokens {best.k} --out EXPORT (or serve with -k auto)",
+                   f"K={k} predicts {mine.tokens_per_s:.1f} tok/s, K={best.k} {best.tokens_per_s:.1f}")
+
+
+def check_export_mismatch(d: Doctor) -> Finding:
+    """The run's checkpoint and each export in RUN/exports.json read back as a serving engine reads
+    them (config.json's top-level fields, its d2t), against the config the run trained with (the
+    checkpoint's "specdraft" block): vLLM serves the top-level fields, so a config.json whose
+    top-level fields disagree with its own block is served differently from how it trained. The loss
+    is τ as served minus the run's τ, where the differences are ones the store can measure."""
+    exports = (read_json(d.run / card.EXPORTS_FILE, "exports") if (d.run / card.EXPORTS_FILE).is_file() else {})
+    folders = [d.checkpoint] + [Path(e["out"]) for e in exports.get("exports") or []
+                                if Path(e.get("out", "")).is_dir()]
+    trained = d.drafter.config
+    d2t, _ = mapping_of(d.checkpoint)
+    differ, worst, unread = {}, None, []
+    for folder in folders:
+        config = read_json(folder / "config.json", "drafter config")
+        if "speculators_model_type" not in config:
+            unread.append(str(folder))          # another engine's layout: formats/ checks it on export
+            continue
+        net = drafter_unchecked(folder, d.target, as_served=True)
+        fields = served_differences(trained, net.config)
+        if not torch.equal(mapping_of(folder)[0], d2t):
+            fields["d2t"] = "differs"
+        if not fields:
+            continue
+        differ[str(folder)] = fields
+        served_layers = list(net.config.aux_layer_ids)
+        in_range = len(served_layers) == len(trained.aux_layer_ids) and all(0 < i < d.target.num_layers
+                                                                             for i in served_layers)
+        if set(fields) <= MEASURABLE_FIELDS and in_range:
+            tau = tau_of(d.metrics_of(net, served_layers), d.steps)
+            worst = max(worst or 0.0, d.tau - tau)
+    evidence = {"checked": [str(f) for f in folders], "differences": differ}
+    if unread:
+        evidence["not_speculators_layout"] = unread
+    return Finding("export_mismatch", bool(differ), evidence, worst,
+                   f"re-export from the run: specdraft export {d.run} --format speculators --out EXPORT --overwrite "
+                   "(its config.json top-level fields then match the run's)",
+                   f"{len(differ)} drafter folder(s) would be served differently from how the run trained "
+                   "(config.json top-level fields vs the run's config): "
+                   + "; ".join(f"{k}: {', '.join(v)}" for k, v in differ.items()))
+
+
+CHECKS = {"vocab_coverage": check_vocab_coverage, "vocab_mapping": check_vocab_mapping,
+          "aux_layers": check_aux_layers, "template": check_template, "prompt_shift": check_prompt_shift,
+          "undertrained": check_undertrained, "overfit": check_overfit, "depth_decay": check_depth_decay,
+          "below_baseline": check_below_baseline, "round_cost": check_round_cost,
+          "export_mismatch": check_export_mismatch}
+NEEDS_METRICS = ("undertrained", "overfit", "below_baseline")
+
+
+# ----------------------------------------------------------------------------- command, output
+
+def diagnose(run: str | Path, model: str | None = None, store: str | Path | None = None,
+             prompts: str | None = None, only: list[str] | None = None) -> dict:
+    """What `specdraft doctor` does: every check, the causes that hold ranked by estimated τ loss
+    (largest first, unestimated after), saved to RUN/doctor.json."""
+    run = Path(run)
+    if not run.is_dir():
+        raise SpecdraftError(f"doctor {run}: not found; pass a run folder (specdraft train --out RUN)")
+    if not run_layout.holds_run(run):
+        raise SpecdraftError(f"doctor {run}: not a run folder (no config.yaml, metrics.jsonl, best/ or "
+                             "checkpoints/); pass the folder `specdraft train --out` wrote")
+    if prompts is not None and prompts != "builtin-holdout" and not Path(prompts).is_file():
+        raise SpecdraftError(f"--prompts {prompts}: not found; pass a jsonl file of conversations or builtin-holdout")
+    d = Doctor(run, model, str(store) if store is not None else None, prompts)
+    found, fine, skipped = [], [], []
+    for name, check in CHECKS.items():
+        if only and name not in only:
+            continue
+        why = skip_reason(d, name)
+        finding = None if why else check(d)
+        if finding is not None and "skipped" in finding.evidence:
+            why = finding.evidence["skipped"]
+        if why:
+            skipped.append(asdict(Skipped(name, why)))
+        elif finding.holds:
+            found.append(finding)
+        else:
+            fine.append({"id": name, "evidence": finding.evidence})
+    found.sort(key=lambda f: (f.estimated_tau_loss is None, -(f.estimated_tau_loss or 0.0)))
+    result = {"run": str(run), "checkpoint": str(d.checkpoint), "tau_held_out": fmt(d.tau), "steps": d.steps,
+              "causes": [{"id": f.id, "evidence": f.evidence,
+                          "estimated_tau_loss": None if f.estimated_tau_loss is None else fmt(f.estimated_tau_loss),
+                          "fix": f.fix, "summary": f.summary} for f in found],
+              "checked": fine, "skipped": skipped}
+    write_json(run / REPORT_FILE, result)
+    return result
+
+
+def skip_reason(d: Doctor, name: str) -> str | None:
+    if name == "prompt_shift" and d.prompts is None:
+        return "no --prompts given (pass the prompts you serve)"
+    if name in NEEDS_METRICS and (d.metrics is None or not d.metrics.records):
+        return "no metrics.jsonl records in the run"
+    return None
+
+
+def format_result(result: dict) -> str:
+    lines = [f"doctor {result['run']}: τ {result['tau_held_out']:.2f} on held-out store samples "
+             f"(simulated, {result['steps']} draft positions, {result['checkpoint']})"]
+    if not result["causes"]:
+        lines.append("no cause found")
+    for i, c in enumerate(result["causes"], 1):
+        loss = c["estimated_tau_loss"]
+        lines.append(f"{i}. {c['id']}: {c['summary']} "
+                     f"(estimated τ loss {'unknown' if loss is None else f'{loss:.2f}'})")
+        lines.append("   evidence: " + json.dumps(c["evidence"], default=str))
+        lines.append(f"   fix: {c['fix']}")
+    if result["checked"]:
+        lines.append("checked and fine: " + ", ".join(c["id"] for c in result["checked"]))
+    for s in result["skipped"]:
+        lines.append(f"not checked: {s['id']} ({s['why']})")
+    return "\n".join(lines)
+
+
+def top_cause_line(result: dict) -> str | None:
+    """The first cause and its fix as one line (the demo prints it when τ < 2)."""
+    if not result.get("causes"):
+        return None
+    c = result["causes"][0]
+    return f"doctor: {c['id']}: {c['summary']}; fix: {c['fix']}"
