@@ -126,7 +126,7 @@ def test_the_dflash_export_is_what_vllm_reads(dflash_run, tmp_path):
     assert vllm_config["model_type"] == "qwen3" and vllm_config["num_hidden_layers"] == 1
     assert SpeculatorsConfig.extract_vllm_speculative_config(config_json) == {"method": "dflash",
                                                                                 "num_speculative_tokens": 3}
-    with pytest.raises(SpecdraftError, match="trained with 3 draft slots"):
+    with pytest.raises(SpecdraftError, match="trained to draft 3 tokens per round"):
         export(run, tmp_path / "too-long", "speculators", speculative_tokens=5)
     tensors, cfg, _ = load_checkpoint(tmp_path / "export")
     assert cfg.model_type == "dflash" and "layers.0.self_attn.k_norm.weight" in tensors
@@ -166,3 +166,25 @@ def test_the_card_serves_each_family_with_its_vllm_method(dflash_run, tmp_path):
     assert '"method": "dflash"' in card_text and "SGLang cannot serve" in card_text
     assert served_as(str(tmp_path / "export"))[0] == {"method": "dflash"}
     assert dict(family("peagle").vllm_speculative) == {"method": "eagle3", "parallel_drafting": True}
+
+
+def test_a_two_layer_dflash_trains_exports_and_stays_lossless(ws, tmp_path):  # noqa: F811
+    """--draft-layers stacks DFlash's layers (vLLM's num_hidden_layers); EAGLE-3 refuses it."""
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    run = tmp_path / "run"
+    train(config(ws, run, family="dflash", epochs=1, ttt_steps=2, draft_layers=2))
+    drafter = load_drafter(run / "best")
+    assert len(drafter.layers) == 2
+    export(run, tmp_path / "export", "speculators", speculative_tokens=2)
+    config_json = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert SpeculatorsConfig.extract_transformers_pre_trained_config(config_json)["num_hidden_layers"] == 2
+    assert "layers.1.self_attn.q_norm.weight" in load_checkpoint(tmp_path / "export")[0]
+    target = ws["target"].model
+    prompt = ws["samples"][2][:10]
+    x = torch.tensor([prompt])
+    ref = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)[0, 10:].tolist()
+    assert generate(target, prompt, DFlashProposer(drafter, k=2), max_new_tokens=16, eos_token_ids=set()).token_ids == ref
+    with pytest.raises(SpecdraftError, match="--draft-layers 2: an eagle3 drafter has one decoder layer"):
+        train(config(ws, tmp_path / "eagle", draft_layers=2))

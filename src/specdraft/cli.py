@@ -371,7 +371,7 @@ def export_cmd(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="The target, to check --no-embeddings against "
                                         "(Hub id, local folder, .gguf, or 'default')."),
     num_speculative_tokens: Optional[int] = typer.Option(None, NUM_SPEC, "-k", help="Default draft length written "
-                                                         "into the speculators config (default 3)."),
+                                                         "into the speculators config (default 3, or the most a DFlash drafter was trained for)."),
     as_json: bool = AS_JSON,
     speculative_tokens: Optional[int] = old_name("--speculative-tokens"),
 ):
@@ -380,8 +380,7 @@ def export_cmd(
     from specdraft.io import own_folder
 
     speculative_tokens = renamed(num_speculative_tokens, speculative_tokens, "--speculative-tokens", NUM_SPEC)
-    speculative_tokens = 3 if speculative_tokens is None else speculative_tokens
-    if speculative_tokens < 1:
+    if speculative_tokens is not None and speculative_tokens < 1:
         raise SpecdraftError(f"{NUM_SPEC} {speculative_tokens}: must be >= 1 (vLLM's "
                              "num_speculative_tokens; 3-5 is usual)")
     with own_folder(out, "export"):

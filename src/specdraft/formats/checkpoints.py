@@ -114,8 +114,23 @@ def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> Non
             shutil.rmtree(old, ignore_errors=True)
 
 
+DEFAULT_SPECULATIVE_TOKENS = 3   # num_speculative_tokens written when none is asked for
+
+
+def draft_length(cfg, requested: int | None) -> int:
+    """The num_speculative_tokens a checkpoint of `cfg` is written with: the one asked for, else the
+    default; never beyond what its family trained it to draft (DFlash: its block's slots)."""
+    limit = family_of(cfg).max_draft(cfg)
+    if requested is None:
+        return min(DEFAULT_SPECULATIVE_TOKENS, limit or DEFAULT_SPECULATIVE_TOKENS)
+    if limit is not None and requested > limit:
+        raise SpecdraftError(f"-k {requested}: this {family_of(cfg).model_type} drafter was trained to draft "
+                             f"{limit} tokens per round; export with -k {limit} or less")
+    return requested
+
+
 def save_checkpoint(folder: str | Path, tensors: dict[str, torch.Tensor], cfg,
-                    layout: str = "speculators", speculative_tokens: int = 3,
+                    layout: str = "speculators", speculative_tokens: int | None = None,
                     extra_files: dict[str, Callable[[Path], None]] | None = None) -> Path:
     """Write a drafter checkpoint folder (config.json + model.safetensors), atomically.
 
@@ -131,7 +146,8 @@ def save_checkpoint(folder: str | Path, tensors: dict[str, torch.Tensor], cfg,
     dtype = checkpoint_dtype(tensors)
     other = layout_of(fam, layout)
     if layout == "speculators":
-        config = fam.checkpoint_config(cfg, dtype, speculative_tokens, verifier_architectures(cfg.verifier))
+        config = fam.checkpoint_config(cfg, dtype, draft_length(cfg, speculative_tokens),
+                                       verifier_architectures(cfg.verifier))
         on_disk = tensors
     elif other is None:
         raise SpecdraftError(f"--format {layout}: a {fam.model_type} drafter has no {layout} layout; "
@@ -295,7 +311,7 @@ def check_embeddings_shared(tensors: dict[str, torch.Tensor], model: str | None,
     return target
 
 
-def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: int = 3,
+def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: int | None = None,
            dtype: str = DEFAULT_EXPORT_DTYPE, embeddings: bool = True, model: str | None = None) -> dict:
     """Re-write a checkpoint (or a run's best/newest one) in a serving engine's layout, in `dtype`,
     with a README.md model card. embeddings=False drops embed_tokens after checking that they
@@ -308,6 +324,7 @@ def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: in
         raise SpecdraftError(f"--out {out}: is the source checkpoint; choose another folder")
     check_replaceable(out, "export")
     tensors, cfg, src_layout = load_checkpoint(ckpt)
+    speculative_tokens = draft_length(cfg, speculative_tokens)
     target = None
     if not embeddings:
         target = check_embeddings_shared(tensors, model, str(ckpt))

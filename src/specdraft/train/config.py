@@ -54,6 +54,8 @@ class RunConfig:
     norm_before_residual: bool = setting(False, "Drafter layout: norm the hidden state before the residual.")
     fc_norm: bool = setting(False, "EAGLE-3.1: an RMSNorm on each aux layer's state before fc (vLLM serves it).")
     norm_output: bool = setting(False, "EAGLE-3.1: feed the final-normed hidden state back to the next draft step.")
+    draft_layers: int = setting(1, "Decoder layers of a family that stacks them (DFlash); EAGLE-3 and P-EAGLE "
+                                "have one.", low=1, high=64)
     init_layer: Literal["fresh", "target"] = setting("fresh", "Decoder layer's start: fresh (random) or target "
                                                      "(copied from the target's last layer, zeros on the "
                                                      "embedding half of q/k/v).")

@@ -41,6 +41,7 @@ def new_config(target_config, draft_vocab_size: int, aux_layer_ids: list[int], v
                                     verifier=verifier)
     base.mask_token_id = mask_token_of(target_config)
     base.block_size = (run.ttt_steps if run is not None else 3) + 1
+    base.num_layers = run.draft_layers if run is not None else 1
     return base
 
 
@@ -58,4 +59,5 @@ FAMILY = register(Family(model_type="dflash", config_type=DFlashConfig, new_conf
                          checkpoint_config=checkpoint.build_config, parse_config=checkpoint.parse_config,
                          validate=checkpoint.validate,
                          fsdp_units=lambda drafter: [drafter.embed_tokens, drafter.fc, drafter.lm_head],
-                         drafts_in_one_forward=True, vllm_speculative=(("method", "dflash"),)))
+                         drafts_in_one_forward=True, vllm_speculative=(("method", "dflash"),),
+                         max_draft=lambda cfg: cfg.block_size - 1))

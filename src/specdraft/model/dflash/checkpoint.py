@@ -36,9 +36,6 @@ def layer_dict(cfg: DFlashConfig, dtype: str) -> dict:
 
 
 def build_config(cfg: DFlashConfig, dtype: str, speculative_tokens: int, verifier_architectures: list[str]) -> dict:
-    if speculative_tokens > cfg.block_size - 1:
-        raise SpecdraftError(f"-k {speculative_tokens}: this DFlash drafter was trained with {cfg.block_size - 1} "
-                             f"draft slots per block; export with -k {cfg.block_size - 1} or less")
     return {
         "architectures": ["DFlashSpeculator"],
         "speculators_model_type": MODEL_TYPE,

@@ -8,6 +8,7 @@ config.json · tensors.py the tensor names and shapes · sglang.py the SGLang / 
 
 from __future__ import annotations
 
+from specdraft.errors import SpecdraftError
 from specdraft.families import Family, Layout, register
 from specdraft.model.eagle3 import checkpoint, sglang, tensors
 from specdraft.model.eagle3.config import DrafterConfig
@@ -18,6 +19,9 @@ from specdraft.targets import last_layer_tensors
 
 
 def new_config(target_config, draft_vocab_size: int, aux_layer_ids: list[int], verifier: str = "", run=None):
+    if run is not None and run.draft_layers != 1:
+        raise SpecdraftError(f"--draft-layers {run.draft_layers}: an {run.family} drafter has one decoder layer "
+                             "(vLLM serves it so); drop --draft-layers or train --family dflash")
     options = {} if run is None else {"norm_before_residual": run.norm_before_residual, "fc_norm": run.fc_norm,
                                       "norm_output": run.norm_output}
     return DrafterConfig.from_target(target_config, draft_vocab_size=draft_vocab_size, aux_layer_ids=aux_layer_ids,
