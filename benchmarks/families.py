@@ -60,6 +60,33 @@ def train_family(ws: Path, family: str, steps: int | None) -> dict:
                                                                    if f"full_acc_{k}" in val]}
 
 
+def training_speed(ws: Path, parallel_steps: int, short: int = 10, long: int = 50) -> dict:
+    """Training tok/s of each family on the same store, measured here in one go: each family trains
+    `short` then `long` steps from scratch (--stop-after, the quick recipe's settings), one family after another,
+    and the rate is (tokens(long) - tokens(short)) / (seconds(long) - seconds(short)), so start-up
+    (loading the target's head, opening the store) cancels out."""
+    families = ["eagle3", "peagle", "dflash"]
+    out: dict = {}
+    for family in families:
+        timed = {}
+        for steps in (short, long):
+            run = ws / "runs" / f"speed-{family}"
+            extra = {"eagle3": [], "peagle": ["--no-fc-norm"], "dflash": ["--no-fc-norm", "--no-norm-output"]}[family]
+            cmd = [sys.executable, "-m", "specdraft.cli", "train", "--config", str(QUICK), "--family", family,
+                   "--store", str(ws / "hidden"), "--vocab", str(ws / "vocab.safetensors"), "--out", str(run),
+                   "--overwrite", "--no-progress", "--stop-after", str(steps),
+                   *([] if family == "eagle3" else ["--ttt-steps", str(parallel_steps)]), *extra]
+            start = time.perf_counter()
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            seconds = time.perf_counter() - start
+            records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            timed[steps] = (max(r["tokens_seen"] for r in records if r["split"] == "train"), seconds)
+        (t1, s1), (t2, s2) = timed[short], timed[long]
+        out[family] = {"tokens": t2 - t1, "seconds": s2 - s1, "train_tokens_per_s": (t2 - t1) / (s2 - s1)}
+        print(f"training speed: {family} {out[family]['train_tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workspace", required=True)
@@ -71,9 +98,18 @@ def main() -> None:
     ap.add_argument("--natural", default="benchmarks/prompts/natural.jsonl", help="prompts for a second τ")
     ap.add_argument("--parallel-steps", type=int, default=4, help="drafts per round P-EAGLE and DFlash train")
     ap.add_argument("--out", default="benchmarks/results/families.json")
+    ap.add_argument("--speed-only", action="store_true", help="only measure training tok/s (into --out's "
+                    "training_speed, keeping the rest of an existing --out)")
     args = ap.parse_args()
     ws = Path(args.workspace)
     torch.set_num_threads(2)
+    if args.speed_only:
+        out = Path(args.out)
+        report = json.loads(out.read_text()) if out.is_file() else {}
+        report["training_speed"] = training_speed(ws, args.parallel_steps)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {out}")
+        return
 
     trained = {"eagle3": train_family(ws, "eagle3", None)}
     trained.update({f: train_family(ws, f, args.parallel_steps) for f in ("peagle", "dflash")})
