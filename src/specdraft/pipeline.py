@@ -263,5 +263,15 @@ def _store_complete(path: Path) -> bool:
         return False
 
 
+def recipe_choice(model: str, profile: str | None, config: Path | None, workspace: Path | None) -> tuple[str | Path, Path]:
+    """`specdraft recipe`'s recipe (a shipped one's name, or your file) and its workspace
+    (default ws/<model>-<recipe name>)."""
+    if profile and config:
+        raise SpecdraftError("--profile and --config: pick one (a shipped recipe's name, or your recipe file)")
+    chosen = config or profile or "quick"
+    name = config.stem if config else chosen
+    return chosen, workspace or Path("ws") / f"{model.replace('/', '--')}-{name}"
+
+
 def run_demo(workspace: str | Path, recipe: str | Path = "quick", engine: str = "auto") -> dict:
     return run_recipe("default", workspace, recipe=recipe, engine=engine)

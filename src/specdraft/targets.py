@@ -180,6 +180,14 @@ def check_weights_read(error: Exception, model: str, path: str) -> SpecdraftErro
                           "truncated or corrupt: download or copy the model again")
 
 
+def loading_note(name: str):
+    """A line on a terminal while the weights load (seconds with nothing shown read as a hang);
+    transient, and nothing at all in a log file."""
+    from rich.console import Console
+
+    return Console(stderr=True).status(f"loading {name} ...")
+
+
 def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu",
                 trust_remote_code: bool = False) -> Target:
     """Load model + tokenizer in eval mode; `identity` fingerprints the weights."""
@@ -193,9 +201,10 @@ def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = 
     tok = load_tokenizer(model, trust_remote_code)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     try:
-        lm, loading = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch_dtype,
-                                                           trust_remote_code=trust_remote_code,
-                                                           output_loading_info=True)
+        with loading_note(name):
+            lm, loading = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch_dtype,
+                                                               trust_remote_code=trust_remote_code,
+                                                               output_loading_info=True)
     except SafetensorError as e:
         raise check_weights_read(e, model, path) from None
     except OSError as e:

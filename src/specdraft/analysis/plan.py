@@ -16,6 +16,7 @@ import torch
 from specdraft import journal
 from specdraft.analysis.probe import drafter_metrics, sample_batch
 from specdraft.data.store import HiddenStore
+from specdraft.defaults import LONGEST_CHAIN
 from specdraft.errors import SpecdraftError
 from specdraft.families import Family, family
 from specdraft.formats.checkpoints import resolve_checkpoint
@@ -90,12 +91,12 @@ def store_sample_batch(sample: dict) -> dict:
 # ----------------------------------------------------------------------------- command
 
 def run(drafter=None, model: str = "default", accept: str | None = None, data=None,
-        verify_ms: list[float] | None = None, draft_ms: float | None = None, k_max: int = 8,
+        verify_ms: list[float] | None = None, draft_ms: float | None = None, k_max: int = LONGEST_CHAIN,
         context: int = 512, run: str | Path | None = None, out: str | Path | None = None,
         trust_remote_code: bool = False, rounds: int = 3) -> dict:
     """What `specdraft plan` does: gather rates and latencies, rank chain lengths, save, journal."""
     if k_max < 1:
-        raise SpecdraftError(f"--num-speculative-tokens {k_max}: must be >= 1")
+        raise SpecdraftError(f"--max-k {k_max}: must be >= 1")
     if rounds < 1:
         raise SpecdraftError(f"--rounds {rounds}: must be >= 1 (3 or more to see the spread)")
     if draft_ms is None and drafter is None:

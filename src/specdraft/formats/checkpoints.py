@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft import run_layout
 from specdraft.families import Layout, family, family_of, layout as layout_of, layouts, names
@@ -115,7 +116,7 @@ def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> Non
 
 
 def save_checkpoint(folder: str | Path, tensors: dict[str, torch.Tensor], cfg,
-                    layout: str = "speculators", speculative_tokens: int = 3,
+                    layout: str = "speculators", speculative_tokens: int = DRAFT_LENGTH,
                     extra_files: dict[str, Callable[[Path], None]] | None = None) -> Path:
     """Write a drafter checkpoint folder (config.json + model.safetensors), atomically.
 
@@ -295,7 +296,7 @@ def check_embeddings_shared(tensors: dict[str, torch.Tensor], model: str | None,
     return target
 
 
-def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: int = 3,
+def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: int = DRAFT_LENGTH,
            dtype: str = DEFAULT_EXPORT_DTYPE, embeddings: bool = True, model: str | None = None) -> dict:
     """Re-write a checkpoint (or a run's best/newest one) in a serving engine's layout, in `dtype`,
     with a README.md model card. embeddings=False drops embed_tokens after checking that they
@@ -362,3 +363,20 @@ def load_drafter(folder, dtype: torch.dtype = torch.float32, target_model=None) 
         raise SpecdraftError(f"{folder}: checkpoint tensors do not match the drafter "
                              f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
     return model.to(dtype).eval()
+
+
+def export_line(summary: dict, out, layout: str) -> str:
+    """What `specdraft export` prints."""
+    shared = "" if summary["has_embed_tokens"] else ", no embeddings: engines use the target's"
+    return (f"exported {summary['source']} ({summary['source_layout']}) -> {out} ({layout}, {summary['dtype']}, "
+            f"{summary['weight_bytes'] / 1e6:.1f} MB{shared}; model card README.md)")
+
+
+def import_lines(summary: dict, src, out) -> list[str]:
+    """What `specdraft import` prints: the copy, and what the source left out."""
+    lines = [f"imported {src} ({summary['source_layout']}) -> {out}"]
+    if not summary["has_embed_tokens"]:
+        lines.append("note: no embed_tokens in the source; they are the target's (copy them before training)")
+    if not summary["aux_layer_ids"]:
+        lines.append("note: the source names no aux layer ids; engines use their default [2, L//2, L-3]")
+    return lines

@@ -181,7 +181,8 @@ def end_epoch(t: Training, epoch: int, epoch_sums: dict | None, tokens_per_s: fl
         tensors, _ = ckpt.training_state(t.drafter)      # collective under FSDP2
         if runtime.is_main:
             ckpt.save(run_layout.best_dir(t.run_dir), t.drafter, tensors=tensors,
-                      extra_json={"val.json": {"epoch": epoch + 1, "step": state.step, **t.last_val}})
+                      extra_json={"val.json": {"epoch": epoch + 1, "step": state.step, **t.last_val},
+                                  INPUTS_FILE: data_identity(t.data)})   # the model card's data and fingerprint
         runtime.barrier()
     save(t, run_layout.checkpoint_dir(t.run_dir, "epoch", epoch + 1), t.last_val)
     if new_best and runtime.is_main:
