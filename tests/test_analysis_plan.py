@@ -130,7 +130,7 @@ def test_probe_drafter_on_the_fly_matches_captured_store(tmp_path, tiny_target, 
     assert set(f"cond_acc_{k}" for k in range(3)) <= set(m) and 1.0 <= m["accept_len"] <= 4.0
     assert m["accept_len"] == pytest.approx(1 + m["cond_acc_0"] + m["cond_acc_0"] * m["cond_acc_1"]
                                             + m["cond_acc_0"] * m["cond_acc_1"] * m["cond_acc_2"])
-    assert "simulated acceptance length" in r["verdict"]
+    assert "simulated τ" in r["verdict"]
     store = tmp_path / "hidden"
     capture(model=str(tiny_target), data=prepared, out=store, dtype="float32", progress=False)
     rates = plan.accept_from_store(drafter_dir, str(tiny_target), store, steps=3)

@@ -63,7 +63,7 @@ def c_prepare(ws):
 def c_capture(ws):
     out = fresh(ws, "h-full")
     return (["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", out, "--layers", LAYERS,
-             "--dtype", "float32"], ws["root"] / "data", out)
+             "--store-dtype", "float32"], ws["root"] / "data", out)
 
 
 def c_vocab_build(ws):

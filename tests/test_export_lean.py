@@ -1,4 +1,4 @@
-"""Lean exports (issue 16 part 5): --dtype (bf16 by default), --no-embeddings checked against the
+"""Lean exports (issue 16 part 5): --weights-dtype (bf16 by default), --no-embeddings checked against the
 target, and the README.md model card in every export folder."""
 
 import json
@@ -88,7 +88,7 @@ def test_export_is_bf16_by_default_and_config_says_so(made, tmp_path, monkeypatc
 def test_export_float16_and_float32(made, tmp_path, monkeypatch, capsys):
     for dtype, torch_dtype in (("float16", torch.float16), ("float32", torch.float32)):
         out = tmp_path / dtype
-        assert run_main(monkeypatch, capsys, "export", made["ckpt"], "--out", out, "--dtype", dtype)[0] == 0
+        assert run_main(monkeypatch, capsys, "export", made["ckpt"], "--out", out, "--weights-dtype", dtype)[0] == 0
         assert load_file(str(out / "model.safetensors"))["fc.weight"].dtype == torch_dtype
         assert config_dtypes(out) == {dtype}
 
@@ -106,8 +106,8 @@ def draft_logits(drafter):
 
 def test_no_embeddings_drops_them_and_loads_with_the_targets(made, tmp_path, monkeypatch, capsys):
     full, lean = tmp_path / "full", tmp_path / "lean"
-    assert run_main(monkeypatch, capsys, "export", made["run"], "--out", full, "--dtype", "float32")[0] == 0
-    code, err = run_main(monkeypatch, capsys, "export", made["run"], "--out", lean, "--dtype", "float32",
+    assert run_main(monkeypatch, capsys, "export", made["run"], "--out", full, "--weights-dtype", "float32")[0] == 0
+    code, err = run_main(monkeypatch, capsys, "export", made["run"], "--out", lean, "--weights-dtype", "float32",
                          "--no-embeddings", "--model", made["target"])
     assert code == 0, err
     assert "embed_tokens.weight" in load_file(str(full / "model.safetensors"))
@@ -134,8 +134,8 @@ def test_no_embeddings_refused_when_they_differ_or_without_model(made, tmp_path,
 
 
 def test_bad_dtype_exits_2_in_one_line(made, tmp_path, monkeypatch, capsys):
-    code, err = run_main(monkeypatch, capsys, "export", made["ckpt"], "--out", tmp_path / "o", "--dtype", "int8")
-    assert code == 2 and len(err) == 1 and "--dtype int8" in err[0] and "bfloat16" in err[0], err
+    code, err = run_main(monkeypatch, capsys, "export", made["ckpt"], "--out", tmp_path / "o", "--weights-dtype", "int8")
+    assert code == 2 and len(err) == 1 and "--weights-dtype int8" in err[0] and "bfloat16" in err[0], err
     assert not (tmp_path / "o").exists()
 
 

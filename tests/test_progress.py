@@ -82,7 +82,7 @@ def test_train_capture_eval_log_progress_lines(ws, tmp_path):  # noqa: F811
     root = ws["root"]
     text = run_logged(tmp_path, "capture", ["capture", "--model", ws["target"], "--prepared", root / "data",
                                             "--out", tmp_path / "hidden", "--layers", "2,4,5",
-                                            "--dtype", "float32", "--batch-tokens", "64"])
+                                            "--store-dtype", "float32", "--batch-tokens", "64"])
     lines = progress_lines(text, "capture", "tokens")
     assert len(lines) >= 3 and lines[-1].group(1) == lines[-1].group(2), text
     assert " tok/s, " in lines[-1].group(0)

@@ -497,11 +497,16 @@ def main() -> None:
     if not sys.stderr.isatty() and "--help" not in sys.argv:
         os.environ.setdefault("COLUMNS", "1000")
     try:
-        app()
+        code = app(standalone_mode=False)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         sys.exit(130)
     except Exception as e:
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):   # click's usage errors, on one line too
+            help_only = type(e).__name__ == "NoArgsIsHelpError"
+            console.print(("" if help_only else "error: ") + e.format_message(), highlight=False, soft_wrap=True,
+                          markup=False)
+            sys.exit(e.exit_code)
         line = str(e) if isinstance(e, SpecdraftError) else os_error_line(getattr(e, "filename", None), e)
         if line is None:
             raise   # a bug, not bad input: the traceback is what helps
@@ -509,6 +514,7 @@ def main() -> None:
             console.print_exception()
         console.print(f"[red]error:[/] {line}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

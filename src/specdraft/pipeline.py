@@ -228,7 +228,7 @@ def summarize(bench: dict, seconds: float) -> dict:
 def print_summary(console: Console, summary: dict, report: Path) -> None:
     table = Table(title="specdraft: lossless speculative decoding on this machine")
     over_plain = summary.get("speedup_over_plain") or {}
-    for col in ("method", "tokens/s", "speedup", "x plain", "accept len", "identical to greedy"):
+    for col in ("method", "tokens/s", "speedup", "x plain", "τ", "identical to greedy"):
         table.add_column(col)
     for name, tps in summary["tokens_per_s"].items():
         accept_len = summary["accept_lens"].get(name)

@@ -190,7 +190,7 @@ def probe_drafter(drafter: str | Path, model: str, data: str | Path, samples: in
     shown = track(batches(), "probe", len(ids), "samples", tokens=lambda b: int(b["loss_mask"].numel()))
     metrics = drafter_metrics(net, target.model, shown, steps)
     accept = metrics["accept_len"]
-    verdict = (f"simulated acceptance length {accept:.2f}: "
+    verdict = (f"simulated τ {accept:.2f}: "
                + ("the drafter already helps on this target" if accept >= 2.0 else
                   "weak start (the seed's K2 drafter on K2.5 gave ~1.5); probe the hidden states before "
                   "fine-tuning and keep a from-scratch baseline"))

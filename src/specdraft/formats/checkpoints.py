@@ -266,7 +266,7 @@ DEFAULT_EXPORT_DTYPE = "bfloat16"   # what vLLM and SGLang serve; fp32 doubles t
 
 def export_dtype(name: str) -> torch.dtype:
     if name not in EXPORT_DTYPES:
-        raise SpecdraftError(f"--dtype {name}: unknown; choose bfloat16 (default, what engines serve), "
+        raise SpecdraftError(f"--weights-dtype {name}: unknown; choose bfloat16 (default, what engines serve), "
                              "float16 or float32")
     return EXPORT_DTYPES[name]
 
