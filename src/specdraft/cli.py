@@ -13,40 +13,28 @@ from rich.console import Console
 
 from specdraft.defaults import DRAFT_LENGTH, LONGEST_CHAIN
 from specdraft.errors import SpecdraftError
-from specdraft.flags import (AS_JSON, BASELINE_HELP, CONFIG_HELP, CONVERSATIONS_HELP, PART_HELP, PROFILE_HELP,
-                             OUT_HELP, STORE_FORMAT_HELP, TREE_HELP, VOCAB_HELP, WORKSPACE_HELP, COMPUTE_DTYPE, DEVICE, DRAFT_STOP, DRAFTER_HELP, ENGINE, ENGINE_ARGS,
-                             MAX_NEW_TOKENS_HELP, MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PREPARED_HELP,
-                             SEED_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TRUST, PlainCommand, check_out, command,
-                             draft_length_help, numbers_checked_first, parse_floats, parse_layers, plain_app)
+from specdraft.flags import (AS_JSON, BASELINE_HELP, COMPUTE_DTYPE, CONFIG_HELP, CONVERSATIONS_HELP, DEVICE,
+                             DRAFT_LENGTH_OR_AUTO, DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS,
+                             MAX_NEW_TOKENS_HELP, MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP,
+                             PREPARED_HELP, PROFILE_HELP, RUN_RECORD, SEED_HELP, STORE_FORMAT_HELP, STORE_HELP,
+                             TEMPERATURE_HELP, TP, TREE_HELP, TRUST, VERSION, VOCAB_HELP, WORKSPACE_HELP, PlainCommand,
+                             check_out, command, draft_length_help, numbers_checked_first, out_option, parse_floats,
+                             parse_layers, plain_app, run_cli, say)
+from specdraft import cli_analysis as analysis_commands
 from specdraft.train.command import train as train_command
 
 app = plain_app("Train, evaluate and ship speculative-decoding drafters (EAGLE-3 and its kin).")
 vocab_app = plain_app("Draft vocabulary: build, diff, remap.")
 store_app = plain_app("Hidden-state stores: convert between store formats.")
-journal_app = plain_app("Decision journal beside a run (RUN/journal.md).")
 app.add_typer(store_app, name="store")
 app.add_typer(vocab_app, name="vocab")
+journal_app = analysis_commands.journal_app
 app.add_typer(journal_app, name="journal")
-console = Console(stderr=True)
-
-
-def say(lines) -> None:
-    """Stage summaries and warnings on stderr, never wrapped (log files keep whole lines)."""
-    for line in [lines] if isinstance(lines, str) else lines:
-        console.print(line, highlight=False, soft_wrap=True, markup=False)
-
-
-def version_callback(value: bool) -> None:
-    if value:
-        from specdraft import __version__
-
-        print(f"specdraft {__version__}")
-        raise typer.Exit()
+analysis_commands.register(app)
 
 
 @app.callback()
-def root(version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True,
-                                      help="Print the version and exit.")):
+def root(version: bool = VERSION):
     """Train, evaluate and ship speculative-decoding drafters (EAGLE-3 and its kin)."""
 
 
@@ -64,7 +52,7 @@ def info(model: str = MODEL, trust_remote_code: bool = TRUST, as_json: bool = AS
 @command(app)
 def prepare(
     conversations: str = typer.Option(..., "--conversations", help=CONVERSATIONS_HELP),
-    out: Path = typer.Option(..., "--out", help=OUT_HELP + " Here: the prepared data folder, e.g. WS/data."),
+    out: Path = out_option("the prepared data folder, e.g. WS/data.", required=True),
     model: str = MODEL,
     regenerate: bool = typer.Option(False, "--regenerate", help="Replace assistant turns with the target's own answers."),
     temperature: float = typer.Option(0.0, help=TEMPERATURE_HELP + " Here: of the regenerated answers."),
@@ -102,7 +90,7 @@ def prepare(
 @command(app)
 def capture(
     prepared: Optional[Path] = typer.Option(None, "--prepared", help=PREPARED_HELP + " Here: required, but for --verify."),
-    out: Path = typer.Option(..., "--out", help=OUT_HELP + " Here: the store folder, e.g. WS/hidden."),
+    out: Path = out_option("the store folder, e.g. WS/hidden.", required=True),
     model: str = MODEL,
     layers: Optional[str] = typer.Option(None, help="Aux layer ids, any number, e.g. 2,15,27 (default [2, L//2, L-3])."),
     store_dtype: str = typer.Option("bfloat16", "--store-dtype", help="Dtype the bf16 store format keeps: "
@@ -146,7 +134,7 @@ def capture(
 def store_convert(
     src: Path = typer.Argument(..., help="A finished store (WS/hidden)."),
     store_format: str = typer.Option(..., "--store-format", help=STORE_FORMAT_HELP),
-    out: Path = typer.Option(..., "--out", help=OUT_HELP + " Here: a new, empty store folder; the source is kept."),
+    out: Path = out_option("a new, empty store folder; the source is kept.", required=True),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP + " Here: for compact, the one the "
                                         "store was captured from (default: the one its manifest names)."),
     trust_remote_code: bool = TRUST,
@@ -163,10 +151,11 @@ def store_convert(
 
 @command(vocab_app, "build")
 def vocab_build(
-    prepared: Optional[Path] = typer.Option(None, "--prepared", help=PREPARED_HELP + " Here: count its tokens (or --store's)."),
+    prepared: Optional[Path] = typer.Option(None, "--prepared", help=PREPARED_HELP + " Here: count its tokens (or "
+                                            "--store's)."),
     store: Optional[Path] = typer.Option(None, "--store", help=STORE_HELP + " Here: count its tokens (or --prepared's)."),
     size: int = typer.Option(..., "--size", help="Draft vocabulary size N."),
-    out: Path = typer.Option(..., "--out", help=OUT_HELP + " Here: the vocab file, e.g. WS/vocab.safetensors."),
+    out: Path = out_option("the vocab file, e.g. WS/vocab.safetensors.", required=True),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP + " Here: for its vocab size "
                                         "(default: the one named in the data)."),
 ):
@@ -185,9 +174,10 @@ def vocab_build(
 
 
 @command(vocab_app, "diff")
-def vocab_diff(a: Path = typer.Argument(..., help="Mapping A (.safetensors or drafter folder)."),
-               b: Path = typer.Argument(..., help="Mapping B."),
-               as_json: bool = AS_JSON):
+def vocab_diff(
+    a: Path = typer.Argument(..., help="Mapping A (.safetensors or drafter folder)."),
+    b: Path = typer.Argument(..., help="Mapping B."), as_json: bool = AS_JSON,
+):
     """Sizes, token-set overlap, positional matches, rows that carry over from A to B."""
     from specdraft import vocab
 
@@ -196,10 +186,11 @@ def vocab_diff(a: Path = typer.Argument(..., help="Mapping A (.safetensors or dr
 
 
 @command(vocab_app, "remap")
-def vocab_remap(a: Path = typer.Argument(..., help="Source mapping A."),
-                b: Path = typer.Argument(..., help="Destination mapping B."),
-                out: Optional[Path] = typer.Option(None, "--out", help=OUT_HELP + " Here: the permutation (safetensors)."),
-                as_json: bool = AS_JSON):
+def vocab_remap(
+    a: Path = typer.Argument(..., help="Source mapping A."),
+    b: Path = typer.Argument(..., help="Destination mapping B."),
+    out: Optional[Path] = out_option("the permutation (safetensors)."), as_json: bool = AS_JSON,
+):
     """Row permutation from A's draft ids to B's, and B's rows that have no source."""
     from specdraft import vocab
 
@@ -226,8 +217,7 @@ def eval_cmd(
                               "(training samples included)."),
     draft_length: int = typer.Option(DRAFT_LENGTH, NUM_SPEC, "-k", help=draft_length_help(
         "Here: the positions measured (1..7); τ is given for every K up to it.")),
-    out: Optional[Path] = typer.Option(None, "--out", help=OUT_HELP + " Here: the results JSON (the report and "
-                                       "the model card read RUN/eval.json)."),
+    out: Optional[Path] = out_option("the results JSON (the report and the model card read RUN/eval.json)."),
     as_json: bool = AS_JSON, trust_remote_code: bool = TRUST,
 ):
     """τ (tokens per target forward) from stored hidden states: per-position acceptance, seconds."""
@@ -246,23 +236,20 @@ def eval_cmd(
 @command(app)
 def bench(
     model: str = MODEL,
-    drafter: Optional[str] = typer.Option(None, "--drafter", help=DRAFTER_HELP + " Here: 'untrained[:N]' = "
-                                          "random (timing only)."),
+    drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
     prompts: str = typer.Option("builtin-holdout", "--prompts", help="jsonl with `messages` (user turns = prompt), "
                                 "or builtin-holdout."),
     methods: str = typer.Option("greedy,plain,ngram,eagle3", "--methods", help="Comma list of greedy (transformers "
                                 "generate), plain (specdraft's loop, no drafter), ngram, eagle3, eagle3-tree, ..."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help=MAX_NEW_TOKENS_HELP + " Here: per prompt."),
-    num_speculative_tokens: Optional[str] = typer.Option(None, NUM_SPEC, "-k", help=draft_length_help(
-        "Here: or auto, the default for a drafter's chain: K from measured costs and acceptance, K=0 (plain "
-        "decoding) where no chain pays.")),
+    num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO,
     draft_stop: Optional[str] = DRAFT_STOP,
     rounds: int = typer.Option(3, "--rounds", help="Timing rounds, the order rotated per round; the medians count. "
                                "Here: each runs every method on every prompt."),
     tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: for eagle3-tree (default 4,4,16)."),
     ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN,
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N. Here: prompts (builtin-holdout: 32)."),
-    out: Optional[Path] = typer.Option(None, "--out", help=OUT_HELP + " Here: the results JSON and a .png chart."),
+    out: Optional[Path] = out_option("the results JSON and a .png chart."),
     as_json: bool = AS_JSON,
     time_split: bool = typer.Option(False, "--time-split", help="Print the draft / verify / other time split."),
     device: str = DEVICE, compute_dtype: str = COMPUTE_DTYPE, trust_remote_code: bool = TRUST,
@@ -273,17 +260,12 @@ def bench(
     from specdraft.io import write_json
 
     check_out(out, [prompts, drafter], ".json")
-    if out is not None:
-        check_out(out.with_suffix(".png"), [prompts, drafter], ".png")
+    check_out(out and out.with_suffix(".png"), [prompts, drafter], ".png")
     report = B.run_bench(model, drafter, prompts, methods, max_new_tokens, num_speculative_tokens, draft_stop, rounds,
                          tree, (ngram_min, ngram_max), limit, device, compute_dtype, trust_remote_code)
     say(report["warnings"])
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        Console().print(B.bench_table(report))
-    if time_split:
-        say(B.time_split_lines(report))
+    print(json.dumps(report, indent=2)) if as_json else Console().print(B.bench_table(report))
+    say(B.time_split_lines(report) if time_split else [])
     if out is not None:
         write_json(out, report)
         B.plot(report, out.with_suffix(".png"))
@@ -294,13 +276,10 @@ def bench(
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="User message (the chat template is applied)."),
     model: str = MODEL,
-    drafter: Optional[str] = typer.Option(None, "--drafter", help=DRAFTER_HELP + " Here: 'untrained[:N]' = "
-                                          "random (timing only)."),
+    drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
     method: str = typer.Option("eagle3", "--method", help="greedy (no drafting), ngram, or the drafter's family "
                                "(eagle3, peagle, ...: `specdraft info` lists them)."),
-    num_speculative_tokens: Optional[str] = typer.Option(None, NUM_SPEC, "-k", help=draft_length_help(
-        "Here: or auto, the default for a drafter's chain: K from measured costs and acceptance, K=0 (plain "
-        "decoding) where no chain pays.")),
+    num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO,
     draft_stop: Optional[str] = DRAFT_STOP,
     tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: greedy only."),
     temperature: float = typer.Option(0.0, help=TEMPERATURE_HELP + " Here: >0 samples; rejection sampling keeps the "
@@ -325,64 +304,11 @@ def generate(
     say(f"{result['new_tokens']} tokens, {result['tokens_per_s']:.1f} tokens/s, τ {result['accept_len']:.2f} ({name})")
 
 
-@command(app, "plan")
-def plan_cmd(drafter: Optional[Path] = typer.Option(None, "--drafter", help=DRAFTER_HELP + " Here: to time a draft step."),
-             model: str = MODEL,
-             accept: Optional[str] = typer.Option(None, "--accept", help="eval/bench JSON, metrics.jsonl, or rates "
-                                                  "0.8,0.6,..."),
-             store: Optional[Path] = typer.Option(None, "--store", help=STORE_HELP + " Here: acceptance is measured on it."),
-             verify_ms: Optional[str] = typer.Option(None, "--verify-ms", help="Verify latency for 1..K+1 tokens (ms), "
-                                                     "or one value for all."),
-             draft_ms: Optional[float] = typer.Option(None, "--draft-ms", help="Drafter step latency (ms)."),
-             max_k: int = typer.Option(LONGEST_CHAIN, "--max-k", help="Longest draft chain considered (as -k auto's)."),
-             context: int = typer.Option(512, help="KV cache length for the verify measurement."),
-             rounds: int = typer.Option(3, "--rounds", help="Timing rounds, the order rotated per round; the medians "
-                                        "count. Here: each times every verify length and the draft step."),
-             run: Optional[Path] = typer.Option(None, "--run", help="Run folder: the result and a journal entry go there."),
-             out: Optional[Path] = typer.Option(None, "--out", help=OUT_HELP + " Here: the plan JSON."),
-             as_json: bool = AS_JSON, trust_remote_code: bool = TRUST):
-    """Choose the number of draft tokens from acceptance per position and draft/verify cost."""
-    from specdraft.analysis import plan
-
-    check_out(out, [accept, drafter, store], ".json")
-    result = plan.run(drafter=drafter, model=model, accept=accept, data=store,
-                      verify_ms=parse_floats(verify_ms, "--verify-ms"), draft_ms=draft_ms, k_max=max_k,
-                      context=context, run=run, out=out, trust_remote_code=trust_remote_code, rounds=rounds)
-    say(result.get("warnings", []))
-    print(json.dumps(result, indent=2) if as_json else plan.format_plan(result))
-
-
-@command(app, "probe")
-def probe_cmd(vocab: Optional[List[Path]] = typer.Option(None, "--vocab", help=VOCAB_HELP + " Here: two "
-                                                           "mappings A and B (vocab file or drafter folder)."),
-              model: Optional[List[str]] = typer.Option(None, "--model", "-m", help=MODEL_HELP + " Here: two (A, "
-                                                        "B) for the hidden-state probe, one for --drafter."),
-              prepared: Optional[Path] = typer.Option(None, "--prepared", help=PREPARED_HELP + " Here: both targets read it."),
-              drafter: Optional[Path] = typer.Option(None, "--drafter", help=DRAFTER_HELP + " Here: for the direct "
-                                                     "acceptance probe."),
-              samples: int = typer.Option(32, help="Samples of --prepared to run."),
-              tokens_per_sample: int = typer.Option(512, "--tokens-per-sample", help="Tokens of each sample read."),
-              draft_length: int = typer.Option(DRAFT_LENGTH, NUM_SPEC, "-k", help=draft_length_help(
-                  "Here: the positions the direct probe measures (1..7).")),
-              run: Optional[Path] = typer.Option(None, "--run", help="Run folder: the result and a journal entry go there."),
-              out: Optional[Path] = typer.Option(None, "--out", help=OUT_HELP + " Here: the result JSON."),
-              as_json: bool = AS_JSON, trust_remote_code: bool = TRUST):
-    """Before fine-tuning: mapping overlap, hidden-state similarity of two targets, the drafter as it is."""
-    from specdraft.analysis import probe
-
-    check_out(out, [*(vocab or []), prepared, drafter], ".json")
-    results = probe.run(vocabs=vocab or [], models=model or [], data=prepared, drafter=drafter, samples=samples,
-                        max_tokens=tokens_per_sample, steps=draft_length, run=run, out=out,
-                        trust_remote_code=trust_remote_code)
-    for r in results:
-        print(json.dumps(r, indent=2) if as_json else probe.format_result(r))
-
-
 @command(app, "export")
 def export_cmd(
     run_or_ckpt: Path = typer.Argument(..., help="Checkpoint folder, or a run folder WS/runs/NAME (best/, else newest epoch)."),
     fmt: str = typer.Option("speculators", "--format", help="speculators (vLLM) or sglang."),
-    out: Path = typer.Option(..., "--out", help=OUT_HELP + " Here: the folder the serving engine loads."),
+    out: Path = out_option("the folder the serving engine loads.", required=True),
     weights_dtype: str = typer.Option("bfloat16", "--weights-dtype", help="Dtype of the exported weights: bfloat16 "
                                       "(what vLLM/SGLang serve), float16 or float32."),
     no_embeddings: bool = typer.Option(False, "--no-embeddings", help="Drop embed_tokens (engines then use the "
@@ -404,9 +330,10 @@ def export_cmd(
 
 
 @command(app, "import")
-def import_cmd(src: Path = typer.Argument(..., help="Drafter folder: speculators, SGLang, or official EAGLE-3 layout."),
-               out: Path = typer.Option(..., "--out", help=OUT_HELP + " Here: a drafter folder in our layout."),
-               as_json: bool = AS_JSON):
+def import_cmd(
+    src: Path = typer.Argument(..., help="Drafter folder: speculators, SGLang, or official EAGLE-3 layout."),
+    out: Path = out_option("a drafter folder in our layout.", required=True), as_json: bool = AS_JSON,
+):
     """Read a drafter in any supported layout and write it in ours."""
     from specdraft.formats.checkpoints import import_checkpoint, import_lines
     from specdraft.io import own_folder
@@ -416,55 +343,17 @@ def import_cmd(src: Path = typer.Argument(..., help="Drafter folder: speculators
     print(json.dumps(summary, indent=2)) if as_json else say(import_lines(summary, src, out))
 
 
-@command(app, "report")
-def report_cmd(runs: List[Path] = typer.Argument(..., help="Run folders."),
-               out: Optional[Path] = typer.Option(None, "--out", help=OUT_HELP + " Here: the HTML file (default: "
-                                                  "report.html in the first run folder).")):
-    """One self-contained HTML page that leads with τ, speedup and losslessness; then bench/eval
-    tables, the export's serve commands, stage timings, curves, journal and config."""
-    from specdraft.analysis import report
-
-    check_out(out, runs, ".html")
-    say(f"report -> {report.build(runs, out)}")
-
-
-@command(app, "compare")
-def compare_cmd(runs: List[Path] = typer.Argument(..., help="Run folders (or their metrics.jsonl)."),
-                out: Optional[Path] = typer.Option(None, "--out", help=OUT_HELP + " Here: a folder for compare.md "
-                                                   "and curves.png."),
-                metric: Optional[List[str]] = typer.Option(None, "--metric", help="Table metrics (repeatable)."),
-                baseline: Optional[Path] = typer.Option(None, "--baseline", help=BASELINE_HELP + " Here: flag runs that stay behind it."),
-                margin: float = typer.Option(0.05, help="Behind-baseline margin on full_acc_0 (absolute)."),
-                as_json: bool = AS_JSON):
-    """Validation metrics per epoch side by side, and curves aligned by tokens seen."""
-    from specdraft.analysis import compare
-
-    result = compare.compare(runs, out, tuple(metric) if metric else compare.DEFAULT_TABLE_METRICS,
-                             baseline=baseline, margin=margin)
-    print(json.dumps(result, indent=2)) if as_json else compare.print_result(result)
-
-
-@command(journal_app, "add")
-def journal_add(run: Path = typer.Argument(..., help="Run folder, e.g. WS/runs/NAME."),
-                text: str = typer.Argument(..., help="What was hypothesised, found or decided."),
-                kind: str = typer.Option(..., "--kind", help="hypothesis, result, decision, warning or probe.")):
-    """Append a timestamped entry to RUN/journal.md."""
-    from specdraft import journal
-
-    entry = journal.add(run, kind, text)
-    say(f"journal {entry.time} {entry.kind} -> {journal.journal_path(run)}")
-
-
 @command(app)
-def recipe(model: str = typer.Argument(..., help=MODEL_HELP),
-           profile: Optional[str] = typer.Option(None, help=PROFILE_HELP + " Here: default "
-                                                 "quick (src/specdraft/recipes/, see docs/recipes.md)."),
-           config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP + " Here: "
-                                                 "instead of --profile (copy src/specdraft/recipes/quick.yaml)."),
-           workspace: Optional[Path] = typer.Option(None, "--workspace", help=WORKSPACE_HELP + " Here: "
-                                                    "default ws/<model>-<recipe name>."),
-           conversations: str = typer.Option("builtin", "--conversations", help=CONVERSATIONS_HELP),
-           engine: str = ENGINE):
+def recipe(
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    profile: Optional[str] = typer.Option(None, help=PROFILE_HELP + " Here: default quick (src/specdraft/recipes/, "
+                                          "see docs/recipes.md)."),
+    config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP + " Here: instead of --profile (copy "
+                                          "src/specdraft/recipes/quick.yaml)."),
+    workspace: Optional[Path] = typer.Option(None, "--workspace", help=WORKSPACE_HELP + " Here: default "
+                                             "ws/<model>-<recipe name>."),
+    conversations: str = typer.Option("builtin", "--conversations", help=CONVERSATIONS_HELP), engine: str = ENGINE,
+):
     """Every stage, prepare to report, for any target: the recipe behind `make demo`."""
     from specdraft.data.vllm_engine import engine_options
     from specdraft.pipeline import recipe_choice, run_recipe
@@ -474,9 +363,11 @@ def recipe(model: str = typer.Argument(..., help=MODEL_HELP),
 
 
 @command(app)
-def demo(workspace: Path = typer.Option(Path("ws/demo"), "--workspace", help=WORKSPACE_HELP),
-         profile: str = typer.Option("quick", help=PROFILE_HELP + " Here: quick takes about 20 min on 2 cores."),
-         engine: str = ENGINE):
+def demo(
+    workspace: Path = typer.Option(Path("ws/demo"), "--workspace", help=WORKSPACE_HELP),
+    profile: str = typer.Option("quick", help=PROFILE_HELP + " Here: quick takes about 20 min on 2 cores."),
+    engine: str = ENGINE,
+):
     """The end-to-end job on the embedded default target (SmolLM2-135M-Instruct)."""
     from specdraft.data.vllm_engine import engine_options
     from specdraft.pipeline import run_demo
@@ -485,36 +376,8 @@ def demo(workspace: Path = typer.Option(Path("ws/demo"), "--workspace", help=WOR
 
 
 def main() -> None:
-    """Entry point: bad input becomes one line on stderr and exit code 2, never a traceback.
-
-    OS errors that no writer turned into a message (a full disk, a path that is a folder, no
-    permission) are bad input too: one line naming the path. SPECDRAFT_DEBUG=1 shows the traceback.
-    Output to a file or pipe is never wrapped (a log keeps paths and tables whole)."""
-    import os
-
-    from specdraft.io import os_error_line
-
-    if not sys.stderr.isatty() and "--help" not in sys.argv:
-        os.environ.setdefault("COLUMNS", "1000")
-    try:
-        code = app(standalone_mode=False)
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]")
-        sys.exit(130)
-    except Exception as e:
-        if hasattr(e, "format_message") and hasattr(e, "exit_code"):   # click's usage errors, on one line too
-            help_only = type(e).__name__ == "NoArgsIsHelpError"
-            console.print(("" if help_only else "error: ") + e.format_message(), highlight=False, soft_wrap=True,
-                          markup=False)
-            sys.exit(e.exit_code)
-        line = str(e) if isinstance(e, SpecdraftError) else os_error_line(getattr(e, "filename", None), e)
-        if line is None:
-            raise   # a bug, not bad input: the traceback is what helps
-        if os.environ.get("SPECDRAFT_DEBUG") == "1":
-            console.print_exception()
-        console.print(f"[red]error:[/] {line}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    sys.exit(code if isinstance(code, int) else 0)
+    """Entry point: bad input is one line on stderr and exit 2, never a traceback (flags.run_cli)."""
+    run_cli(app)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,15 @@ import math
 import typing
 from typing import Optional
 
+import sys
+
 import typer
+from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
 from specdraft.defaults import DRAFT_LENGTH, K_MAX, NUM_SPEC, parse_draft_length, parse_draft_stop  # noqa: F401
 from specdraft.errors import SpecdraftError
+from specdraft.io import os_error_line
 from specdraft.train.command import ENGINE_ARGS_HELP, ENGINE_HELP, STORE_FORMAT_HELP, TP_HELP
 from specdraft.train.config import MAX_TTT_STEPS, RunConfig
 
@@ -56,6 +60,18 @@ DRAFT_STOP = typer.Option(None, "--draft-stop", help=(
     "Confidence stop for the drafter's chain: end a draft when its confidence (the product of its top-1 "
     "probabilities) falls below P in [0, 1]; auto = where one more draft token costs more than it earns "
     "(cost model). Never changes the output."))
+DRAFTER_OR_UNTRAINED = typer.Option(None, "--drafter", help=DRAFTER_HELP + " Here: 'untrained[:N]' = random (timing only).")
+DRAFT_LENGTH_OR_AUTO = typer.Option(None, NUM_SPEC, "-k", help=draft_length_help(
+    "Here: or auto, the default for a drafter's chain: K from measured costs and acceptance, K=0 (plain "
+    "decoding) where no chain pays."))
+RUN_RECORD = typer.Option(None, "--run", help="Run folder: the result and a journal entry go there.")
+
+
+def out_option(here: str, required: bool = False):
+    """--out: where this command writes, `here` saying what."""
+    return typer.Option(... if required else None, "--out", help=f"{OUT_HELP} Here: {here}")
+
+
 MAX_NEW_TOKENS_HELP = "New tokens per answer at most."
 NGRAM_MAX = typer.Option(3, "--ngram-max", help="Longest suffix n-gram the ngram method looks up.")
 NGRAM_MIN = typer.Option(1, "--ngram-min", help="Shortest suffix n-gram the ngram method looks up.")
@@ -241,3 +257,54 @@ def command(group: typer.Typer, name: Optional[str] = None, **kwargs):
     return register
 
 
+# ----------------------------------------------------------------------------- output and the entry point
+
+console = Console(stderr=True)
+
+
+def say(lines) -> None:
+    """Stage summaries and warnings on stderr, never wrapped (log files keep whole lines)."""
+    for line in [lines] if isinstance(lines, str) else lines:
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        from specdraft import __version__
+
+        print(f"specdraft {__version__}")
+        raise typer.Exit()
+
+
+VERSION = typer.Option(False, "--version", callback=version_callback, is_eager=True, help="Print the version and exit.")
+
+
+def run_cli(app) -> None:
+    """The entry point's frame: bad input becomes one line on stderr and exit code 2, never a traceback.
+
+    OS errors that no writer turned into a message (a full disk, a path that is a folder, no
+    permission) are bad input too: one line naming the path. SPECDRAFT_DEBUG=1 shows the traceback.
+    Output to a file or pipe is never wrapped (a log keeps paths and tables whole)."""
+    import os
+
+    if not sys.stderr.isatty() and "--help" not in sys.argv:
+        os.environ.setdefault("COLUMNS", "1000")
+    try:
+        code = app(standalone_mode=False)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]")
+        sys.exit(130)
+    except Exception as e:
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):   # click's usage errors, on one line too
+            help_only = type(e).__name__ == "NoArgsIsHelpError"
+            console.print(("" if help_only else "error: ") + e.format_message(), highlight=False, soft_wrap=True,
+                          markup=False)
+            sys.exit(e.exit_code)
+        line = str(e) if isinstance(e, SpecdraftError) else os_error_line(getattr(e, "filename", None), e)
+        if line is None:
+            raise   # a bug, not bad input: the traceback is what helps
+        if os.environ.get("SPECDRAFT_DEBUG") == "1":
+            console.print_exception()
+        console.print(f"[red]error:[/] {line}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
