@@ -147,11 +147,12 @@ def test_model_card_and_re_export_over_it(made, tmp_path, monkeypatch, capsys):
     assert str(AUX) in text                                           # aux layer ids
     assert "| draft vocab size | 16 " in text
     assert "| TTT steps | 3 |" in text and "123 samples, 4567 tokens" in text and "9134 tokens trained" in text
-    assert "2.35 (bench, k=3, 8 prompts of builtin-holdout, 1.90x vs greedy)" in text
+    assert "| τ at K=3 (what it serves) | 2.35 (bench, 8 prompts of builtin-holdout, 1.90x vs greedy) |" in text
     fingerprint = json.loads((made["ckpt"] / "inputs.json").read_text())["target"]["fingerprint"]
     assert fingerprint in text
     spec = json.dumps({"method": "eagle3", "model": str(out.resolve()), "num_speculative_tokens": 3})
     assert f"vllm serve {made['target']} \\\n  --speculative-config '{spec}'" in text
+    assert f"vllm serve {out.resolve()}\n" in text                    # speculators' short form: the folder names its target
     assert "--speculative-algorithm EAGLE3" in text
     # a previous export that holds README.md is replaced (sglang layout: the SGLang command is its own)
     code, err = run_main(monkeypatch, capsys, "export", made["run"], "--out", out, "--format", "sglang")
@@ -163,7 +164,7 @@ def test_model_card_and_re_export_over_it(made, tmp_path, monkeypatch, capsys):
     assert run_main(monkeypatch, capsys, "export", bare, "--out", tmp_path / "bare_out")[0] == 0
     text = (tmp_path / "bare_out" / "README.md").read_text()
     assert "| TTT steps | unknown |" in text and "| training data | unknown |" in text
-    assert "| τ (held-out prompts) | unknown |" in text
+    assert "| τ at K=3 (what it serves) | unknown |" in text
 
 
 def test_export_is_recorded_in_the_run_for_its_report(made, tmp_path, monkeypatch, capsys):
@@ -198,7 +199,8 @@ def test_a_drafter_sglang_cannot_serve_gets_vllm_commands_only(tmp_path):
     missing = sglang.unsupported(cfg)
     assert "norm_output" in missing
     commands = card.serve_commands("tiny/target", tmp_path, 3, "speculators", missing)
-    assert [engine for engine, _, _ in commands] == ["vLLM"] and "SGLang cannot serve" in commands[0][1]
+    assert [engine for engine, _, _ in commands] == ["vLLM", "SGLang"] and "SGLang cannot serve" in commands[1][1]
+    assert commands[1][2] == "" and "SGLang" not in commands[0][1]     # the note under its own heading, no command
     (tmp_path / "config.json").write_text(json.dumps({"specdraft": {"drafter_config": cfg.to_dict()}}))
     assert served_as(str(tmp_path)) == ({"method": "eagle3"}, missing)
     assert len(card.serve_commands("tiny/target", tmp_path, 3, "speculators")) == 2
