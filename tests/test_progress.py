@@ -12,7 +12,7 @@ from rich.console import Console
 from bad_workspace import ws  # noqa: F401  (fixture)
 from specdraft.progress import progress, track
 
-LINE = r"(\d[\d,]*)/(\d[\d,]*) {unit} \(\d+%\).*, elapsed \d+:\d\d:\d\d, eta (\d+:\d\d:\d\d|-:--:--)$"
+LINE = r"(\d[\d,]*(?:\.\d)?)/(\d[\d,]*) {unit} \(\d+%\).*, elapsed \d+:\d\d:\d\d, eta (\d+:\d\d:\d\d|-:--:--)$"
 BAR_CHARS = "━╸╺█▏"
 TABLE_EDGES = "┏┡└┃│┗┣"    # rich tables (the epoch table) are fine in a log; bars are not
 

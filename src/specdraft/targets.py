@@ -185,12 +185,17 @@ def loading_note(name: str):
     transient, and nothing at all in a log file."""
     from rich.console import Console
 
-    return Console(stderr=True).status(f"loading {name} ...")
+    return Console(stderr=True).status(f"loading {name} ...", spinner="line")
 
 
 def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu",
                 trust_remote_code: bool = False) -> Target:
     """Load model + tokenizer in eval mode; `identity` fingerprints the weights."""
+    with loading_note(model):
+        return _load_target(model, dtype, device, trust_remote_code)
+
+
+def _load_target(model: str, dtype: str | torch.dtype, device: str, trust_remote_code: bool) -> Target:
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -201,10 +206,9 @@ def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = 
     tok = load_tokenizer(model, trust_remote_code)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     try:
-        with loading_note(name):
-            lm, loading = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch_dtype,
-                                                               trust_remote_code=trust_remote_code,
-                                                               output_loading_info=True)
+        lm, loading = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch_dtype,
+                                                           trust_remote_code=trust_remote_code,
+                                                           output_loading_info=True)
     except SafetensorError as e:
         raise check_weights_read(e, model, path) from None
     except OSError as e:
