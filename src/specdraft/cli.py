@@ -40,8 +40,8 @@ def root(version: bool = VERSION):
 
 @command(app)
 def info(model: str = MODEL, trust_remote_code: bool = TRUST, as_json: bool = AS_JSON):
-    """Architecture, layers, hidden size, vocab, tied lm_head, chat template, default aux layers,
-    and the drafter families `train --family` takes."""
+    """What specdraft sees in a target. Architecture, layers, hidden size, vocab, tied lm_head, chat
+    template, default aux layers, and the drafter families `train --family` takes."""
     from specdraft.families import names
     from specdraft.targets import info as target_info
 
@@ -70,7 +70,8 @@ def prepare(
     tensor_parallel_size: int = TP, engine_args: Optional[str] = ENGINE_ARGS,
     part: Optional[str] = typer.Option(None, "--part", help=PART_HELP),
 ):
-    """Render conversations with the chat template and build the assistant-token loss mask."""
+    """Render conversations for training. The chat template applied, the assistant tokens' loss mask
+    built; with --regenerate the answers are the target's own."""
     from specdraft.data.prepare import prepare as run_prepare, summary_lines
     from specdraft.data.prepared import parse_part
     from specdraft.data.vllm_engine import engine_options
@@ -105,7 +106,8 @@ def capture(
     part: Optional[str] = typer.Option(None, "--part", help=PART_HELP + " Here: train on the parts "
                                        "with --store A --store B ..."),
 ):
-    """Store the target's aux hidden states and pre-norm last layer output, per token."""
+    """Store the target's hidden states per token. Its aux layers' states and its pre-norm last layer
+    output, in shards that train reads."""
     from specdraft.data import capture as cap
     from specdraft.data.prepared import parse_part
     from specdraft.data.store_formats import check_format
@@ -139,7 +141,7 @@ def store_convert(
                                         "store was captured from (default: the one its manifest names)."),
     trust_remote_code: bool = TRUST,
 ):
-    """Re-write a store in another store format (same samples, same shards)."""
+    """Re-write a store in another store format. Same samples, same shards."""
     from specdraft.data.store_convert import convert_store
     from specdraft.io import own_folder
 
@@ -159,7 +161,8 @@ def vocab_build(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP + " Here: for its vocab size "
                                         "(default: the one named in the data)."),
 ):
-    """Top-N target tokens by frequency over loss-masked tokens, as d2t offsets / t2d mask."""
+    """Build the draft vocabulary. The top-N target tokens by frequency over loss-masked tokens, as
+    d2t offsets / t2d mask."""
     from specdraft import vocab
     from specdraft.io import check_output_file
 
@@ -178,7 +181,8 @@ def vocab_diff(
     a: Path = typer.Argument(..., help="Mapping A (.safetensors or drafter folder)."),
     b: Path = typer.Argument(..., help="Mapping B."), as_json: bool = AS_JSON,
 ):
-    """Sizes, token-set overlap, positional matches, rows that carry over from A to B."""
+    """Compare two draft vocabularies. Sizes, token-set overlap, positional matches, rows that carry
+    over from A to B."""
     from specdraft import vocab
 
     d = vocab.diff(vocab.load(a), vocab.load(b))
@@ -191,7 +195,8 @@ def vocab_remap(
     b: Path = typer.Argument(..., help="Destination mapping B."),
     out: Optional[Path] = out_option("the permutation (safetensors)."), as_json: bool = AS_JSON,
 ):
-    """Row permutation from A's draft ids to B's, and B's rows that have no source."""
+    """Map one draft vocabulary onto another. The row permutation from A's draft ids to B's, and B's
+    rows that have no source."""
     from specdraft import vocab
 
     check_out(out, [a, b], ".safetensors")
@@ -220,7 +225,8 @@ def eval_cmd(
     out: Optional[Path] = out_option("the results JSON (the report and the model card read RUN/eval.json)."),
     as_json: bool = AS_JSON, trust_remote_code: bool = TRUST,
 ):
-    """τ (tokens per target forward) from stored hidden states: per-position acceptance, seconds."""
+    """τ from stored hidden states, in seconds. τ (tokens per target forward) at every K up to -k,
+    and the per-position acceptance behind it."""
     from specdraft.analysis.evaluate import evaluate, format_result
     from specdraft.io import write_json
 
@@ -254,8 +260,8 @@ def bench(
     time_split: bool = typer.Option(False, "--time-split", help="Print the draft / verify / other time split."),
     device: str = DEVICE, compute_dtype: str = COMPUTE_DTYPE, trust_remote_code: bool = TRUST,
 ):
-    """Wall-clock speed of greedy, plain (specdraft's loop, no drafter), n-gram and drafters on the same
-    prompts, in interleaved rounds (median and spread per method)."""
+    """Wall-clock speed of every method on the same prompts. greedy, plain (specdraft's loop, no
+    drafter), n-gram and drafters, in interleaved rounds (median and spread per method)."""
     from specdraft.infer import bench as B
     from specdraft.io import write_json
 
@@ -290,7 +296,7 @@ def generate(
     ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN, device: str = DEVICE, compute_dtype: str = COMPUTE_DTYPE,
     as_json: bool = AS_JSON, trust_remote_code: bool = TRUST,
 ):
-    """Speculative generation for one prompt: streams the answer, then tokens/s and τ."""
+    """Speculative generation for one prompt. Streams the answer, then tokens/s and τ."""
     from specdraft.infer.generate import generate_one
     from specdraft.infer.sampling import Sampling
 
@@ -319,7 +325,8 @@ def export_cmd(
         "Here: written into the speculators config; the model card quotes τ at it.")),
     as_json: bool = AS_JSON,
 ):
-    """Write the drafter in the layout a serving engine loads, with a model card (docs/serving.md)."""
+    """Write the drafter for a serving engine. In the layout vLLM or SGLang loads, with a model card
+    (docs/serving.md)."""
     from specdraft.formats.checkpoints import export, export_line
     from specdraft.io import own_folder
 
@@ -334,7 +341,7 @@ def import_cmd(
     src: Path = typer.Argument(..., help="Drafter folder: speculators, SGLang, or official EAGLE-3 layout."),
     out: Path = out_option("a drafter folder in our layout.", required=True), as_json: bool = AS_JSON,
 ):
-    """Read a drafter in any supported layout and write it in ours."""
+    """Read a drafter in any supported layout. It is written in ours."""
     from specdraft.formats.checkpoints import import_checkpoint, import_lines
     from specdraft.io import own_folder
 
@@ -354,7 +361,7 @@ def recipe(
                                              "ws/<model>-<recipe name>."),
     conversations: str = typer.Option("builtin", "--conversations", help=CONVERSATIONS_HELP), engine: str = ENGINE,
 ):
-    """Every stage, prepare to report, for any target: the recipe behind `make demo`."""
+    """Every stage, prepare to report, for any target. The recipe behind `make demo`."""
     from specdraft.data.vllm_engine import engine_options
     from specdraft.pipeline import recipe_choice, run_recipe
 
@@ -368,7 +375,7 @@ def demo(
     profile: str = typer.Option("quick", help=PROFILE_HELP + " Here: quick takes about 20 min on 2 cores."),
     engine: str = ENGINE,
 ):
-    """The end-to-end job on the embedded default target (SmolLM2-135M-Instruct)."""
+    """The whole pipeline on the default target. SmolLM2-135M-Instruct, embedded in the install."""
     from specdraft.data.vllm_engine import engine_options
     from specdraft.pipeline import run_demo
 

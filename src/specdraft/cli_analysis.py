@@ -39,7 +39,7 @@ def plan_cmd(
     run: Optional[Path] = RUN_RECORD, out: Optional[Path] = out_option("the plan JSON."), as_json: bool = AS_JSON,
     trust_remote_code: bool = TRUST,
 ):
-    """Choose the number of draft tokens from acceptance per position and draft/verify cost."""
+    """Choose the draft length. From acceptance per position and the measured draft/verify costs."""
     from specdraft.analysis import plan
 
     check_out(out, [accept, drafter, store], ".json")
@@ -65,7 +65,8 @@ def probe_cmd(
     run: Optional[Path] = RUN_RECORD, out: Optional[Path] = out_option("the result JSON."), as_json: bool = AS_JSON,
     trust_remote_code: bool = TRUST,
 ):
-    """Before fine-tuning: mapping overlap, hidden-state similarity of two targets, the drafter as it is."""
+    """Before fine-tuning, whether adapting can work. Mapping overlap, hidden-state similarity of two
+    targets, the drafter as it is."""
     from specdraft.analysis import probe
 
     check_out(out, [*(vocab or []), prepared, drafter], ".json")
@@ -81,8 +82,8 @@ def report_cmd(
     runs: List[Path] = typer.Argument(..., help="Run folders."),
     out: Optional[Path] = out_option("the HTML file (default: report.html in the first run folder)."),
 ):
-    """One self-contained HTML page that leads with τ, speedup and losslessness; then bench/eval
-    tables, the export's serve commands, stage timings, curves, journal and config."""
+    """One HTML page for a run. It leads with τ, speedup and losslessness; then bench/eval tables,
+    the export's serve commands, stage timings, curves, journal and config."""
     from specdraft.analysis import report
 
     check_out(out, runs, ".html")
@@ -98,7 +99,7 @@ def compare_cmd(
     margin: float = typer.Option(0.05, help="Behind-baseline margin on full_acc_0 (absolute)."),
     as_json: bool = AS_JSON,
 ):
-    """Validation metrics per epoch side by side, and curves aligned by tokens seen."""
+    """Runs side by side. Validation metrics per epoch, and curves aligned by tokens seen."""
     from specdraft.analysis import compare
 
     result = compare.compare(runs, out, tuple(metric) if metric else compare.DEFAULT_TABLE_METRICS,

@@ -57,7 +57,7 @@ def train(
                                           "a store of this format would hold them."),
     **settings,
 ):
-    """Train an EAGLE-3 drafter with training-time test from the hidden-state store."""
+    """Train a drafter on a hidden-state store. Training-time test (TTT) unrolls the draft steps."""
     from specdraft.train import distributed
 
     if parallel not in distributed.STRATEGIES:
