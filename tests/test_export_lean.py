@@ -204,3 +204,27 @@ def test_a_drafter_sglang_cannot_serve_gets_vllm_commands_only(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"specdraft": {"drafter_config": cfg.to_dict()}}))
     assert served_as(str(tmp_path)) == ({"method": "eagle3"}, missing)
     assert len(card.serve_commands("tiny/target", tmp_path, 3, "speculators")) == 2
+
+
+def test_the_card_reads_the_runs_records_when_best_has_no_inputs_and_quotes_tau_at_its_k(made, tmp_path):
+    """Exporting a run picks best/; runs trained before best/ carried inputs.json gave "training data:
+    unknown" and "target fingerprint: unknown". τ is quoted at the K the export serves: eval's τ at
+    that K, a bench τ at another K named with its K."""
+    from specdraft.formats import card
+
+    run = tmp_path / "run"
+    shutil.copytree(made["run"], run)
+    (run / "best" / "inputs.json").rename(tmp_path / "inputs.json")
+    for n in (1, 2):
+        (run / "checkpoints" / f"epoch-{n}").mkdir(parents=True)
+    inputs = json.loads((tmp_path / "inputs.json").read_text())
+    (run / "checkpoints" / "epoch-2" / "inputs.json").write_text(json.dumps(inputs))
+    (run / "eval.json").write_text(json.dumps({"accept_len": 2.9, "k": 5, "split": "val (3 held-out samples)",
+                                               "accept_len_by_k": [1.0, 1.6, 2.1, 2.5, 2.7, 2.9]}))
+    facts = card.facts(run / "best", made["cfg"])
+    assert facts["samples"] == 123 and facts["fingerprint"] == inputs["target"]["fingerprint"]
+    text = card.render(facts, made["cfg"], out=tmp_path / "e", layout="speculators", dtype="bfloat16",
+                       embeddings=True, speculative_tokens=2, weight_bytes=1000)
+    assert "| training data | 123 samples, 4567 tokens" in text
+    assert ("| τ at K=2 (what it serves) | 2.10 (eval, val (3 held-out samples)); 2.35 at K=3 (bench, 8 prompts "
+            "of builtin-holdout, 1.90x vs greedy) |") in text

@@ -45,6 +45,7 @@ def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target
     commands = readme_commands()
     assert [c[1] for c in commands][:6] == ["info", "prepare", "capture", "vocab", "train", "eval"], commands
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "SPECDRAFT_LOG_EVERY_S": "0"}
+    stderr = {}
     for argv in commands:
         if argv[1] in SKIP:
             continue
@@ -54,6 +55,9 @@ def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target
         assert run.returncode == 0, (args, run.stderr[-3000:])
         assert "Traceback" not in run.stderr, run.stderr
         assert not [line for line in run.stderr.splitlines() if line.startswith("error")], run.stderr
+        stderr[args[0]] = run.stderr
+    # data-quality notes where they are found: 2 held-out samples (a quarter of 8) make a noisy τ
+    assert "warning: τ from 2 sample(s) is noisy" in stderr["eval"], stderr["eval"]
     run_dir = tmp_path / "ws" / "runs" / "a"
     eval_result = json.loads((run_dir / "eval.json").read_text())
     card = (tmp_path / "ws" / "export" / "vllm" / "README.md").read_text()
@@ -67,3 +71,8 @@ def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target
     report = (run_dir / "report.html").read_text()
     assert f"sim τ <b>{eval_result['accept_len']:.2f}</b>" in report, "the eval τ is missing from the report"
     assert f"{int(samples.group(1)):,} samples, {int(samples.group(2)):,} tokens" in report
+    # --split all measures on the samples the drafter trained on too, and says so
+    every = subprocess.run([sys.executable, "-m", "specdraft.cli", "eval", "--model", str(tiny_target), "--drafter",
+                            "ws/runs/a", "--store", "ws/hidden", "--split", "all"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert every.returncode == 0 and "warning: --split all includes the samples the drafter trained on" in every.stderr

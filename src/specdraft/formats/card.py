@@ -60,10 +60,18 @@ def _tokens_trained(metrics: Path) -> int | None:
     return last if isinstance(last, int) else None
 
 
+def _newest_epoch_inputs(run: Path) -> dict:
+    """inputs.json of the run's newest epoch checkpoint: a run's data is one for all its checkpoints,
+    and best/ of runs trained before best/ carried its own copy has none."""
+    epochs = [(int(p.name.split("-")[-1]), p) for p in (run / run_layout.CHECKPOINTS).glob("epoch-*")
+              if p.name.split("-")[-1].isdigit()]
+    return _json(max(epochs)[1] / "inputs.json") if epochs else {}
+
+
 def facts(ckpt: Path, cfg, target_identity: dict | None = None) -> dict:
     """What the card says about the drafter's origin, from the run around `ckpt` when there is one."""
     run = run_folder_of(ckpt)
-    inputs = _json(ckpt / "inputs.json")
+    inputs = _json(ckpt / "inputs.json") or (_newest_epoch_inputs(run) if run else {})
     config = _yaml(run_layout.config_file(run)) if run else {}
     target = inputs.get("target") or {}
     ident = target_identity or {}
