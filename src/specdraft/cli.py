@@ -6,20 +6,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
 
-from specdraft.defaults import DRAFT_LENGTH, LONGEST_CHAIN
+from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
-from specdraft.flags import (AS_JSON, BASELINE_HELP, COMPUTE_DTYPE, CONFIG_HELP, CONVERSATIONS_HELP, DEVICE,
-                             DRAFT_LENGTH_OR_AUTO, DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS,
-                             MAX_NEW_TOKENS_HELP, MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP,
-                             PREPARED_HELP, PROFILE_HELP, RUN_RECORD, SEED_HELP, STORE_FORMAT_HELP, STORE_HELP,
-                             TEMPERATURE_HELP, TP, TREE_HELP, TRUST, VERSION, VOCAB_HELP, WORKSPACE_HELP, PlainCommand,
-                             check_out, command, draft_length_help, numbers_checked_first, out_option, parse_floats,
-                             parse_layers, plain_app, run_cli, say)
+from specdraft.flags import (AS_JSON, COMPUTE_DTYPE, CONFIG_HELP, CONVERSATIONS_HELP, DEVICE, DRAFT_LENGTH_OR_AUTO,
+                             DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS, MAX_NEW_TOKENS_HELP,
+                             MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP, PREPARED_HELP, PROFILE_HELP,
+                             SEED_HELP, STORE_FORMAT_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TREE_HELP, TRUST, VERSION,
+                             WORKSPACE_HELP, PlainCommand, check_out, command, draft_length_help,
+                             numbers_checked_first, out_option, parse_layers, plain_app, run_cli, say)
 from specdraft import cli_analysis as analysis_commands
 from specdraft.train.command import train as train_command
 

@@ -12,16 +12,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 import typing
 from typing import Optional
-
-import sys
 
 import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
-from specdraft.defaults import DRAFT_LENGTH, K_MAX, NUM_SPEC, parse_draft_length, parse_draft_stop  # noqa: F401
+from specdraft.defaults import DRAFT_LENGTH, K_MAX, NUM_SPEC
 from specdraft.errors import SpecdraftError
 from specdraft.io import os_error_line
 from specdraft.train.command import ENGINE_ARGS_HELP, ENGINE_HELP, STORE_FORMAT_HELP, TP_HELP
