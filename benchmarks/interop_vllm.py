@@ -210,7 +210,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         if not (drafter / "config.json").exists():
             print(f"interop: building a drafter in {drafter} (fit steps {args.fit_steps})", flush=True)
             build_drafter(args.model, drafter, args.draft_vocab, prompts, args.max_tokens, args.fit_steps)
-    # What is served is what users ship: `specdraft export --dtype bfloat16 --no-embeddings` (vLLM then
+    # What is served is what users ship: `specdraft export --weights-dtype bfloat16 --no-embeddings` (vLLM then
     # shares the target's embeddings); ours loads the same folder, taking the target's embeddings too.
     from specdraft.errors import SpecdraftError
     from specdraft.formats.checkpoints import export

@@ -79,7 +79,7 @@ def main() -> None:
     for scale in [int(s) for s in args.scales.split(",")]:
         ws = work / f"x{scale}"
         make_data(ws / "data", target, args.tokens * scale)
-        capture_mb, capture_s = peak_rss(["capture", "--model", model, "--data", ws / "data", "--out", ws / "hidden",
+        capture_mb, capture_s = peak_rss(["capture", "--model", model, "--prepared", ws / "data", "--out", ws / "hidden",
                                           "--layers", "1,2,3", "--shard-tokens", "4096", "--batch-tokens", "2048"], log)
         store_mb = sum(p.stat().st_size for p in (ws / "hidden").glob("shard-*")) / 1e6
         vocab_mod.build_from_data(ws / "data", 128, ws / "vocab.safetensors", model=str(model))

@@ -71,7 +71,7 @@ def test_cli_plan_with_given_latencies_writes_json_and_journal(tmp_path):
 
     run = tmp_path / "run"
     res = CliRunner().invoke(app, ["plan", "--accept", "0.8,0.7,0.6", "--verify-ms", "30", "--draft-ms", "2",
-                                   "--num-speculative-tokens", "6", "--run", str(run)])
+                                   "--max-k", "6", "--run", str(run)])
     assert res.exit_code == 0, res.output
     assert "<- best" in res.output
     saved = json.loads((run / "plan.json").read_text())
@@ -130,7 +130,7 @@ def test_probe_drafter_on_the_fly_matches_captured_store(tmp_path, tiny_target, 
     assert set(f"cond_acc_{k}" for k in range(3)) <= set(m) and 1.0 <= m["accept_len"] <= 4.0
     assert m["accept_len"] == pytest.approx(1 + m["cond_acc_0"] + m["cond_acc_0"] * m["cond_acc_1"]
                                             + m["cond_acc_0"] * m["cond_acc_1"] * m["cond_acc_2"])
-    assert "simulated acceptance length" in r["verdict"]
+    assert "simulated τ" in r["verdict"]
     store = tmp_path / "hidden"
     capture(model=str(tiny_target), data=prepared, out=store, dtype="float32", progress=False)
     rates = plan.accept_from_store(drafter_dir, str(tiny_target), store, steps=3)
@@ -158,7 +158,8 @@ def test_plan_measures_latencies_on_tiny_target(tmp_path, tiny_target, drafter_d
     assert len(result["verify_ms"]) == 3 and all(v > 0 for v in result["verify_ms"])
     assert result["draft_ms"] > 0 and set(result["measured"]) == {"verify", "draft"}
     assert json.loads((tmp_path / "plan.json").read_text())["best"] == result["best"]
-    assert "tok/cycle" in plan.format_plan(result)
+    header = next(line for line in plan.format_plan(result).splitlines() if "cycle ms" in line)
+    assert header.split()[:2] == ["K", "τ"], header                  # tokens per target forward, named τ
     # interleaved rounds (3 by default): verify(n) and the draft step each round, order rotated, the
     # per-round samples and the spread kept; the plan ranks the medians
     timing = result["timing"]

@@ -107,12 +107,12 @@ def c_capture_existing_out(ws):
 
 def c_resume_other_layers(ws):
     return (["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", ws["root"] / "hidden",
-             "--layers", "1,2,3", "--resume", "--dtype", "float32", "--shard-tokens", "200"], ws["root"] / "hidden")
+             "--layers", "1,2,3", "--resume", "--store-dtype", "float32", "--shard-tokens", "200"], ws["root"] / "hidden")
 
 
 def c_capture_nan(ws):
     return (["capture", "--model", ws["nan_target"], "--prepared", ws["root"] / "data", "--out", ws["root"] / "h-nan",
-             "--dtype", "float32"], ws["root"] / "data")
+             "--store-dtype", "float32"], ws["root"] / "data")
 
 
 def c_data_unfinished(ws):
@@ -270,8 +270,8 @@ def c_generate_k0(ws):
     return ["generate", "--model", ws["target"], "--prompt", "hi", "--method", "ngram", "-k", "0"], None
 
 
-def c_generate_k0_old_name(ws):   # the deprecated --k: its note, then the same error
-    return ["generate", "--model", ws["target"], "--prompt", "hi", "--method", "ngram", "--k", "0"], None
+def c_foreign_flag(ws):   # SpecForge's name for --out: one line naming ours
+    return ["train", "--output-dir", ws["root"] / "run-x"], None
 
 
 def c_store_as_prepared(ws):
@@ -294,8 +294,8 @@ def c_prepared_as_store_eval(ws):
         ws["root"] / "data"
 
 
-def c_old_and_new_name(ws):
-    return ["vocab", "build", "--prepared", ws["root"] / "data", "--data", ws["root"] / "data", "--size", "16",
+def c_removed_old_name(ws):   # the deprecated aliases are gone (issue 28): one line with the new name
+    return ["vocab", "build", "--data", ws["root"] / "data", "--size", "16",
             "--out", ws["root"] / "v-both.st"], ws["root"] / "data"
 
 
@@ -472,12 +472,12 @@ MATRIX = [
     Case("NaN in a store's hidden states (train)", c_train_nan_store, "loss is nan", after_start=True),
     Case("drafter/store for another target (eval)", c_eval_store_other_target, "fingerprint"),
     Case("-k 0", c_generate_k0, "--num-speculative-tokens 0"),
-    Case("--k 0 (deprecated name)", c_generate_k0_old_name, "--num-speculative-tokens 0", after_start=True),
+    Case("a neighbouring tool's flag name", c_foreign_flag, "No such option: --output-dir"),
     Case("store where prepared data is expected (capture)", c_store_as_prepared, "a hidden-state store"),
     Case("store where prepared data is expected (vocab build)", c_store_as_prepared_vocab, "a hidden-state store"),
     Case("prepared data where a store is expected (train)", c_prepared_as_store, "not a hidden-state store"),
     Case("prepared data where a store is expected (eval)", c_prepared_as_store_eval, "not a hidden-state store"),
-    Case("an option under its new and old name", c_old_and_new_name, "pass --prepared or --store only"),
+    Case("a removed old option name", c_removed_old_name, "--prepared"),
     Case("--lr nan", c_lr_nan, "--lr nan"),
     Case("wrongly typed value in --config YAML", c_yaml_wrong_type, "epochs"),
     Case("string where a switch is expected in --config YAML", c_yaml_bool_as_int, "progress"),

@@ -166,7 +166,7 @@ def test_refusals(tiny_target, prepared, target, tmp_path):
         run(tiny_target, prepared, out, layers=[2, 4, 8])
     with pytest.raises(SpecdraftError, match="distinct aux layer ids"):
         run(tiny_target, prepared, out, layers=[2, 2, 4])
-    with pytest.raises(SpecdraftError, match="--dtype int8"):
+    with pytest.raises(SpecdraftError, match="--store-dtype int8"):
         run(tiny_target, prepared, out, dtype="int8")
     run(tiny_target, prepared, out)
     with pytest.raises(SpecdraftError, match="pass --resume"):

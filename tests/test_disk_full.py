@@ -63,7 +63,7 @@ def c_prepare(ws):
 def c_capture(ws):
     out = fresh(ws, "h-full")
     return (["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", out, "--layers", LAYERS,
-             "--dtype", "float32"], ws["root"] / "data", out)
+             "--store-dtype", "float32"], ws["root"] / "data", out)
 
 
 def c_vocab_build(ws):
@@ -103,7 +103,7 @@ def c_eval_json(ws):
     out.parent.mkdir(exist_ok=True)
     out.write_text('{"old": true}\n')
     return (["eval", "--drafter", ws["root"] / "drafter", "--store", ws["root"] / "hidden", "--model", ws["target"],
-             "--split", "all", "--json", out], out.parent, out.parent)   # the deprecated --json PATH, still writing
+             "--split", "all", "--out", out], out.parent, out.parent)
 
 
 def small_run(ws) -> Path:
@@ -136,12 +136,12 @@ def c_journal_add(ws):
 
 CASES = {"prepare": c_prepare, "capture": c_capture, "vocab build": c_vocab_build, "train": c_train,
          "export over an earlier export": c_export_over_export, "import": c_import, "bench --out": c_bench_json,
-         "eval --json PATH (deprecated)": c_eval_json, "compare --out": c_compare_out, "journal add": c_journal_add}
+         "eval --out": c_eval_json, "compare --out": c_compare_out, "journal add": c_journal_add}
 
 
 # Commands that print lines before the error: progress (the disk fills after the work has started),
-# or the deprecation note of an old flag.
-MID_RUN = ("train", "capture", "bench --out", "eval --json PATH (deprecated)")
+# or a data-quality warning (eval --split all says it includes the training samples).
+MID_RUN = ("train", "capture", "bench --out", "eval --out")
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -1,4 +1,4 @@
-"""Lean exports (issue 16 part 5): --dtype (bf16 by default), --no-embeddings checked against the
+"""Lean exports (issue 16 part 5): --weights-dtype (bf16 by default), --no-embeddings checked against the
 target, and the README.md model card in every export folder."""
 
 import json
@@ -88,7 +88,7 @@ def test_export_is_bf16_by_default_and_config_says_so(made, tmp_path, monkeypatc
 def test_export_float16_and_float32(made, tmp_path, monkeypatch, capsys):
     for dtype, torch_dtype in (("float16", torch.float16), ("float32", torch.float32)):
         out = tmp_path / dtype
-        assert run_main(monkeypatch, capsys, "export", made["ckpt"], "--out", out, "--dtype", dtype)[0] == 0
+        assert run_main(monkeypatch, capsys, "export", made["ckpt"], "--out", out, "--weights-dtype", dtype)[0] == 0
         assert load_file(str(out / "model.safetensors"))["fc.weight"].dtype == torch_dtype
         assert config_dtypes(out) == {dtype}
 
@@ -106,8 +106,8 @@ def draft_logits(drafter):
 
 def test_no_embeddings_drops_them_and_loads_with_the_targets(made, tmp_path, monkeypatch, capsys):
     full, lean = tmp_path / "full", tmp_path / "lean"
-    assert run_main(monkeypatch, capsys, "export", made["run"], "--out", full, "--dtype", "float32")[0] == 0
-    code, err = run_main(monkeypatch, capsys, "export", made["run"], "--out", lean, "--dtype", "float32",
+    assert run_main(monkeypatch, capsys, "export", made["run"], "--out", full, "--weights-dtype", "float32")[0] == 0
+    code, err = run_main(monkeypatch, capsys, "export", made["run"], "--out", lean, "--weights-dtype", "float32",
                          "--no-embeddings", "--model", made["target"])
     assert code == 0, err
     assert "embed_tokens.weight" in load_file(str(full / "model.safetensors"))
@@ -134,8 +134,8 @@ def test_no_embeddings_refused_when_they_differ_or_without_model(made, tmp_path,
 
 
 def test_bad_dtype_exits_2_in_one_line(made, tmp_path, monkeypatch, capsys):
-    code, err = run_main(monkeypatch, capsys, "export", made["ckpt"], "--out", tmp_path / "o", "--dtype", "int8")
-    assert code == 2 and len(err) == 1 and "--dtype int8" in err[0] and "bfloat16" in err[0], err
+    code, err = run_main(monkeypatch, capsys, "export", made["ckpt"], "--out", tmp_path / "o", "--weights-dtype", "int8")
+    assert code == 2 and len(err) == 1 and "--weights-dtype int8" in err[0] and "bfloat16" in err[0], err
     assert not (tmp_path / "o").exists()
 
 
@@ -147,11 +147,12 @@ def test_model_card_and_re_export_over_it(made, tmp_path, monkeypatch, capsys):
     assert str(AUX) in text                                           # aux layer ids
     assert "| draft vocab size | 16 " in text
     assert "| TTT steps | 3 |" in text and "123 samples, 4567 tokens" in text and "9134 tokens trained" in text
-    assert "2.35 (bench, k=3, 8 prompts of builtin-holdout, 1.90x vs greedy)" in text
+    assert "| τ at K=3 (what it serves) | 2.35 (bench, 8 prompts of builtin-holdout, 1.90x vs greedy) |" in text
     fingerprint = json.loads((made["ckpt"] / "inputs.json").read_text())["target"]["fingerprint"]
     assert fingerprint in text
     spec = json.dumps({"method": "eagle3", "model": str(out.resolve()), "num_speculative_tokens": 3})
     assert f"vllm serve {made['target']} \\\n  --speculative-config '{spec}'" in text
+    assert f"vllm serve {out.resolve()}\n" in text                    # speculators' short form: the folder names its target
     assert "--speculative-algorithm EAGLE3" in text
     # a previous export that holds README.md is replaced (sglang layout: the SGLang command is its own)
     code, err = run_main(monkeypatch, capsys, "export", made["run"], "--out", out, "--format", "sglang")
@@ -163,7 +164,7 @@ def test_model_card_and_re_export_over_it(made, tmp_path, monkeypatch, capsys):
     assert run_main(monkeypatch, capsys, "export", bare, "--out", tmp_path / "bare_out")[0] == 0
     text = (tmp_path / "bare_out" / "README.md").read_text()
     assert "| TTT steps | unknown |" in text and "| training data | unknown |" in text
-    assert "| τ (held-out prompts) | unknown |" in text
+    assert "| τ at K=3 (what it serves) | unknown |" in text
 
 
 def test_export_is_recorded_in_the_run_for_its_report(made, tmp_path, monkeypatch, capsys):
@@ -198,7 +199,32 @@ def test_a_drafter_sglang_cannot_serve_gets_vllm_commands_only(tmp_path):
     missing = sglang.unsupported(cfg)
     assert "norm_output" in missing
     commands = card.serve_commands("tiny/target", tmp_path, 3, "speculators", missing)
-    assert [engine for engine, _, _ in commands] == ["vLLM"] and "SGLang cannot serve" in commands[0][1]
+    assert [engine for engine, _, _ in commands] == ["vLLM", "SGLang"] and "SGLang cannot serve" in commands[1][1]
+    assert commands[1][2] == "" and "SGLang" not in commands[0][1]     # the note under its own heading, no command
     (tmp_path / "config.json").write_text(json.dumps({"specdraft": {"drafter_config": cfg.to_dict()}}))
     assert served_as(str(tmp_path)) == ({"method": "eagle3"}, missing)
     assert len(card.serve_commands("tiny/target", tmp_path, 3, "speculators")) == 2
+
+
+def test_the_card_reads_the_runs_records_when_best_has_no_inputs_and_quotes_tau_at_its_k(made, tmp_path):
+    """Exporting a run picks best/; runs trained before best/ carried inputs.json gave "training data:
+    unknown" and "target fingerprint: unknown". τ is quoted at the K the export serves: eval's τ at
+    that K, a bench τ at another K named with its K."""
+    from specdraft.formats import card
+
+    run = tmp_path / "run"
+    shutil.copytree(made["run"], run)
+    (run / "best" / "inputs.json").rename(tmp_path / "inputs.json")
+    for n in (1, 2):
+        (run / "checkpoints" / f"epoch-{n}").mkdir(parents=True)
+    inputs = json.loads((tmp_path / "inputs.json").read_text())
+    (run / "checkpoints" / "epoch-2" / "inputs.json").write_text(json.dumps(inputs))
+    (run / "eval.json").write_text(json.dumps({"accept_len": 2.9, "k": 5, "split": "val (3 held-out samples)",
+                                               "accept_len_by_k": [1.0, 1.6, 2.1, 2.5, 2.7, 2.9]}))
+    facts = card.facts(run / "best", made["cfg"])
+    assert facts["samples"] == 123 and facts["fingerprint"] == inputs["target"]["fingerprint"]
+    text = card.render(facts, made["cfg"], out=tmp_path / "e", layout="speculators", dtype="bfloat16",
+                       embeddings=True, speculative_tokens=2, weight_bytes=1000)
+    assert "| training data | 123 samples, 4567 tokens" in text
+    assert ("| τ at K=2 (what it serves) | 2.10 (eval, val (3 held-out samples)); 2.35 at K=3 (bench, 8 prompts "
+            "of builtin-holdout, 1.90x vs greedy) |") in text

@@ -1,7 +1,8 @@
-"""One meaning per flag (issue 16): inputs named by kind (--conversations, --prepared, --store), one
-draft-length name (--num-speculative-tokens / -k, vLLM's num_speculative_tokens), --json prints to
-stdout and --out writes, --version. Every old name still works for one release and says so in one
-line on stderr. The stages themselves are replaced by recorders: this is about the command line."""
+"""One meaning per flag (issues 16 and 28): inputs named by kind (--conversations, --prepared, --store),
+one draft length (-k / --num-speculative-tokens, vLLM's num_speculative_tokens) with one default,
+--json prints to stdout and --out writes, each flag's help the same meaning in every command, --help
+in 80 columns, and neighbouring tools' flag names answered with ours. The stages themselves are
+replaced by recorders: this is about the command line."""
 
 import json
 
@@ -10,8 +11,7 @@ from typer.testing import CliRunner
 
 from specdraft import __version__
 from specdraft.cli import app
-
-NOTE = "is deprecated, use"
+from specdraft.defaults import DRAFT_LENGTH
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def calls(monkeypatch):
     monkeypatch.setattr(probe, "run", record("probe", []))
     monkeypatch.setattr(plan, "run", record("plan", {"best_k": 3}))
     monkeypatch.setattr(evaluate, "evaluate", record("eval", {"split": "all", "cond_acc": [0.5], "accept_len": 1.5,
-                                                              "accept_len_by_k": [1.0, 1.5]}))
+                                                              "accept_len_by_k": [1.0, 1.5], "k": 1, "warnings": []}))
     monkeypatch.setattr(pipeline, "run_recipe", record("recipe", {}))
     monkeypatch.setattr(formats, "export", record("export", {"source": "s", "source_layout": "ours", "has_embed_tokens": True}))
     monkeypatch.setattr(online, "online_setup", record("online", None))
@@ -61,53 +61,59 @@ def value(call, name, position=None):
     return kwargs[name] if position is None else args[position]
 
 
-# (new argv, old argv, stage, how to read the value the stage got, the value)
+# (argv, stage, how to read the value the stage got, the value)
 def cases(tmp):
     ws = tmp / "ws"
     return [
-        (["prepare", "--engine", "hf", "--out", ws / "d1", "--conversations", "builtin"],
-         ["prepare", "--engine", "hf", "--out", ws / "d2", "--data", "builtin"], "prepare", ("source",), "builtin"),
-        (["capture", "--engine", "hf", "--out", ws / "h1", "--prepared", ws / "data"],
-         ["capture", "--engine", "hf", "--out", ws / "h2", "--data", ws / "data"], "capture", ("data",), ws / "data"),
-        (["vocab", "build", "--size", "2", "--out", ws / "v.st", "--prepared", ws / "data"],
-         ["vocab", "build", "--size", "2", "--out", ws / "v.st", "--data", ws / "data"], "vocab", (None, 0), ws / "data"),
-        (["probe", "--vocab", "a", "--vocab", "b", "--prepared", ws / "data"],
-         ["probe", "--vocab", "a", "--vocab", "b", "--data", ws / "data"], "probe", ("data",), ws / "data"),
-        (["plan", "--accept", "0.5", "--json", "--store", ws / "hidden"],
-         ["plan", "--accept", "0.5", "--json", "--data", ws / "hidden"], "plan", ("data",), ws / "hidden"),
-        (["plan", "--accept", "0.5", "--json", "-k", "5"],
-         ["plan", "--accept", "0.5", "--json", "--k-max", "5"], "plan", ("k_max",), 5),
-        (["eval", "--drafter", "d", "--store", ws / "hidden"],
-         ["eval", "--drafter", "d", "--data", ws / "hidden"], "eval", (None, 1), ws / "hidden"),
-        (["recipe", "smollm2", "--engine", "hf", "--conversations", "c.jsonl"],
-         ["recipe", "smollm2", "--engine", "hf", "--data", "c.jsonl"], "recipe", ("data",), "c.jsonl"),
-        (["export", ws / "run", "--json", "--out", ws / "e1", "--num-speculative-tokens", "5"],
-         ["export", ws / "run", "--json", "--out", ws / "e2", "--speculative-tokens", "5"], "export", ("speculative_tokens",), 5),
-        (["train", "--online", "--engine", "hf", "--prepared", ws / "data"],
-         ["train", "--online", "--engine", "hf", "--data", ws / "data"], "online", (None, 0), str(ws / "data")),
+        (["prepare", "--engine", "hf", "--out", ws / "d1", "--conversations", "builtin"], "prepare", ("source",), "builtin"),
+        (["capture", "--engine", "hf", "--out", ws / "h1", "--prepared", ws / "data"], "capture", ("data",), ws / "data"),
+        (["capture", "--engine", "hf", "--out", ws / "h2", "--prepared", ws / "data", "--store-dtype", "float16"],
+         "capture", ("dtype",), "float16"),
+        (["vocab", "build", "--size", "2", "--out", ws / "v.st", "--prepared", ws / "data"], "vocab", (None, 0), ws / "data"),
+        (["probe", "--vocab", "a", "--vocab", "b", "--prepared", ws / "data"], "probe", ("data",), ws / "data"),
+        (["probe", "--vocab", "a", "--vocab", "b", "-k", "3", "--tokens-per-sample", "64"], "probe", ("steps",), 3),
+        (["probe", "--vocab", "a", "--vocab", "b"], "probe", ("steps",), DRAFT_LENGTH),
+        (["plan", "--accept", "0.5", "--json", "--store", ws / "hidden"], "plan", ("data",), ws / "hidden"),
+        (["plan", "--accept", "0.5", "--json", "--max-k", "5"], "plan", ("k_max",), 5),
+        (["eval", "--drafter", "d", "--store", ws / "hidden"], "eval", (None, 1), ws / "hidden"),
+        (["eval", "--drafter", "d", "--store", ws / "hidden"], "eval", ("steps",), DRAFT_LENGTH),
+        (["eval", "--drafter", "d", "--store", ws / "hidden", "-k", "3"], "eval", ("steps",), 3),
+        (["recipe", "default", "--engine", "hf", "--conversations", "c.jsonl"], "recipe", ("data",), "c.jsonl"),
+        (["recipe", "default", "--engine", "hf"], "recipe", (None, 1), __import__("pathlib").Path("ws/default-quick")),
+        (["export", ws / "run", "--json", "--out", ws / "e1", "-k", "5"], "export", ("speculative_tokens",), 5),
+        (["export", ws / "run", "--json", "--out", ws / "e2"], "export", ("speculative_tokens",), DRAFT_LENGTH),
+        (["export", ws / "run", "--json", "--out", ws / "e3", "--weights-dtype", "float16"], "export", ("dtype",), "float16"),
+        (["train", "--online", "--engine", "hf", "--prepared", ws / "data", "--out", ws / "r", "--vocab", "v"],
+         "online", (None, 0), str(ws / "data")),
+        (["train", "--online", "--engine", "hf", "-tp", "1", "--prepared", ws / "data", "--out", ws / "r2",
+          "--vocab", "v"], "online", (None, 0), str(ws / "data")),
     ]
 
 
-def test_new_names_and_old_ones_reach_the_stage_alike(calls, tmp_path):
-    for new, old, stage, where, want in cases(tmp_path):
-        for argv, deprecated in ((new, False), (old, True)):
-            calls.clear()
-            res = invoke(*argv)
-            assert res.exit_code == 0, (argv, res.output, res.exception)
-            assert value(calls[stage], where[0], *where[1:]) == want, (argv, calls[stage])
-            notes = [line for line in res.stderr.splitlines() if NOTE in line]
-            assert len(notes) == (1 if deprecated else 0), (argv, res.stderr)
-            if deprecated:
-                assert notes[0].startswith("note: " + next(a for a in old if str(a).startswith("-") and a not in new)), notes
+def test_each_name_reaches_the_stage(calls, tmp_path):
+    for argv, stage, where, want in cases(tmp_path):
+        calls.clear()
+        res = invoke(*argv)
+        assert res.exit_code == 0, (argv, res.output, res.exception)
+        assert value(calls[stage], where[0], *where[1:]) == want, (argv, calls[stage])
 
 
-def test_old_k_names_give_the_new_name_in_errors():
-    """generate and bench load a model before running; a bad -k is refused before that, by its new name."""
-    for cmd in (["generate", "--prompt", "hi", "--method", "ngram"], ["bench", "--methods", "greedy"]):
-        for flag in ("-k", "--num-speculative-tokens", "--k"):
-            res = invoke(*cmd, flag, "0")
-            assert res.exit_code != 0 and "--num-speculative-tokens 0" in str(res.exception), (flag, res.output)
-            assert (NOTE in res.stderr) == (flag == "--k"), res.stderr
+def test_old_names_are_gone_and_neighbouring_tools_names_get_ours(calls, tmp_path):
+    """0.1.0 was never released: the deprecated aliases are removed (issue 28). A flag name from
+    SpecForge/speculators/vLLM, or one of our old ones, is answered with ours where the command has it."""
+    ws = tmp_path / "ws"
+    for argv, ours in ((["train", "--output-dir", ws / "r"], "--out"), (["train", "--learning-rate", "1e-3"], "--lr"),
+                       (["train", "--num-epochs", "3"], "--epochs"), (["export", ws, "--output-dir", ws / "e"], "--out"),
+                       (["capture", "--data", ws, "--out", ws / "h"], "--prepared"),
+                       (["capture", "--dtype", "float16", "--out", ws / "h"], "--store-dtype"),
+                       (["bench", "--dtype", "float16"], "--compute-dtype"),
+                       (["export", ws, "--dtype", "float16", "--out", ws / "e"], "--weights-dtype"),
+                       (["bench", "--profile"], "--time-split"), (["eval", "--steps", "3"], "-k"),
+                       (["probe", "--max-tokens", "3"], "--tokens-per-sample"), (["plan", "--k-max", "3"], "--max-k"),
+                       (["prepare", "--tp", "2"], "-tp")):
+        res = invoke(*argv)
+        assert res.exit_code == 2 and "No such option" in res.output and ours in res.output, (argv, res.output)
+    assert not calls
 
 
 def test_json_prints_and_out_writes(calls, tmp_path):
@@ -115,24 +121,84 @@ def test_json_prints_and_out_writes(calls, tmp_path):
     assert res.exit_code == 0 and json.loads(res.stdout)["accept_len"] == 1.5, res.output
     res = invoke("eval", "--drafter", "d", "--store", tmp_path, "--out", tmp_path / "e.json")
     assert res.exit_code == 0 and json.loads((tmp_path / "e.json").read_text())["accept_len"] == 1.5
-    assert "accept_len   1.500" in res.stdout
-    # the old `--json PATH` still writes PATH for one release, with the note
+    assert "τ (K=1)    1.500" in res.stdout
     res = invoke("eval", "--drafter", "d", "--store", tmp_path, "--json", tmp_path / "old.json")
-    assert res.exit_code == 0 and (tmp_path / "old.json").is_file(), res.output
-    assert f"--json PATH is deprecated, use --out {tmp_path / 'old.json'}" in res.stderr
-    res = invoke("eval", "--drafter", "d", "--store", tmp_path, "a", "b")
-    assert res.exit_code != 0 and "unexpected argument" in str(res.exception)
+    assert res.exit_code != 0 and not (tmp_path / "old.json").exists(), res.output
 
 
-def test_both_names_at_once_and_missing_inputs_are_one_line(calls, tmp_path):
-    res = invoke("eval", "--drafter", "d", "--store", tmp_path, "--data", tmp_path)
-    assert "--data and --store: the same option" in str(res.exception)
+def test_missing_inputs_are_one_line(calls, tmp_path):
     res = invoke("eval", "--drafter", "d")
-    assert "--store is required" in str(res.exception)
+    assert res.exit_code == 2 and "Missing option '--store'" in res.output
     res = invoke("vocab", "build", "--size", "2", "--out", tmp_path / "v", "--prepared", tmp_path, "--store", tmp_path)
     assert "pick one" in str(res.exception)
     res = invoke("vocab", "build", "--size", "2", "--out", tmp_path / "v", "--store", tmp_path / "h")
     assert res.exit_code == 0 and calls["vocab"][1]["kind"] == "store"
+    res = invoke("train", "--vocab", "v.safetensors")
+    assert "train: --out (the run folder), --store (the hidden-state store) required" in str(res.exception)
+    assert "train" not in calls
+
+
+def all_flag_helps() -> dict:
+    """{flag name: {command: help}} over every sub-command, train's generated options included."""
+    import typer
+
+    helps = {}
+
+    def walk(cmd, path):
+        if hasattr(cmd, "commands"):
+            for name, sub in cmd.commands.items():
+                walk(sub, [*path, name])
+            return
+        for param in cmd.params:
+            for name in (*param.opts, *param.secondary_opts):
+                if name.startswith("-") and not getattr(param, "hidden", False):
+                    helps.setdefault(name, {})[" ".join(path)] = param.help or ""
+    walk(typer.main.get_command(app), [])
+    return helps
+
+
+def meanings(helps: dict) -> dict:
+    """A help's meaning: its text before " Here: " (what is particular to the one command)."""
+    return {flag: {cmd: text.split(" Here: ")[0] for cmd, text in by_cmd.items()} for flag, by_cmd in helps.items()}
+
+
+def test_each_flag_has_one_meaning_in_every_command():
+    """--dtype was the stored dtype in capture, the compute dtype in bench and the weights' in export."""
+    helps = all_flag_helps()
+    assert len(helps) > 60 and {"--store-dtype", "--compute-dtype", "--weights-dtype", "-k", "-tp"} <= set(helps)
+    assert "--dtype" not in helps and "--steps" not in helps
+    several = {flag: set(by_cmd.values()) for flag, by_cmd in meanings(helps).items() if len(set(by_cmd.values())) > 1}
+    assert not several, several
+    assert all(text for by_cmd in helps.values() for text in by_cmd.values()), "a flag without help"
+    # the check itself: the old --dtype's three helps are three meanings
+    old = {"capture": "Stored dtype: bfloat16, float16 or float32.", "bench": "float32, bfloat16 or float16.",
+           "export": "Weights dtype: bfloat16 (what vLLM/SGLang serve), float16 or float32."}
+    assert len(set(meanings({"--dtype": old})["--dtype"].values())) == 3
+
+
+def test_help_fits_80_columns_shows_no_python_types_and_marks_required():
+    import re
+
+    import typer
+
+    root = typer.main.get_command(app)
+    commands = [[]] + [[n] for n in root.commands if not hasattr(root.commands[n], "commands")] + [
+        [g, n] for g in root.commands if hasattr(root.commands[g], "commands") for n in root.commands[g].commands]
+    for words in commands:
+        res = CliRunner().invoke(app, [*words, "--help"], terminal_width=80)
+        assert res.exit_code == 0, (words, res.output)
+        wide = [line for line in res.output.splitlines() if len(line) > 80]
+        assert not wide, (words, wide)
+        assert not re.search(r"<(bool|str|int|float|path|list\[)", res.output), (words, res.output)
+        assert "…" not in res.output, words
+    for words, flag in ((["prepare"], "--conversations"), (["eval"], "--store"), (["store", "convert"], "--out")):
+        text = " ".join(CliRunner().invoke(app, [*words, "--help"], terminal_width=80).output.split())
+        assert re.search(re.escape(flag) + r" \S+ (?:(?! --).)*?\[required\]", text), (words, text)
+    res = CliRunner().invoke(app, ["vocab", "diff", "--help"])
+    assert "--out" not in res.output
+    res = CliRunner().invoke(app, ["--help"])
+    listed = [line.split()[0] for line in res.output.split("Commands:")[1].splitlines() if line.startswith("  ")]
+    assert listed[:8] == ["info", "prepare", "capture", "store", "vocab", "train", "eval", "bench"], listed
 
 
 def test_version():
@@ -151,7 +217,8 @@ def numeric_options():
     from specdraft import cli
 
     found = []
-    for words, group in (((), cli.app), (("vocab",), cli.vocab_app), (("journal",), cli.journal_app)):
+    for words, group in (((), cli.app), (("vocab",), cli.vocab_app), (("journal",), cli.journal_app),
+                         (("store",), cli.store_app)):
         for info in group.registered_commands:
             fn = inspect.unwrap(info.callback)
             name = info.name or fn.__name__
@@ -196,11 +263,11 @@ def test_every_numeric_option_is_bounded_and_refused_before_any_work(monkeypatch
     """`--limit -1` kept all prompts but the last; `--seed 2**70` overflowed torch.manual_seed once the
     model had loaded. Each int option of every command gets -1 and 2**70, each float one nan, inf and
     -1: one line naming the option, exit 2, and no stage ran (they are recorders here)."""
-    from specdraft import cli
+    from specdraft.flags import NUMBER_BOUNDS
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     options = numeric_options()
-    assert {o[1] for o in options} <= set(cli.NUMBER_BOUNDS), "a numeric option without bounds in cli.NUMBER_BOUNDS"
+    assert {o[1] for o in options} <= set(NUMBER_BOUNDS), "a numeric option without bounds in flags.NUMBER_BOUNDS"
     assert len(options) >= 30
     for words, name, flag, is_int, required in options:
         for bad in ([-1, 2**70] if is_int else ["nan", "inf", -1]):
@@ -228,7 +295,7 @@ def test_train_settings_at_their_limits_are_refused_before_any_work(monkeypatch,
         for bad in (-1, 2**70):
             line = one_line_refusal(monkeypatch, capsys, ["train", flag, bad])
             assert line.startswith(f"error: {flag} {bad}: must be"), line
-    for flag in ("--nproc", "--tensor-parallel-size"):   # the launcher's, bounded in cli.NUMBER_BOUNDS
+    for flag in ("--nproc", "--tensor-parallel-size"):   # the launcher's, bounded in flags.NUMBER_BOUNDS
         assert one_line_refusal(monkeypatch, capsys, ["train", flag, 0]).startswith(f"error: {flag} 0: must be 1..")
     line = one_line_refusal(monkeypatch, capsys, ["train", "--epochs", 10**12])
     assert "--epochs 1000000000000: must be 1..100000" in line

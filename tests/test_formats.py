@@ -239,7 +239,7 @@ def test_cli_export_and_import(tmp_path, monkeypatch, capsys):
     save_checkpoint(run / "checkpoints" / "epoch-1", tensors, cfg)
     out = tmp_path / "sgl"
     cmd = [sys.executable, "-m", "specdraft.cli"]
-    p = subprocess.run(cmd + ["export", str(run), "--format", "sglang", "--out", str(out), "--json", "--dtype", "float32"],
+    p = subprocess.run(cmd + ["export", str(run), "--format", "sglang", "--out", str(out), "--json", "--weights-dtype", "float32"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["source"].endswith("epoch-1")

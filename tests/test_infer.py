@@ -402,7 +402,7 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
     out = tmp_path / "bench.json"
     res = runner.invoke(app, ["bench", "--model", str(tiny_target), "--drafter", "untrained:64", "--prompts",
                               str(prompts_file), "--methods", "greedy,plain,ngram,eagle3,eagle3-tree",
-                              "--max-new-tokens", "16", "--tree", "2,2,3", "-k", "4", "--out", str(out), "--profile"])
+                              "--max-new-tokens", "16", "--tree", "2,2,3", "-k", "4", "--out", str(out), "--time-split"])
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     assert set(report["methods"]) == {"greedy", "plain", "ngram", "eagle3", "eagle3-tree"}

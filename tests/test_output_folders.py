@@ -82,7 +82,7 @@ def test_second_capture_into_a_held_folder_is_refused(ws, monkeypatch, capsys):
     with Holder(folder, "capture") as pid:
         line = check_refusal(ws, monkeypatch, capsys, lambda ws: (
             ["capture", "--model", ws["target"], "--prepared", ws["root"] / "data", "--out", folder,
-             "--layers", "2,4,5", "--dtype", "float32"], folder), f"in use by another specdraft process (pid {pid}, capture)")
+             "--layers", "2,4,5", "--store-dtype", "float32"], folder), f"in use by another specdraft process (pid {pid}, capture)")
     assert "choose another --out" in line
     assert list(folder.iterdir()) == []     # the holder's lock file left with it
 

@@ -276,3 +276,15 @@ def test_prepare_parts_split_the_samples_by_index(tiny_target, tmp_path):
     assert parts[0] == whole["input_ids"][0::2] and parts[1] == whole["input_ids"][1::2]
     with pytest.raises(SpecdraftError, match="already part 1/2"):
         take_part(*load_prepared(tmp_path / "p1"), (1, 2), tmp_path / "p1")
+
+
+def test_prepare_says_when_answers_were_cut_at_the_token_cap():
+    """prepare cut 5 of 8 answers at --max-new-tokens and said nothing (issue 28)."""
+    from specdraft.data.prepare import summary_lines
+
+    meta = {"counts": {"samples": 8, "tokens": 900, "loss_tokens": 400, "dropped": {"too_long": 0}},
+            "regeneration": {"truncated_turns": 5, "max_new_tokens": 64}}
+    lines = summary_lines(meta, "ws/data")
+    assert lines[0] == "prepared 8 samples, 900 tokens (400 trained) -> ws/data"
+    assert lines[1].startswith("warning: 5 regenerated answer(s) hit --max-new-tokens 64") and len(lines) == 2
+    assert len(summary_lines({**meta, "regeneration": None}, "ws/data")) == 1

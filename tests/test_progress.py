@@ -12,7 +12,7 @@ from rich.console import Console
 from bad_workspace import ws  # noqa: F401  (fixture)
 from specdraft.progress import progress, track
 
-LINE = r"(\d[\d,]*)/(\d[\d,]*) {unit} \(\d+%\).*, elapsed \d+:\d\d:\d\d, eta (\d+:\d\d:\d\d|-:--:--)$"
+LINE = r"(\d[\d,]*(?:\.\d)?)/(\d[\d,]*) {unit} \(\d+%\).*, elapsed \d+:\d\d:\d\d, eta (\d+:\d\d:\d\d|-:--:--)$"
 BAR_CHARS = "━╸╺█▏"
 TABLE_EDGES = "┏┡└┃│┗┣"    # rich tables (the epoch table) are fine in a log; bars are not
 
@@ -82,7 +82,7 @@ def test_train_capture_eval_log_progress_lines(ws, tmp_path):  # noqa: F811
     root = ws["root"]
     text = run_logged(tmp_path, "capture", ["capture", "--model", ws["target"], "--prepared", root / "data",
                                             "--out", tmp_path / "hidden", "--layers", "2,4,5",
-                                            "--dtype", "float32", "--batch-tokens", "64"])
+                                            "--store-dtype", "float32", "--batch-tokens", "64"])
     lines = progress_lines(text, "capture", "tokens")
     assert len(lines) >= 3 and lines[-1].group(1) == lines[-1].group(2), text
     assert " tok/s, " in lines[-1].group(0)
@@ -98,3 +98,25 @@ def test_train_capture_eval_log_progress_lines(ws, tmp_path):  # noqa: F811
                                          "--model", ws["target"], "--split", "all"])
     lines = progress_lines(text, "eval", "batches")     # one batch of 2048 tokens: the start and the end
     assert len(lines) >= 2 and lines[-1].group(1) == lines[-1].group(2), text
+
+
+def test_train_bar_keeps_the_epoch_table_on_its_own_line_and_shows_the_tables_loss():
+    """The bar once shared a line with "epoch 1 (78 train tok/s)" (it drew on another console than the
+    table's) and showed 49.39, the weighted sum of the TTT losses, where the table said 16.46 (their mean)."""
+    import io
+
+    import torch
+
+    from specdraft.train.progress import mean_step_loss, progress_bar
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=100)
+    sums = {"loss_sum_0": torch.tensor(30.0), "count_0": torch.tensor(2.0),
+            "loss_sum_1": torch.tensor(10.0), "count_1": torch.tensor(1.0)}
+    assert float(mean_step_loss(sums)) == 12.5          # (15 + 10) / 2, finalize_metrics' "loss"
+    with progress_bar(True, 4, 0, console) as bar:
+        bar(10, sums)
+        console.print("epoch 1  (78 train tok/s)")
+        bar(10, sums)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue()).replace("\r", "\n")
+    assert [line for line in text.split("\n") if "epoch 1" in line] == ["epoch 1  (78 train tok/s)"], text

@@ -41,12 +41,12 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS
 # ----------------------------------------------------------------------------- commands
 
 def prepare_cmd(target: Path, conv: Path, out: Path) -> list[str]:
-    return ["prepare", "--model", target, "--data", conv, "--out", out, "--regenerate",
+    return ["prepare", "--model", target, "--conversations", conv, "--out", out, "--regenerate",
             "--max-new-tokens", "24", "--batch-size", "2"]
 
 
 def capture_cmd(target: Path, data: Path, out: Path, resume: bool = False) -> list[str]:
-    return ["capture", "--model", target, "--data", data, "--out", out, "--dtype", "float32",
+    return ["capture", "--model", target, "--prepared", data, "--out", out, "--store-dtype", "float32",
             "--shard-tokens", "120", "--batch-tokens", "96"] + (["--resume"] if resume else [])
 
 
@@ -164,7 +164,7 @@ def reference(tmp_path_factory):
                              ("capture", capture_cmd(target, ws / "data", ws / "hidden"), ws / "hidden")):
         r = run_ok(args, out, log)
         windows[stage] = r["seconds"] - (r["started"] or 0.0)
-    run_ok(["vocab", "build", "--data", ws / "data", "--size", "48", "--out", ws / "vocab.safetensors"],
+    run_ok(["vocab", "build", "--prepared", ws / "data", "--size", "48", "--out", ws / "vocab.safetensors"],
            ws, log)
     r = run_ok(train_cmd(target, ws, ws / "runs" / "ref"), ws / "runs" / "ref", log)
     windows["train"] = r["seconds"] - (r["started"] or 0.0)

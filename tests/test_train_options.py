@@ -12,7 +12,7 @@ from specdraft.train import command
 from specdraft.train.config import RunConfig, resolve_config
 
 LAUNCHER = {"config", "nproc", "parallel", "online", "prepared", "engine", "tensor_parallel_size", "engine_args",
-            "data"}   # data: --prepared's deprecated old name
+            "store_format"}
 
 
 def train_options(cmd) -> dict:
@@ -32,7 +32,8 @@ def test_every_setting_is_one_option_with_its_default(commands):
         assert set(options) - set(fields) == LAUNCHER == command.LAUNCHER
         assert set(fields) <= set(options)
         for name, f in fields.items():
-            assert options[name].default == f.default, name
+            expected = [f.default] if options[name].multiple else f.default   # --store A --store B: a list
+            assert options[name].default == expected, name
             assert options[name].help == f.metadata["help"], name
             assert options[name].opts[0] == "--" + name.replace("_", "-")
     cli_opts = {name: (p.opts, p.secondary_opts) for name, p in train_options(commands[0]).items()}

@@ -121,8 +121,8 @@ def test_vllm_store_equals_transformers_store(stores):
 def test_killed_vllm_capture_resumes_to_the_same_store(stores, tmp_path):
     data, root, _, uninterrupted = stores
     out = tmp_path / "hidden"
-    args = cli("capture", "--model", "default", "--data", str(data), "--out", str(out), "--engine", "vllm",
-               "--dtype", "float32", "--shard-tokens", "600")
+    args = cli("capture", "--model", "default", "--prepared", str(data), "--out", str(out), "--engine", "vllm",
+               "--store-dtype", "float32", "--shard-tokens", "600")
     # its own process group, killed whole (as Ctrl-C, `timeout` or a job scheduler do): vLLM's engine
     # processes go down with the command
     proc = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -164,7 +164,7 @@ def test_resume_with_another_engine_is_refused(stores, tmp_path):
 def test_bad_engine_flags_exit_2_with_one_line(stores, tmp_path, flags, message):
     data = stores[0]
     out = tmp_path / "hidden"
-    r = subprocess.run(cli("capture", "--model", "default", "--data", str(data), "--out", str(out),
+    r = subprocess.run(cli("capture", "--model", "default", "--prepared", str(data), "--out", str(out),
                            "--engine", "vllm", *flags), env=ENV, capture_output=True, text=True)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and message in lines[-1], r.stderr[-2000:]
@@ -240,7 +240,7 @@ def server(tmp_path_factory):
 def test_regenerate_through_a_running_vllm_serve(server, regenerated, tmp_path):
     root = regenerated[0]
     out = tmp_path / "data"
-    r = subprocess.run(cli("prepare", "--model", "default", "--data", "builtin", "--regenerate", "--limit", "8",
+    r = subprocess.run(cli("prepare", "--model", "default", "--conversations", "builtin", "--regenerate", "--limit", "8",
                            "--max-new-tokens", str(NEW_TOKENS), "--batch-size", "8", "--endpoint", server,
                            "--out", str(out)), env=ENV, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -255,7 +255,7 @@ def test_regenerate_through_a_running_vllm_serve(server, regenerated, tmp_path):
 
 
 def test_endpoint_down_or_serving_another_model_is_one_line(server, tiny_target, tmp_path):
-    base = ["prepare", "--data", "builtin", "--regenerate", "--limit", "2", "--out", str(tmp_path / "d")]
+    base = ["prepare", "--conversations", "builtin", "--regenerate", "--limit", "2", "--out", str(tmp_path / "d")]
     down = subprocess.run(cli(*base, "--model", "default", "--endpoint", f"http://127.0.0.1:{free_port()}/v1"),
                           env=ENV, capture_output=True, text=True)
     assert down.returncode == 2 and "cannot reach" in down.stderr.strip().splitlines()[-1], down.stderr[-1500:]

@@ -205,3 +205,14 @@ def test_build_from_hidden_store(tmp_path):
     summary = vocab.build_from_data(store, 2, tmp_path / "v.safetensors")
     assert vocab.load(tmp_path / "v.safetensors").draft_to_target.tolist() == [3, 9]
     assert summary["coverage"] == pytest.approx(4 / 5)
+
+
+def test_vocab_build_says_when_the_data_has_fewer_tokens_than_the_vocab():
+    """--size 4096 from 321 distinct tokens said "covers 100.0%" and nothing else (issue 28)."""
+    from specdraft.vocab import build_summary_lines
+
+    summary = {"draft_vocab_size": 4096, "target_vocab_size": 49152, "coverage": 1.0, "distinct_tokens": 321}
+    lines = build_summary_lines(summary, "ws/vocab.safetensors")
+    assert "covers 100.0% of trained tokens" in lines[0]
+    assert lines[1].startswith("warning: the data holds only 321 distinct trained tokens for --size 4096")
+    assert len(build_summary_lines({**summary, "distinct_tokens": 5000}, "v")) == 1

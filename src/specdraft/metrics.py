@@ -76,7 +76,7 @@ class MetricsLog:
         from rich.table import Table
 
         table = Table(title=f"epoch {epoch + 1}  ({tokens_per_s:,.0f} train tok/s)", title_justify="left")
-        cols = ["split", "loss"] + [f"acc_{k}" for k in range(steps)] + [f"cond_{k}" for k in range(steps)] + ["accept"]
+        cols = ["split", "loss"] + [f"acc_{k}" for k in range(steps)] + [f"cond_{k}" for k in range(steps)] + ["τ"]
         for c in cols:
             table.add_column(c, justify="right")
         for split, m in rows:

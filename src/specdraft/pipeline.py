@@ -245,7 +245,7 @@ def summarize(bench: dict, seconds: float) -> dict:
 def print_summary(console: Console, summary: dict, report: Path) -> None:
     table = Table(title="specdraft: lossless speculative decoding on this machine")
     over_plain = summary.get("speedup_over_plain") or {}
-    for col in ("method", "tokens/s", "speedup", "x plain", "accept len", "identical to greedy"):
+    for col in ("method", "tokens/s", "speedup", "x plain", "τ", "identical to greedy"):
         table.add_column(col)
     for name, tps in summary["tokens_per_s"].items():
         accept_len = summary["accept_lens"].get(name)
@@ -280,6 +280,16 @@ def _store_complete(path: Path) -> bool:
         return bool(json.loads(manifest.read_text()).get("complete"))
     except json.JSONDecodeError:
         return False
+
+
+def recipe_choice(model: str, profile: str | None, config: Path | None, workspace: Path | None) -> tuple[str | Path, Path]:
+    """`specdraft recipe`'s recipe (a shipped one's name, or your file) and its workspace
+    (default ws/<model>-<recipe name>)."""
+    if profile and config:
+        raise SpecdraftError("--profile and --config: pick one (a shipped recipe's name, or your recipe file)")
+    chosen = config or profile or "quick"
+    name = config.stem if config else chosen
+    return chosen, workspace or Path("ws") / f"{model.replace('/', '--')}-{name}"
 
 
 def run_demo(workspace: str | Path, recipe: str | Path = "quick", engine: str = "auto") -> dict:

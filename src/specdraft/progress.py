@@ -106,7 +106,8 @@ class Tracker:
         self.last_line, self.printed = time.perf_counter(), self.done + self.partial
         pct = 100 * (self.done + self.partial) / self.total if self.total else 100.0
         info = self.info()
-        text = (f"{self.label}: {self.done:,.0f}/{self.total:,.0f} {self.unit} ({pct:.0f}%)"
+        count = f"{self.done + self.partial:,.1f}" if self.partial else f"{self.done:,.0f}"   # agrees with pct
+        text = (f"{self.label}: {count}/{self.total:,.0f} {self.unit} ({pct:.0f}%)"
                 + (f", {info}" if info else "")
                 + f", elapsed {clock(self.last_line - self.started)}, eta {clock(self.eta())}")
         self.console.file.write(text + "\n")

@@ -180,9 +180,22 @@ def check_weights_read(error: Exception, model: str, path: str) -> SpecdraftErro
                           "truncated or corrupt: download or copy the model again")
 
 
+def loading_note(name: str):
+    """A line on a terminal while the weights load (seconds with nothing shown read as a hang);
+    transient, and nothing at all in a log file."""
+    from rich.console import Console
+
+    return Console(stderr=True).status(f"loading {name} ...", spinner="line")
+
+
 def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu",
                 trust_remote_code: bool = False) -> Target:
     """Load model + tokenizer in eval mode; `identity` fingerprints the weights."""
+    with loading_note(model):
+        return _load_target(model, dtype, device, trust_remote_code)
+
+
+def _load_target(model: str, dtype: str | torch.dtype, device: str, trust_remote_code: bool) -> Target:
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging

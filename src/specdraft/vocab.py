@@ -156,6 +156,19 @@ def build_from_data(data: str | Path, size: int, out: str | Path, model: str | N
     return summary
 
 
+def build_summary_lines(summary: dict, out) -> list[str]:
+    """What `specdraft vocab build` prints. Coverage is of the tokens counted: from fewer distinct
+    tokens than --size, 100% says the data is small, not that the vocab fits the target's use."""
+    lines = [f"vocab {summary['draft_vocab_size']} of {summary['target_vocab_size']} tokens, covers "
+             f"{summary['coverage']:.1%} of trained tokens -> {out}"]
+    distinct = summary.get("distinct_tokens")
+    if isinstance(distinct, int) and distinct < summary["draft_vocab_size"]:
+        lines.append(f"warning: the data holds only {distinct} distinct trained tokens for --size "
+                     f"{summary['draft_vocab_size']}: the other {summary['draft_vocab_size'] - distinct} entries "
+                     "are filler, and the coverage is measured on this small data only; prepare more samples")
+    return lines
+
+
 # ----------------------------------------------------------------------------- file I/O
 
 def save(vocab: Vocab, out: str | Path) -> None:

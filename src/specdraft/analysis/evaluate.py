@@ -13,6 +13,7 @@ from pathlib import Path
 from specdraft import run_layout
 from specdraft.analysis.probe import drafter_metrics
 from specdraft.data.store import HiddenStore
+from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer.bench import load_drafter_for
@@ -87,8 +88,11 @@ def chain_accept_lengths(cond_acc: list[float]) -> list[float]:
     return lengths
 
 
+FEW_SAMPLES = 8   # held-out samples below which eval warns that τ is noise
+
+
 def evaluate(drafter: str | Path, store: str | Path, model: str = "default", split: str = "val",
-             steps: int = 5, max_tokens: int = 2048, trust_remote_code: bool = False) -> dict:
+             steps: int = DRAFT_LENGTH, max_tokens: int = 2048, trust_remote_code: bool = False) -> dict:
     if split not in ("val", "all"):
         raise SpecdraftError(f"--split {split}: use val (the run's held-out samples) or all")
     checkpoint = resolve_checkpoint(str(drafter))
@@ -103,12 +107,19 @@ def evaluate(drafter: str | Path, store: str | Path, model: str = "default", spl
                              f"{hidden.layer_ids}; capture with --layers {','.join(map(str, net.config.aux_layer_ids))}")
     run_cfg = run_config_of(Path(checkpoint))
     ids = list(range(len(hidden)))
+    warnings = []
     if split == "val" and run_cfg:
         check_trained_store(Path(checkpoint), hidden, store, run_cfg)
         _, ids = split_samples(len(hidden), run_cfg.get("val_fraction", 0.05), run_cfg.get("seed", 0))
         split_used = f"val ({len(ids)} held-out samples of the run)"
     else:
         split_used = f"all ({len(ids)} samples)"
+        if run_cfg:
+            warnings.append("warning: --split all includes the samples the drafter trained on: τ reads higher "
+                            "than on unseen data; use --split val for the held-out samples")
+    if 0 < len(ids) < FEW_SAMPLES:
+        warnings.append(f"warning: τ from {len(ids)} sample(s) is noisy (under {FEW_SAMPLES}); hold out more "
+                        "(train --val-fraction, more prepared samples) before comparing drafters")
     if not ids:
         raise SpecdraftError(f"{store}: no samples to evaluate in split {split!r}")
     batches = StoreBatches(hidden, ids, max_tokens=max_tokens, shuffle=False)
@@ -117,6 +128,14 @@ def evaluate(drafter: str | Path, store: str | Path, model: str = "default", spl
     metrics = drafter_metrics(net, target.model, shown, steps)
     cond = [metrics[f"cond_acc_{k}"] for k in range(steps)]
     return {"drafter": str(checkpoint), "store": str(store), "model": target.name, "split": split_used,
-            "steps": steps, "cond_acc": cond, "full_acc": [metrics[f"full_acc_{k}"] for k in range(steps)],
+            "k": steps, "cond_acc": cond, "full_acc": [metrics[f"full_acc_{k}"] for k in range(steps)],
             "accept_len": metrics["accept_len"], "accept_len_by_k": chain_accept_lengths(cond),
-            "metrics": metrics}
+            "metrics": metrics, "warnings": warnings}
+
+
+def format_result(result: dict) -> str:
+    """eval's summary for people: τ under its one name, then the per-position rates."""
+    rates = " ".join(f"{a:.3f}" for a in result["cond_acc"])
+    by_k = " ".join(f"K={k}:{a:.2f}" for k, a in enumerate(result["accept_len_by_k"]) if k)
+    return (f"split        {result['split']}\nτ (K={result.get('k')})    {result['accept_len']:.3f}   "
+            f"(accept_len: tokens per target forward)\ncond_acc     {rates}\nτ by K       {by_k}")

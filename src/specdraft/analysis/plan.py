@@ -16,6 +16,7 @@ import torch
 from specdraft import journal
 from specdraft.analysis.probe import drafter_metrics, sample_batch
 from specdraft.data.store import HiddenStore
+from specdraft.defaults import LONGEST_CHAIN
 from specdraft.errors import SpecdraftError
 from specdraft.families import Family, family
 from specdraft.formats.checkpoints import resolve_checkpoint
@@ -90,12 +91,12 @@ def store_sample_batch(sample: dict) -> dict:
 # ----------------------------------------------------------------------------- command
 
 def run(drafter=None, model: str = "default", accept: str | None = None, data=None,
-        verify_ms: list[float] | None = None, draft_ms: float | None = None, k_max: int = 8,
+        verify_ms: list[float] | None = None, draft_ms: float | None = None, k_max: int = LONGEST_CHAIN,
         context: int = 512, run: str | Path | None = None, out: str | Path | None = None,
         trust_remote_code: bool = False, rounds: int = 3) -> dict:
     """What `specdraft plan` does: gather rates and latencies, rank chain lengths, save, journal."""
     if k_max < 1:
-        raise SpecdraftError(f"--num-speculative-tokens {k_max}: must be >= 1")
+        raise SpecdraftError(f"--max-k {k_max}: must be >= 1")
     if rounds < 1:
         raise SpecdraftError(f"--rounds {rounds}: must be >= 1 (3 or more to see the spread)")
     if draft_ms is None and drafter is None:
@@ -175,7 +176,7 @@ def format_plan(result: dict) -> str:
     lines += [f"acceptance per position: {rates}  ({result['accept']['source']})",
              f"draft step {result['draft_ms']:.2f} ms; verify 1..{len(result['verify_ms'])} tokens: "
              + " ".join(f"{v:.1f}" for v in result["verify_ms"]) + " ms" + spread_note(result.get("timing")),
-             f"{'K':>3s} {'tok/cycle':>9s} {'cycle ms':>9s} {'tok/s':>8s} {'speedup':>8s} {'draft':>6s} {'verify':>7s}"]
+             f"{'K':>3s} {'τ':>9s} {'cycle ms':>9s} {'tok/s':>8s} {'speedup':>8s} {'draft':>6s} {'verify':>7s}"]
     for o in result["options"]:
         mark = "  <- best" if o["k"] == result["best"]["k"] else ""
         lines.append(f"{o['k']:3d} {o['tokens_per_cycle']:9.2f} {o['cycle_ms']:9.2f} {o['tokens_per_s']:8.1f} "

@@ -19,6 +19,7 @@ import torch
 from specdraft import journal, vocab
 from specdraft.data.capture import capture_samples
 from specdraft.data.prepared import load_prepared
+from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.families import family_of
 from specdraft.infer.bench import load_drafter_for
@@ -159,7 +160,7 @@ def drafter_metrics(net, target_model, batches, steps: int) -> dict[str, float]:
     """The metrics of `net` (as it is, no training) summed over `batches`, from its family's own training
     forward in eval mode (EAGLE-3's TTT unroll, P-EAGLE's mask slots, DFlash's blocks)."""
     if not 1 <= steps <= MAX_TTT_STEPS:
-        raise SpecdraftError(f"--steps {steps}: must be in 1..{MAX_TTT_STEPS}")
+        raise SpecdraftError(f"--num-speculative-tokens {steps}: must be in 1..{MAX_TTT_STEPS}")
     teacher = TeacherHead.from_target(target_model, net.d2t)
     objective = family_of(net).objective(net, teacher, RunConfig(ttt_steps=steps)).eval()
     sums = None
@@ -173,7 +174,7 @@ def drafter_metrics(net, target_model, batches, steps: int) -> dict[str, float]:
 
 
 def probe_drafter(drafter: str | Path, model: str, data: str | Path, samples: int = 32, max_tokens: int = 512,
-                  steps: int = 5, trust_remote_code: bool = False) -> dict:
+                  steps: int = DRAFT_LENGTH, trust_remote_code: bool = False) -> dict:
     """The drafter as it is on `model`: TTT metrics on hidden states computed on the fly (the seed's
     K2 drafter on K2.5 gave an acceptance length of ~1.5 here, vs 3.2-3.5 on its own target)."""
     ids, masks = load_samples(data, samples, max_tokens)
@@ -189,7 +190,7 @@ def probe_drafter(drafter: str | Path, model: str, data: str | Path, samples: in
     shown = track(batches(), "probe", len(ids), "samples", tokens=lambda b: int(b["loss_mask"].numel()))
     metrics = drafter_metrics(net, target.model, shown, steps)
     accept = metrics["accept_len"]
-    verdict = (f"simulated acceptance length {accept:.2f}: "
+    verdict = (f"simulated τ {accept:.2f}: "
                + ("the drafter already helps on this target" if accept >= 2.0 else
                   "weak start (the seed's K2 drafter on K2.5 gave ~1.5); probe the hidden states before "
                   "fine-tuning and keep a from-scratch baseline"))
@@ -199,7 +200,7 @@ def probe_drafter(drafter: str | Path, model: str, data: str | Path, samples: in
 
 # ----------------------------------------------------------------------------- dispatch, output
 
-def run(vocabs: list, models: list, data, drafter, samples: int = 32, max_tokens: int = 512, steps: int = 5,
+def run(vocabs: list, models: list, data, drafter, samples: int = 32, max_tokens: int = 512, steps: int = DRAFT_LENGTH,
         run: str | Path | None = None, out: str | Path | None = None, trust_remote_code: bool = False) -> list[dict]:
     """What `specdraft probe` does: every probe whose inputs were given, saved and journaled."""
     results = []

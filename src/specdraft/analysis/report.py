@@ -20,6 +20,7 @@ from pathlib import Path
 from specdraft import journal, metrics
 from specdraft import run_layout
 from specdraft.analysis import compare
+from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.families import family
 from specdraft.formats import card
@@ -289,9 +290,10 @@ def export_html(run: Path) -> str:
         parts.append(f"<p><b>{esc(e['out'])}</b> <span class=meta>{esc(e.get('layout'))} layout, "
                      f"{esc(e.get('dtype'))}</span></p>")
         vllm_keys, sglang_lacks = served_as(e["out"])
-        for engine, note, command in card.serve_commands(target, e["out"], e.get("num_speculative_tokens", 3),
+        for engine, note, command in card.serve_commands(target, e["out"], e.get("num_speculative_tokens", DRAFT_LENGTH),
                                                          e.get("layout", "speculators"), sglang_lacks, vllm_keys):
-            parts.append(f"<p>Serve with {esc(engine)}{': ' + esc(note) if note else ''}</p><pre>{esc(command)}</pre>")
+            parts.append(f"<p>Serve with {esc(engine)}{': ' + esc(note) if note else ''}</p>"
+                         + (f"<pre>{esc(command)}</pre>" if command else ""))
     return "".join(parts)
 
 

@@ -195,7 +195,7 @@ def check_finite(aux, last, offsets, layer_ids, first_index: int) -> None:
     where += ["last"] if bad_last[token] else []
     raise SpecdraftError(f"sample {first_index + sample}: non-finite hidden states (NaN/inf) at token "
                          f"{token - int(offsets[sample])} in {', '.join(where)}; the target overflows in this "
-                         "dtype: try --compute-dtype float32 or --dtype float32, or drop the sample")
+                         "dtype: try --compute-dtype float32 or --store-dtype float32, or drop the sample")
 
 
 # ---------------------------------------------------------------------------- capture
@@ -222,7 +222,7 @@ def _resume_manifest(out: Path, want: dict) -> dict:
         raise SpecdraftError(f"{out}: store was captured from {have_t.get('id')} (fingerprint "
                              f"{have_t.get('fingerprint')}) but --model is {want_t.get('id')} (fingerprint "
                              f"{want_t.get('fingerprint')}); pass the same --model or another --out")
-    for key, option in (("layer_ids", "--layers"), ("dtype", "--dtype"), ("hidden_size", "--model"),
+    for key, option in (("layer_ids", "--layers"), ("dtype", "--store-dtype"), ("hidden_size", "--model"),
                         ("store_format", "--store-format"), ("part", "--part"),
                         ("shard_tokens", "--shard-tokens"), ("compute_dtype", "--compute-dtype")):
         have, wanted = manifest.get(key), want.get(key)

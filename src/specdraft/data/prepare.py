@@ -162,6 +162,21 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     return meta
 
 
+def summary_lines(meta: dict, out) -> list[str]:
+    """What `specdraft prepare` prints: the counts, then what the user should know about the data
+    (answers cut at --max-new-tokens are trained on as if the target stopped there)."""
+    counts = meta["counts"]
+    dropped = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in counts["dropped"].items() if n)
+    lines = [f"prepared {counts['samples']} samples, {counts['tokens']} tokens ({counts['loss_tokens']} trained) "
+             f"-> {out}" + (f" (dropped: {dropped})" if dropped else "")]
+    regen = meta.get("regeneration") or {}
+    cut = regen.get("truncated_turns") or 0
+    if cut:
+        lines.append(f"warning: {cut} regenerated answer(s) hit --max-new-tokens {regen.get('max_new_tokens')} "
+                     "before the end of the turn: the drafter learns answers cut short; raise --max-new-tokens")
+    return lines
+
+
 def unique_conversations(conversations: list[Conversation]) -> list[Conversation]:
     """First occurrence of each distinct conversation, in order."""
     seen, unique = set(), []

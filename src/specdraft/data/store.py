@@ -48,7 +48,7 @@ def dtype_name(dtype: str | torch.dtype) -> str:
     if isinstance(dtype, torch.dtype):
         dtype = str(dtype).removeprefix("torch.")
     if dtype not in STORE_DTYPES:
-        raise SpecdraftError(f"--dtype {dtype}: unsupported; use bfloat16, float16 or float32")
+        raise SpecdraftError(f"--store-dtype {dtype}: unsupported; use bfloat16, float16 or float32")
     return str(STORE_DTYPES[dtype]).removeprefix("torch.")
 
 

@@ -60,10 +60,18 @@ def _tokens_trained(metrics: Path) -> int | None:
     return last if isinstance(last, int) else None
 
 
+def _newest_epoch_inputs(run: Path) -> dict:
+    """inputs.json of the run's newest epoch checkpoint: a run's data is one for all its checkpoints,
+    and best/ of runs trained before best/ carried its own copy has none."""
+    epochs = [(int(p.name.split("-")[-1]), p) for p in (run / run_layout.CHECKPOINTS).glob("epoch-*")
+              if p.name.split("-")[-1].isdigit()]
+    return _json(max(epochs)[1] / "inputs.json") if epochs else {}
+
+
 def facts(ckpt: Path, cfg, target_identity: dict | None = None) -> dict:
     """What the card says about the drafter's origin, from the run around `ckpt` when there is one."""
     run = run_folder_of(ckpt)
-    inputs = _json(ckpt / "inputs.json")
+    inputs = _json(ckpt / "inputs.json") or (_newest_epoch_inputs(run) if run else {})
     config = _yaml(run_layout.config_file(run)) if run else {}
     target = inputs.get("target") or {}
     ident = target_identity or {}
@@ -88,7 +96,8 @@ def facts(ckpt: Path, cfg, target_identity: dict | None = None) -> dict:
                                 "source": bc.get("prompts")}
         ev = _json(run / "eval.json")
         if isinstance(ev.get("accept_len"), (int, float)):
-            out["tau_eval"] = {"accept_len": ev["accept_len"], "split": ev.get("split"), "steps": ev.get("steps")}
+            out["tau_eval"] = {"accept_len": ev["accept_len"], "split": ev.get("split"), "k": ev.get("k"),
+                               "by_k": ev.get("accept_len_by_k") if isinstance(ev.get("accept_len_by_k"), list) else []}
     return out
 
 
@@ -113,7 +122,7 @@ def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: 
         f"| TTT steps | {facts['ttt_steps']} |",
         f"| epochs | {facts['epochs']} |",
         f"| training data | {_data_size(facts)} |",
-        f"| τ (held-out prompts) | {_tau(facts)} |",
+        f"| τ at K={speculative_tokens} (what it serves) | {_tau(facts, speculative_tokens)} |",
         f"| weights | {weight_bytes / 1e6:.1f} MB, {dtype} |",
         f"| embeddings | {emb} |",
         f"| run | {facts['run'] or UNKNOWN} |",
@@ -123,7 +132,8 @@ def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: 
     ]
     for engine, note, command in serve_commands(target, export, speculative_tokens, layout, sglang_missing(cfg),
                                                 dict(family_of(cfg).vllm_speculative)):
-        lines += [f"## Serve with {engine}", ""] + ([note, ""] if note else []) + ["```bash", command, "```", ""]
+        lines += [f"## Serve with {engine}", ""] + ([note, ""] if note else []) + (
+            ["```bash", command, "```", ""] if command else [])
     lines += ["See specdraft's docs/serving.md for what each engine reads from this folder.", ""]
     return "\n".join(lines)
 
@@ -164,8 +174,11 @@ def serve_commands(target: str, export: str | Path, speculative_tokens: int, lay
     export, k = str(export), int(speculative_tokens)
     spec = json.dumps({**(vllm_keys or {"method": "eagle3"}), "model": export, "num_speculative_tokens": k})
     vllm = f"vllm serve {serve_target} \\\n  --speculative-config '{spec}'"
+    if layout == "speculators":   # a speculators folder names its target: vLLM's short form
+        vllm = f"vllm serve {export}\n# or, with the draft length chosen here:\n" + vllm
     if sglang_missing:
-        return [("vLLM", f"SGLang cannot serve this drafter: it does not implement {sglang_missing}.", vllm)]
+        return [("vLLM", "", vllm),
+                ("SGLang", f"SGLang cannot serve this drafter: it does not implement {sglang_missing}.", "")]
     note, sglang_path = "", export
     if layout != "sglang":
         sglang_path = export + "-sglang"
@@ -185,14 +198,20 @@ def _data_size(f: dict) -> str:
     return text
 
 
-def _tau(f: dict) -> str:
+def _tau(f: dict, k: int) -> str:
+    """τ measured at the K the export serves: eval's τ at that K (it measures every K up to its own),
+    bench's only when bench ran that K; a τ at another K is named with its K."""
     parts = []
+    if f["tau_eval"]:
+        e = f["tau_eval"]
+        by_k = e.get("by_k") or []
+        if k < len(by_k) and isinstance(by_k[k], (int, float)):
+            parts.append(f"{by_k[k]:.2f} (eval, {e.get('split')})")
+        else:
+            parts.append(f"{e['accept_len']:.2f} at K={e.get('k')} (eval, {e.get('split')}; K={k} not measured)")
     if f["tau_bench"]:
         b = f["tau_bench"]
         speed = f", {b['speedup']:.2f}x vs greedy" if isinstance(b.get("speedup"), (int, float)) else ""
-        parts.append(f"{b['accept_len']:.2f} (bench, k={b.get('k')}, {b.get('prompts')} prompts of "
-                     f"{b.get('source')}{speed})")
-    if f["tau_eval"]:
-        e = f["tau_eval"]
-        parts.append(f"{e['accept_len']:.2f} (eval, {e.get('split')})")
+        at = "" if b.get("k") == k else f" at K={b.get('k')}"
+        parts.append(f"{b['accept_len']:.2f}{at} (bench, {b.get('prompts')} prompts of {b.get('source')}{speed})")
     return "; ".join(parts) or UNKNOWN

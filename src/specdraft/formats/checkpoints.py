@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft import run_layout
 from specdraft.families import Layout, family, family_of, layout as layout_of, layouts, names
@@ -114,15 +115,12 @@ def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> Non
             shutil.rmtree(old, ignore_errors=True)
 
 
-DEFAULT_SPECULATIVE_TOKENS = 3   # num_speculative_tokens written when none is asked for
-
-
 def draft_length(cfg, requested: int | None) -> int:
     """The num_speculative_tokens a checkpoint of `cfg` is written with: the one asked for, else the
-    default; never beyond what its family trained it to draft (DFlash: its block's slots)."""
+    default (DRAFT_LENGTH); never beyond what its family trained it to draft (DFlash: its block's slots)."""
     limit = family_of(cfg).max_draft(cfg)
     if requested is None:
-        return min(DEFAULT_SPECULATIVE_TOKENS, limit or DEFAULT_SPECULATIVE_TOKENS)
+        return min(DRAFT_LENGTH, limit or DRAFT_LENGTH)
     if limit is not None and requested > limit:
         raise SpecdraftError(f"-k {requested}: this {family_of(cfg).model_type} drafter was trained to draft "
                              f"{limit} tokens per round; export with -k {limit} or less")
@@ -281,7 +279,7 @@ DEFAULT_EXPORT_DTYPE = "bfloat16"   # what vLLM and SGLang serve; fp32 doubles t
 
 def export_dtype(name: str) -> torch.dtype:
     if name not in EXPORT_DTYPES:
-        raise SpecdraftError(f"--dtype {name}: unknown; choose bfloat16 (default, what engines serve), "
+        raise SpecdraftError(f"--weights-dtype {name}: unknown; choose bfloat16 (default, what engines serve), "
                              "float16 or float32")
     return EXPORT_DTYPES[name]
 
@@ -379,3 +377,20 @@ def load_drafter(folder, dtype: torch.dtype = torch.float32, target_model=None) 
         raise SpecdraftError(f"{folder}: checkpoint tensors do not match the drafter "
                              f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
     return model.to(dtype).eval()
+
+
+def export_line(summary: dict, out, layout: str) -> str:
+    """What `specdraft export` prints."""
+    shared = "" if summary["has_embed_tokens"] else ", no embeddings: engines use the target's"
+    return (f"exported {summary['source']} ({summary['source_layout']}) -> {out} ({layout}, {summary['dtype']}, "
+            f"{summary['weight_bytes'] / 1e6:.1f} MB{shared}; model card README.md)")
+
+
+def import_lines(summary: dict, src, out) -> list[str]:
+    """What `specdraft import` prints: the copy, and what the source left out."""
+    lines = [f"imported {src} ({summary['source_layout']}) -> {out}"]
+    if not summary["has_embed_tokens"]:
+        lines.append("note: no embed_tokens in the source; they are the target's (copy them before training)")
+    if not summary["aux_layer_ids"]:
+        lines.append("note: the source names no aux layer ids; engines use their default [2, L//2, L-3]")
+    return lines

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from specdraft.defaults import LONGEST_CHAIN
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from, conditional,
@@ -29,7 +30,7 @@ from specdraft.io import read_json
 from specdraft.metrics import load_run
 from specdraft.progress import progress
 
-K_MAX = 8                  # the longest chain -k auto considers
+K_MAX = LONGEST_CHAIN      # the longest chain -k auto considers (specdraft.defaults)
 WARMUP_TOKENS = 48         # new tokens of the warm-up generation that measures acceptance
 
 
@@ -213,3 +214,16 @@ def choose(target_model, drafter, spec, ids: list[int], k: int | None, stop: flo
     stop = None if option.k == 0 else threshold if stop_auto else stop     # K=0 drafts nothing to stop
     return AutoChoice(option.k, stop, option, rates, source, costs["verify_ms"],
                       costs["draft_ms"], k is None, stop_auto, one_forward)
+
+
+def resolve(target, draft_model, drafter: str | None, ids: list[int], k: int | None, stop):
+    """-k auto / --draft-stop auto resolved with the cost model, its choice and prediction in one
+    line on stderr. -> (k, stop threshold or None, the AutoChoice or None when nothing was auto)."""
+    if k is not None and stop != "auto":
+        return k, stop, None
+    from rich.console import Console
+
+    choice = choose(target.model, draft_model, drafter, ids, k, None if stop == "auto" else stop,
+                    stop_auto=stop == "auto")
+    Console(stderr=True).print(choice.line(), highlight=False, soft_wrap=True)
+    return choice.k, choice.stop, choice

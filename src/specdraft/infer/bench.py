@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from specdraft.data.builtin_prompts import builtin_prompts
+from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import load_drafter, resolve_checkpoint
 from specdraft.infer.ngram import NgramProposer
@@ -420,3 +421,79 @@ def plot(report: dict, path: Path) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
+
+
+def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int, k_text: str | None,
+              draft_stop: str | None, rounds: int, tree: str | None, ngram: tuple[int, int], limit: int | None,
+              device: str, dtype: str, trust_remote_code: bool) -> dict:
+    """`specdraft bench`: the options checked before the model loads, then bench() over the prompts.
+    -k unset is auto for a drafter's chain and DRAFT_LENGTH for n-gram and the tree."""
+    from rich.console import Console
+
+    from specdraft.defaults import parse_draft_length, parse_draft_stop
+    from specdraft.infer.auto import resolve
+    from specdraft.progress import progress
+    from specdraft.targets import DTYPES, load_target
+
+    names = [n.strip() for n in methods.split(",") if n.strip()]
+    chains = [n for n in names if needs_drafter(n) and not n.endswith(TREE)]   # -k auto applies to these
+    k, stop = parse_draft_length(k_text, default_auto=bool(chains)), parse_draft_stop(draft_stop)
+    bad = [n for n in names if n not in all_methods()]
+    if bad or not names:
+        raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(all_methods())}")
+    if dtype not in DTYPES:
+        raise SpecdraftError(f"--compute-dtype {dtype}: choose float32, bfloat16 or float16")
+    if (k is None or stop is not None) and not chains:
+        raise SpecdraftError("--num-speculative-tokens auto and --draft-stop: for a drafter's chain; add its family "
+                             "(eagle3, peagle, dflash, ...) to --methods")
+    shape = TreeShape.parse(tree or DEFAULT_TREE)
+    if drafter is None:
+        check_drafter_methods(names, None)
+    conversations = read_prompts(prompts, limit)
+    dev = resolve_device(device)
+    target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
+    draft_model = (load_drafter_for(drafter, target, dev, DTYPES[dtype]) if any(map(needs_drafter, names)) else None)
+    check_drafter_methods(names, draft_model)          # --methods peagle for a P-EAGLE drafter
+    k, stop, choice = resolve(target, draft_model, drafter, prompt_ids(target.tokenizer, conversations[0]), k, stop)
+    total = len(conversations) * len(set(names) | {"greedy"}) * rounds
+    with progress("bench", total, 0, "runs", console=Console(stderr=True)) as tracker:
+        report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
+                       progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
+                       ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None)
+    report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
+                        "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
+                        "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
+                        "draft_stop": stop, "rounds": rounds,
+                        "tree": [shape.depth, shape.topk, shape.total] if "eagle3-tree" in names else None,
+                        "ngram": list(ngram), **environment(dev, dtype)}
+    return report
+
+
+def bench_table(report: dict):
+    """bench's table for people: median tok/s and speedup with their min-max over the rounds, τ."""
+    from rich.table import Table
+
+    c = report["config"]
+    table = Table(title=f"bench: {c['model']}, {c['num_prompts']} prompts x {c['max_new_tokens']} tokens, median "
+                        f"of {c['rounds']} interleaved rounds (min-max); τ = tokens per target forward")
+    cut = any(r.get("drafts_cut") for r in report["methods"].values())
+    over_plain = "plain" in report["methods"]
+    for col in ("method", "tokens/s", "speedup") + (("x plain",) if over_plain else ()) + (
+            "τ", "accept per position", "= greedy") + (("drafts cut",) if cut else ()):
+        table.add_column(col)
+    for name, r in report["methods"].items():
+        pos = " ".join(f"{a:.2f}" for a in r["per_position_accept"]) or "-"
+        tps, up = r.get("tokens_per_s_spread"), r.get("speedup_spread")
+        row = [name, f"{r['tokens_per_s']:.1f}" + (f" ({tps['min']:.1f}-{tps['max']:.1f})" if tps else ""),
+               f"{r['speedup']:.2f}x" + (f" ({up['min']:.2f}-{up['max']:.2f})" if up and name != "greedy" else ""),
+               *((f"{r['speedup_over_plain']:.2f}x",) if over_plain else ()),
+               f"{r['accept_len']:.2f}", pos,
+               "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']}/{c['num_prompts']})"]
+        table.add_row(*row, *((str(r.get("drafts_cut", 0)),) if cut else ()))
+    return table
+
+
+def time_split_lines(report: dict) -> list[str]:
+    """--time-split: where each method's time went."""
+    return [f"{name:12s} draft {p['draft_frac']:6.1%}  verify {p['verify_frac']:6.1%}  other {p['other_frac']:6.1%}  "
+            f"({p['total_s']:.2f} s)" for name, r in report["methods"].items() if (p := r.get("profile"))]

@@ -43,10 +43,12 @@ def machine_load() -> float | None:
 def busy_warning(what: str, start: float | None, end: float | None) -> str | None:
     """One line when the load average exceeded the core count at the start or the end of `what`."""
     cores = os.cpu_count() or 1
-    busy = [f"{when} {load:.1f}" for when, load in (("start", start), ("end", end)) if load is not None and load > cores]
+    busy = [f"{load:.2f} at its {when}" for when, load in (("start", start), ("end", end))
+            if load is not None and load > cores]
     if not busy:
         return None
-    return (f"warning: {what}: the machine was busy (load average {', '.join(busy)} > {cores} cores); "
+    return (f"warning: {what}: the machine was busy (1-minute load average {' and '.join(busy)}, above its "
+            f"{cores} cores); "
             "speeds are noisy, compare only ratios measured in the same rounds")
 
 

@@ -19,8 +19,16 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from specdraft.errors import SpecdraftError, renamed
+from specdraft.errors import SpecdraftError
 from specdraft.train.config import RunConfig, choices, flag, resolve_config
+
+# the same meanings as the other commands' (specdraft/flags.py; kept light: no import of it here)
+ENGINE_HELP = ("What runs the target over data: hf (transformers, in this process), vllm, or auto (vLLM when "
+               "installed and a CUDA device is present).")
+TP_HELP = "GPUs per vLLM engine (tensor parallelism)."
+ENGINE_ARGS_HELP = """JSON object passed to vllm.LLM(...), e.g. '{"max_model_len": 4096}'."""
+STORE_FORMAT_HELP = ("How a store keeps hidden states: bf16 (exact), fp8 (~0.5x) or compact (int4 aux + the "
+                     "teacher's top-k, ~0.2x).")
 
 SETTINGS_PANEL = "Settings (RunConfig: also in --config YAML, saved in RUN/config.yaml)"
 LAUNCH_PANEL = "Launch (how to run; not saved)"
@@ -28,8 +36,9 @@ LAUNCH_PANEL = "Launch (how to run; not saved)"
 
 def train(
     ctx: typer.Context,
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML with any of the settings below (e.g. a recipe "
-                                          "file: src/specdraft/recipes/quick.yaml); flags override it."),
+    config: Optional[Path] = typer.Option(None, "--config", help="A recipe file: YAML with training settings (and a "
+                                          "recipe: section for `specdraft recipe`). Here: any setting below, e.g. "
+                                          "src/specdraft/recipes/quick.yaml; flags override it."),
     nproc: int = typer.Option(1, "--nproc", rich_help_panel=LAUNCH_PANEL,
                               help="Processes: N > 1 re-launches under torchrun (gloo on CPU, NCCL on GPU; see --parallel)."),
     parallel: str = typer.Option("ddp", "--parallel", rich_help_panel=LAUNCH_PANEL,
@@ -37,21 +46,18 @@ def train(
     online: bool = typer.Option(False, "--online", rich_help_panel=LAUNCH_PANEL,
                                 help="Compute hidden states with --model inside the loop (no store)."),
     prepared: Optional[str] = typer.Option(None, "--prepared", rich_help_panel=LAUNCH_PANEL,
-                                           help="Prepared data (WS/data, from `specdraft prepare`) for --online."),
-    engine: str = typer.Option("auto", "--engine", rich_help_panel=LAUNCH_PANEL,
-                               help="With --online: hf (hooks in this process), vllm, or auto (vLLM when installed "
-                                    "and a CUDA device is present)."),
-    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", rich_help_panel=LAUNCH_PANEL,
-                                             help="With --online --engine vllm: GPUs per engine."),
+                                           help="Prepared data (WS/data, from `specdraft prepare`). Here: for --online."),
+    engine: str = typer.Option("auto", "--engine", rich_help_panel=LAUNCH_PANEL, help=ENGINE_HELP + " Here: with --online."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "-tp", rich_help_panel=LAUNCH_PANEL,
+                                             help=TP_HELP + " Here: with --online --engine vllm."),
     engine_args: Optional[str] = typer.Option(None, "--engine-args", rich_help_panel=LAUNCH_PANEL,
-                                              help="With --online --engine vllm: JSON object passed to vllm.LLM(...)."),
+                                              help=ENGINE_ARGS_HELP + " Here: with --online --engine vllm."),
     store_format: str = typer.Option("bf16", "--store-format", rich_help_panel=LAUNCH_PANEL,
-                                     help="With --online: train on the hidden states as a store of this format "
-                                          "(bf16, fp8, compact) would hold them."),
-    data: Optional[str] = typer.Option(None, "--data", hidden=True),   # --prepared's old name, for one release
+                                     help=STORE_FORMAT_HELP + " Here: with --online, train on the hidden states as "
+                                          "a store of this format would hold them."),
     **settings,
 ):
-    """Train an EAGLE-3 drafter with training-time test from the hidden-state store."""
+    """Train a drafter on a hidden-state store. Training-time test (TTT) unrolls the draft steps."""
     from specdraft.train import distributed
 
     if parallel not in distributed.STRATEGIES:
@@ -66,7 +72,8 @@ def train(
     if "resume" in overrides or "out" in overrides:   # resume reads RUN/config.yaml unless --config is given
         overrides.setdefault("out", settings["out"])
     cfg = resolve_config(config, **overrides)
-    data = renamed(prepared, data, "--data", "--prepared")
+    check_inputs_given(cfg, online)
+    data = prepared
     setup = None
     if online:
         from specdraft.data.vllm_engine import engine_options
@@ -79,10 +86,20 @@ def train(
     summary = run(cfg, parallel, setup)
     if summary is not None:
         val = summary.get("val") or {}
-        tail = f", val loss {val['loss']:.4f}, accept {val['accept_len']:.3f}" if val else ""
+        tail = f", val loss {val['loss']:.4f}, τ {val['accept_len']:.3f}" if val else ""
         done = "[yellow]stopped behind baseline[/] after" if summary.get("stopped") else "[green]trained[/]"
         Console(stderr=True).print(f"{done} {summary.get('steps', summary.get('stopped_at_step'))} steps, "
                                    f"{summary['tokens_seen']:,} tokens{tail} -> {cfg.out}")
+
+
+def check_inputs_given(cfg: RunConfig, online: bool) -> None:
+    """--out, --store and --vocab have no defaults: a forgotten --store once trained on whatever
+    ws/hidden the current folder held, and the error named a path the user never typed."""
+    needed = [("--out", cfg.out, "the run folder"), ("--vocab", cfg.vocab, "the draft vocab")]
+    needed += [] if online else [("--store", cfg.store, "the hidden-state store")]
+    missing = [f"{flag} ({what})" for flag, value, what in needed if not value or value == [""]]
+    if missing:
+        raise SpecdraftError(f"train: {', '.join(missing)} required: pass them as flags or in --config")
 
 
 def run(cfg: RunConfig, parallel: str = "ddp", setup=None) -> dict | None:
@@ -130,7 +147,7 @@ LAUNCHER = {name for name in inspect.signature(train).parameters if name != "ctx
 
 def module_app() -> typer.Typer:
     """`python -m specdraft.train`: the train command alone."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
     app.command()(train)
     return app
 

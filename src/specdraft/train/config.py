@@ -35,16 +35,18 @@ def setting(default, help: str, *, low=None, high=None, short: str | None = None
 @dataclass
 class RunConfig:
     # inputs and output
-    out: str = setting("ws/runs/run", "Run folder (config.yaml, metrics.jsonl, checkpoints/).")
-    store: str | list[str] = setting("ws/hidden", "Hidden-state store from `specdraft capture`; several (--store A "
-                                     "--store B, or a YAML list) train on their union, e.g. the parts of `capture --part`.")
-    vocab: str = setting("ws/vocab.safetensors", "Draft vocab from `specdraft vocab build`.")
-    model: str = setting("default", "The target (teacher head, embeddings, checks): hub id, local folder, "
-                         ".gguf file, or 'default' (SmolLM2-135M-Instruct).", short="-m")
+    out: str = setting("", "Where this command writes. Here: the run folder (config.yaml, metrics.jsonl, "
+                       "checkpoints/); required.")
+    store: str | list[str] = setting("", "Hidden-state store (WS/hidden, from `specdraft capture`). Here: required "
+                                     "but with --online; several (--store A --store B, or a YAML list) train on "
+                                     "their union, e.g. the parts of `capture --part`.")
+    vocab: str = setting("", "Draft vocab from `specdraft vocab build`. Here: required.")
+    model: str = setting("default", "The target: hub id, local folder, .gguf file, or 'default' "
+                         "(SmolLM2-135M-Instruct). Here: its head, embeddings and checks.", short="-m")
     trust_remote_code: bool = setting(False, "Allow the model's own Python code (only for models you trust).")
     from_pretrained: str | None = setting(None, "Start from this drafter folder instead of from scratch.")
     remap: bool = setting(True, "Remap a --from-pretrained lm_head to --vocab when the mappings differ (else refuse).")
-    resume: bool = setting(False, "Continue the latest checkpoint in --out exactly (with the run's config.yaml; "
+    resume: bool = setting(False, "Continue where an interrupted run stopped. Here: the latest checkpoint in --out, exactly (with the run's config.yaml; "
                            "flags that change its training settings are refused, --epochs and logging may change).")
     overwrite: bool = setting(False, "--out already holds a run: delete its files (metrics, checkpoints, best/, "
                               "journal) and start over (never saved as true).")
@@ -75,10 +77,12 @@ class RunConfig:
     max_tokens: int = setting(2048, "Tokens per packed row.", low=1)
     rows_per_batch: int = setting(1, "Packed rows per optimizer step (per rank).", low=1)
     val_fraction: float = setting(0.05, "Samples held out for validation (by sample, seeded), in [0, 1).")
-    seed: int = setting(0, "Seed of the split, the shuffle and the initial weights.", low=0, high=2**32 - 1)
+    seed: int = setting(0, "Seed of what this command draws at random. Here: the split, the shuffle and the "
+                        "initial weights.", low=0, high=2**32 - 1)
     # optimisation
     epochs: int = setting(2, "Passes over the training samples.", low=1, high=100_000)
-    lr: float = setting(1e-4, "Peak learning rate (> 0).")
+    lr: float = setting(1e-4, "Peak learning rate (> 0). 1e-4 suits long runs and adapting a trained drafter; "
+                        "the recipes train a few hundred samples from scratch at 3e-3 (docs/recipes.md).")
     min_lr_ratio: float = setting(0.1, "Final lr = lr * min_lr_ratio, in [0, 1].")
     schedule: Literal["cosine", "linear", "constant"] = setting("cosine", "Learning-rate decay after warm-up.")
     warmup_steps: int = setting(20, "Linear warm-up steps.", low=0)
@@ -98,8 +102,8 @@ class RunConfig:
                              "(RUN/tensorboard), trackio, wandb (each needs its package: pip install wandb).")
     progress: bool = setting(True, "Show a progress bar.")
     # baseline watch (watch.py): compare with a baseline run at equal tokens_seen
-    baseline: str | None = setting(None, "Run folder (or metrics.jsonl) to beat, e.g. from scratch: warn in "
-                                      "RUN/journal.md when this run stays behind it at equal tokens_seen.")
+    baseline: str | None = setting(None, "A run to beat: its folder or metrics.jsonl. Here: e.g. from scratch; warn "
+                                      "in RUN/journal.md when this run stays behind it at equal tokens_seen.")
     stop_if_behind: bool = setting(False, "With --baseline: stop with a checkpoint once the run is behind.")
     watch_split: Literal["val", "train"] = setting("val", "Baseline watch on val points or the smoothed train "
                                                    "curve (train).")

@@ -42,7 +42,8 @@ def train(cfg: RunConfig, runtime: Runtime | None = None, data: TrainData | None
     runtime = runtime or Runtime()
     with own_run_folder(cfg, runtime):
         t = start(cfg, runtime, data, target)
-        with t.metrics, progress_bar(cfg.progress and runtime.is_main, sum(t.batches_per_epoch), t.state.step) as bar:
+        shown = cfg.progress and runtime.is_main   # the bar on the console the epoch tables use: lines never mix
+        with t.metrics, progress_bar(shown, sum(t.batches_per_epoch), t.state.step, t.metrics.console) as bar:
             for epoch in range(t.state.epoch, cfg.epochs):
                 t.state.epoch = epoch
                 stopped = run_epoch(t, epoch, bar)
@@ -132,7 +133,7 @@ def run_epoch(t: Training, epoch: int, bar) -> dict | None:
         epoch_tokens += step.tokens
         epoch_sums = add_sums(epoch_sums, step.sums)
         t.steps_this_run += 1
-        bar(step.tokens, step.loss)
+        bar(step.tokens, step.sums)
         last_of_epoch = index + 1 == t.batches_per_epoch[epoch]
         behind = after_step(t, step, last_of_epoch)
         stopped = decide_stop(t, behind, last_of_epoch)
@@ -181,7 +182,8 @@ def end_epoch(t: Training, epoch: int, epoch_sums: dict | None, tokens_per_s: fl
         tensors, _ = ckpt.training_state(t.drafter)      # collective under FSDP2
         if runtime.is_main:
             ckpt.save(run_layout.best_dir(t.run_dir), t.drafter, tensors=tensors,
-                      extra_json={"val.json": {"epoch": epoch + 1, "step": state.step, **t.last_val}})
+                      extra_json={"val.json": {"epoch": epoch + 1, "step": state.step, **t.last_val},
+                                  INPUTS_FILE: data_identity(t.data)})   # the model card's data and fingerprint
         runtime.barrier()
     save(t, run_layout.checkpoint_dir(t.run_dir, "epoch", epoch + 1), t.last_val)
     if new_best and runtime.is_main:

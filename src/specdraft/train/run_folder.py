@@ -144,8 +144,8 @@ def note(run_dir: Path, kind: str, text: str) -> None:
 
 def val_summary(metrics: dict) -> str:
     """The validation numbers a journal entry quotes."""
-    keys = ("loss", "full_acc_0", "accept_len")
-    return ", ".join(f"val {k} {metrics[k]:.4f}" for k in keys if k in metrics)
+    names = {"loss": "loss", "full_acc_0": "full_acc_0", "accept_len": "τ"}   # τ: accept_len's one name in text
+    return ", ".join(f"val {name} {metrics[k]:.4f}" for k, name in names.items() if k in metrics)
 
 
 def start_summary(cfg: RunConfig, resume_from: Path | None, remap_report: dict | None, total_steps: int,

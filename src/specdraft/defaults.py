@@ -1,0 +1,44 @@
+"""Defaults that several stages share, written once so that they cannot drift apart (issue 28):
+the draft length bench, generate, eval, probe and export use when -k is not given, and the
+longest chain that -k auto and `plan` consider; how -k and --draft-stop are read."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from specdraft.errors import SpecdraftError
+
+DRAFT_LENGTH = 3     # draft tokens per round (vLLM's num_speculative_tokens) when -k is not given: the
+                     # default TTT depth and DFlash's default block (4 slots = anchor + 3), so it serves as trained
+LONGEST_CHAIN = 8    # the longest draft chain -k auto and `specdraft plan` consider
+K_MAX = 256          # draft tokens per round: far beyond any drafter's use, far below a typo's
+NUM_SPEC = "--num-speculative-tokens"
+
+
+def parse_draft_length(text: Optional[str], default_auto: bool = False) -> Optional[int]:
+    """-k: a whole number >= 1, or auto (None: chosen by the cost model). Unset: auto where
+    `default_auto` (a drafter's chain in bench/generate), else DRAFT_LENGTH."""
+    if text is None:
+        return None if default_auto else DRAFT_LENGTH
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        raise SpecdraftError(f"{NUM_SPEC} {text}: expected a whole number >= 1 or auto") from None
+    if not 1 <= k <= K_MAX:
+        raise SpecdraftError(f"{NUM_SPEC} {k}: must be 1..{K_MAX} (or auto)")
+    return k
+
+
+def parse_draft_stop(text: Optional[str]):
+    """--draft-stop: None (off), a probability in [0, 1], or "auto"."""
+    if text is None or text.strip().lower() == "auto":
+        return None if text is None else "auto"
+    try:
+        p = float(text)
+    except ValueError:
+        raise SpecdraftError(f"--draft-stop {text}: expected a probability in [0, 1] or auto") from None
+    if not 0.0 <= p <= 1.0:
+        raise SpecdraftError(f"--draft-stop {text}: must lie in [0, 1] (a probability), or auto")
+    return p

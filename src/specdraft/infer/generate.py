@@ -1,0 +1,59 @@
+"""`specdraft generate`: speculative decoding of one prompt, the answer streamed as it comes."""
+
+from __future__ import annotations
+
+import sys
+
+from specdraft.errors import SpecdraftError
+from specdraft.infer import bench as B
+
+
+def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_text: str | None, draft_stop: str | None,
+                 tree: str | None, sampling, max_new_tokens: int, ngram: tuple[int, int], device: str, dtype: str,
+                 trust_remote_code: bool, stream: bool) -> tuple[dict, str]:
+    """-> ({text, token_ids, tokens_per_s, accept_len, new_tokens}, the method's name). -k unset is
+    auto for a drafter's chain and DRAFT_LENGTH otherwise; options are checked before the model loads."""
+    from specdraft.defaults import parse_draft_length, parse_draft_stop
+    from specdraft.infer.auto import resolve
+    from specdraft.infer.speculative import eos_ids_of, generate
+    from specdraft.infer.tree import TreeShape
+    from specdraft.targets import DTYPES, load_target
+
+    chain = B.needs_drafter(method) and not tree                   # a drafter's chain: -k auto applies
+    k, stop = parse_draft_length(k_text, default_auto=chain), parse_draft_stop(draft_stop)
+    choices = ["greedy", "ngram", *(n for n in B.all_methods() if B.needs_drafter(n) and not n.endswith(B.TREE))]
+    if method not in choices:
+        raise SpecdraftError(f"--method {method}: unknown; choose {', '.join(choices)}")
+    if (k is None or stop is not None) and not chain:
+        raise SpecdraftError("--num-speculative-tokens auto and --draft-stop: only with a drafter's chain (--method "
+                             "eagle3, peagle, dflash, ...; no --tree)")
+    if dtype not in DTYPES:
+        raise SpecdraftError(f"--compute-dtype {dtype}: choose float32, bfloat16 or float16")
+    shape = TreeShape.parse(tree) if tree else None
+    if shape is not None and (method != "eagle3" or not sampling.greedy):
+        raise SpecdraftError("--tree: only with --method eagle3 and greedy decoding (--temperature 0)")
+    name = method + B.TREE if shape else method
+    if drafter is None:
+        B.check_drafter_methods([name], None)
+    dev = B.resolve_device(device)
+    target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
+    draft_model = B.load_drafter_for(drafter, target, dev, DTYPES[dtype]) if B.needs_drafter(method) else None
+    B.check_drafter_methods([name], draft_model)
+    tok = target.tokenizer
+    ids = B.prompt_ids(tok, [{"role": "user", "content": prompt}])
+    k, stop, _ = resolve(target, draft_model, drafter, ids, k, stop)
+    m = B.build_methods([name], draft_model, k, shape, ngram[1], ngram[0], stop)[0]
+    shown = {"ids": [], "text": ""}
+
+    def show(new):
+        shown["ids"].extend(new)
+        text = tok.decode(shown["ids"], skip_special_tokens=True)
+        sys.stdout.write(text[len(shown["text"]):])
+        sys.stdout.flush()
+        shown["text"] = text
+
+    result = generate(target.model, ids, m.proposer, max_new_tokens, sampling, eos_ids_of(target.model, tok),
+                      show if stream else None, sync_cuda=dev.startswith("cuda"))
+    return ({"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
+             "tokens_per_s": result.tokens_per_s, "accept_len": result.accept_len,
+             "new_tokens": len(result.token_ids)}, m.name)

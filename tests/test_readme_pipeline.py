@@ -1,0 +1,78 @@
+"""The README's pipeline, walked as written but scaled down (issue 28): its `specdraft` lines are
+read from README.md, pointed at the tiny target with a few samples, and run as CLI subprocesses in
+a fresh folder. The report they leave must show the eval τ and the training data the model card
+names: a README path that leaves either out gives a weaker report than the demo's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+SCALE = {"--limit": "8", "--size": "64", "--epochs": "1"}    # the README's values, scaled down
+EXTRA = {"prepare": ["--max-new-tokens", "12", "--batch-size", "8"],
+         "capture": ["--store-dtype", "float32", "--batch-tokens", "256"],
+         "train": ["--max-tokens", "128", "--precision", "fp32", "--val-fraction", "0.25", "--warmup-steps", "1"],
+         "bench": ["--limit", "1", "--max-new-tokens", "8", "--rounds", "1", "-k", "2"]}
+SKIP = {"info", "generate"}       # they print, and leave nothing the report reads
+
+
+def readme_commands() -> list[list[str]]:
+    """The `specdraft ...` lines of the README's pipeline block, comments cut."""
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("## The pipeline"):]
+    block = block[block.index("```bash") + 7:block.index("```", block.index("```bash") + 7)]
+    return [shlex.split(line.split("  #")[0]) for line in block.splitlines() if line.startswith("specdraft ")]
+
+
+def scaled(argv: list[str], target: Path) -> list[str]:
+    out = []
+    for i, word in enumerate(argv):
+        before = argv[i - 1] if i else ""
+        out.append(str(target) if before in ("--model", "-m") else SCALE.get(before, word))
+    if out[1] == "bench":
+        out[out.index("--methods") + 1] = "greedy,eagle3"
+        out = [w for j, w in enumerate(out) if not (w == "--limit" or j and out[j - 1] == "--limit")]
+    return out[1:] + EXTRA.get(out[1], [])
+
+
+def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target, tmp_path):
+    commands = readme_commands()
+    assert [c[1] for c in commands][:6] == ["info", "prepare", "capture", "vocab", "train", "eval"], commands
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "SPECDRAFT_LOG_EVERY_S": "0"}
+    stderr = {}
+    for argv in commands:
+        if argv[1] in SKIP:
+            continue
+        args = scaled(argv, tiny_target)
+        run = subprocess.run([sys.executable, "-m", "specdraft.cli", *args], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, (args, run.stderr[-3000:])
+        assert "Traceback" not in run.stderr, run.stderr
+        assert not [line for line in run.stderr.splitlines() if line.startswith("error")], run.stderr
+        stderr[args[0]] = run.stderr
+    # data-quality notes where they are found: 2 held-out samples (a quarter of 8) make a noisy τ
+    assert "warning: τ from 2 sample(s) is noisy" in stderr["eval"], stderr["eval"]
+    run_dir = tmp_path / "ws" / "runs" / "a"
+    eval_result = json.loads((run_dir / "eval.json").read_text())
+    card = (tmp_path / "ws" / "export" / "vllm" / "README.md").read_text()
+    data_line = next(line for line in card.splitlines() if line.startswith("| training data |"))
+    samples = re.search(r"\| training data \| (\d+) samples, (\d+) tokens", data_line)
+    assert samples, data_line
+    assert "unknown" not in next(line for line in card.splitlines() if "target fingerprint" in line)
+    tau_line = next(line for line in card.splitlines() if line.startswith("| τ at K="))
+    assert "(eval," in tau_line, tau_line
+    assert f"vllm serve {(tmp_path / 'ws' / 'export' / 'vllm').resolve()}\n" in card   # speculators' short form
+    report = (run_dir / "report.html").read_text()
+    assert f"sim τ <b>{eval_result['accept_len']:.2f}</b>" in report, "the eval τ is missing from the report"
+    assert f"{int(samples.group(1)):,} samples, {int(samples.group(2)):,} tokens" in report
+    # --split all measures on the samples the drafter trained on too, and says so
+    every = subprocess.run([sys.executable, "-m", "specdraft.cli", "eval", "--model", str(tiny_target), "--drafter",
+                            "ws/runs/a", "--store", "ws/hidden", "--split", "all"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert every.returncode == 0 and "warning: --split all includes the samples the drafter trained on" in every.stderr
