@@ -9,6 +9,8 @@ from them, and a drafter trained on it (a few seconds). Each test copies the run
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import random
 import shutil
 
@@ -80,7 +82,31 @@ def copy_run(ws, tmp_path, name="run"):
 
 
 def ids(result):
+    """The causes' ids, in order; every `specdraft ...` command a fix gives must parse with the real CLI
+    (its options exist and its required ones are there), so the fix can be pasted."""
+    for cause in result["causes"]:
+        for command in re.findall(r"specdraft (.+?)(?: \(|;|, then |$)", cause["fix"]):
+            assert_parses(command, cause)
     return [c["id"] for c in result["causes"]]
+
+
+def assert_parses(command: str, cause):
+    """Parse `command` (without `specdraft`) as the CLI would, without running it."""
+    import typer
+
+    from specdraft.cli import app
+
+    cmd, args = typer.main.get_command(app), shlex.split(command)
+    while hasattr(cmd, "commands"):                      # a group: `vocab build`, or specdraft itself
+        name, args = args[0], args[1:]
+        assert name in cmd.commands, f"{cause['id']}: fix names no command {name!r}: {command}"
+        cmd = cmd.commands[name]
+    try:
+        cmd.make_context(name, args).close()
+    except Exception as e:                                # typer's own click: its UsageError
+        if not any(k.__name__ == "UsageError" for k in type(e).__mro__):
+            raise
+        raise AssertionError(f"{cause['id']}: fix {command!r} does not parse: {e}") from None
 
 
 def test_healthy_run_reports_no_cause_and_the_json_schema(ws, tmp_path):

@@ -243,6 +243,14 @@ def fmt(x: float) -> float:
     return round(float(x), 4)
 
 
+def stored_samples(d: Doctor, missing: int = 250) -> int:
+    """How many samples the run's store holds (`missing` when the store is not there)."""
+    try:
+        return len(d.store)
+    except SpecdraftError:
+        return missing
+
+
 def command_model(d: Doctor) -> str:
     return d.model or d.config.get("model", "default")
 
@@ -329,8 +337,9 @@ def check_aux_layers(d: Doctor) -> Finding:
     layers = ",".join(map(str, served))
     key = aux_ids_key(read_json(d.checkpoint / "config.json", "drafter config"), str(d.checkpoint))
     return Finding("aux_layers", holds, evidence, loss,
-                   f"set {key} to {trained} in {d.checkpoint}/config.json (the layers "
-                   f"it trained on), or capture them: specdraft capture --layers {layers} and retrain",
+                   f"set {key} to {trained} in {d.checkpoint}/config.json (the layers it trained on); or capture "
+                   f"those it names and retrain: specdraft capture --model {command_model(d)} --prepared WS/data "
+                   f"--layers {layers} --out WS/hidden-{layers.replace(',', '-')}",
                    f"the checkpoint names aux layers {served}, the run trained on {trained}")
 
 
@@ -408,7 +417,7 @@ def check_prompt_shift(d: Doctor) -> Finding:
                 "threshold": TAU_GAP}
     return Finding("prompt_shift", gap > TAU_GAP, evidence, gap if gap > TAU_GAP else None,
                    f"specdraft prepare --model {command_model(d)} --conversations {d.prompts} --regenerate --out "
-                   "WS/data-prompts, capture it and train on both stores' kind of data",
+                   "WS/data-prompts (then capture it and train on data like both)",
                    f"τ {on_prompts:.2f} on your prompts vs {d.tau:.2f} on the store's held-out samples")
 
 
@@ -464,8 +473,10 @@ def check_overfit(d: Doctor) -> Finding:
     if holds and len(tau) and train_tau:
         loss = max(float(np.mean(train_tau) - tau[-1]), float(tau.max() - tau[-1]))
     return Finding("overfit", holds, evidence, loss,
-                   f"more data: specdraft prepare --limit N (more samples) --regenerate, capture, and train with "
-                   f"fewer --epochs than {d.config.get('epochs', '?')}; serve {run_layout.best_dir(d.run)}",
+                   f"more data: specdraft prepare --model {command_model(d)} --conversations SOURCE --limit "
+                   f"{4 * stored_samples(d)} --regenerate --out WS/data-more (then capture "
+                   f"it and train with fewer --epochs than {d.config.get('epochs', '?')}); meanwhile serve "
+                   f"{run_layout.best_dir(d.run)}",
                    f"train acc_0 {np.mean(train):.2f} vs val {acc[-1]:.2f}; val loss_0 {rise:+.0%} from its minimum")
 
 
@@ -619,7 +630,7 @@ def check_export_mismatch(d: Doctor) -> Finding:
     if unread:
         evidence["not_speculators_layout"] = unread
     return Finding("export_mismatch", bool(differ), evidence, worst,
-                   f"re-export from the run: specdraft export {d.run} --format speculators --out EXPORT --overwrite "
+                   f"re-export from the run: specdraft export {d.run} --format speculators --out EXPORT "
                    "(its config.json top-level fields then match the run's)",
                    f"{len(differ)} drafter folder(s) would be served differently from how the run trained "
                    "(config.json top-level fields vs the run's config): "
