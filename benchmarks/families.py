@@ -95,7 +95,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--natural", default="benchmarks/prompts/natural.jsonl", help="prompts for a second τ")
+    ap.add_argument("--natural", default="benchmarks/prompts/natural.jsonl", help="prompts for a second τ "
+                    "('' skips it)")
     ap.add_argument("--parallel-steps", type=int, default=4, help="drafts per round P-EAGLE and DFlash train")
     ap.add_argument("--out", default="benchmarks/results/families.json")
     ap.add_argument("--speed-only", action="store_true", help="only measure training tok/s (into --out's "
@@ -140,8 +141,8 @@ def main() -> None:
     plain = statistics.median(r["tokens_per_s"] for r in results["plain"]["rounds"])
     for r in results.values():
         r["speedup_over_plain"] = r["tokens_per_s"] / plain
-    natural = [B.prompt_ids(target.tokenizer, c) for c in B.read_prompts(args.natural, None)]
-    for m in methods[2:]:                                    # the drafters' τ on natural prompts (not timed)
+    natural = [B.prompt_ids(target.tokenizer, c) for c in B.read_prompts(args.natural, None)] if args.natural else []
+    for m in methods[2:] if natural else []:                 # the drafters' τ on natural prompts (not timed)
         runs_natural = [B.run_one(target.model, m, ids, args.max_new_tokens, eos) for ids in natural]
         results[m.name]["natural_accept_len"] = B.summarize(m.name, runs_natural, None)["accept_len"]
         print(f"natural prompts: {m.name}", file=sys.stderr, flush=True)

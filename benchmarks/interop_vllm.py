@@ -244,6 +244,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     eagle = runs.get("eagle3", {})
     result = {
         "target": target_name, "target_path": target_path, "drafter": str(drafter), "drafter_built_here": args.drafter is None,
+        "family": fam.model_type, "vllm_speculative": dict(fam.vllm_speculative),
         "export": {"source": str(source), "dtype": summary["dtype"], "embed_tokens": summary["has_embed_tokens"],
                    "weight_bytes": summary["weight_bytes"],
                    "file_bytes": (drafter / "model.safetensors").stat().st_size},
@@ -295,9 +296,10 @@ def print_table(r: dict) -> None:
     t.add_row("vLLM plain", fmt(r["tokens_per_s"].get("plain")), "1.00", "-")
     t.add_row("vLLM n-gram", fmt(r["tokens_per_s"].get("ngram")), fmt(r["ngram_accept_len"]),
               fmt(eq.get("ngram_vs_plain")))
-    t.add_row("vLLM eagle3", fmt(r["tokens_per_s"].get("eagle3")), fmt(r["acceptance_len"]["vllm"]),
+    family = r.get("family", "eagle3")                     # the drafter's family; its engine slot is "eagle3"
+    t.add_row(f"vLLM {family}", fmt(r["tokens_per_s"].get("eagle3")), fmt(r["acceptance_len"]["vllm"]),
               fmt(eq.get("eagle3_vs_plain")))
-    t.add_row("specdraft eagle3 (HF)", fmt(r["ours"]["tokens_per_s"]), fmt(r["acceptance_len"]["ours"]),
+    t.add_row(f"specdraft {family} (HF)", fmt(r["ours"]["tokens_per_s"]), fmt(r["acceptance_len"]["ours"]),
               fmt(eq.get("ours_vs_vllm_plain")) + " (vs vLLM plain)")
     Console().print(t)
     vllm_pos = r["vllm_spec_counters"].get("eagle3", {}).get("num_accepted_tokens_per_pos")

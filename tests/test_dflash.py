@@ -176,8 +176,9 @@ def test_a_two_layer_dflash_trains_exports_and_stays_lossless(ws, tmp_path):  # 
     train(config(ws, run, family="dflash", epochs=1, ttt_steps=2, draft_layers=2))
     drafter = load_drafter(run / "best")
     assert len(drafter.layers) == 2
-    export(run, tmp_path / "export", "speculators", speculative_tokens=2)
+    export(run, tmp_path / "export", "speculators")              # no -k: the 2 drafts it was trained for
     config_json = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config_json["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 2
     assert SpeculatorsConfig.extract_transformers_pre_trained_config(config_json)["num_hidden_layers"] == 2
     assert "layers.1.self_attn.q_norm.weight" in load_checkpoint(tmp_path / "export")[0]
     target = ws["target"].model
