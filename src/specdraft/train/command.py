@@ -65,6 +65,9 @@ def train(
     if nproc > 1 and not distributed.launched_by_torchrun():
         argv = sys.argv[2:] if ctx.parent else sys.argv[1:]     # after `specdraft train` / `-m specdraft.train`
         distributed.exec_torchrun(nproc, distributed.forward_cli_args(argv))
+    if not online and store_format != "bf16":      # a misused flag first: it is wrong whatever else is given
+        raise SpecdraftError(f"--store-format {store_format}: only with --online (a store's format is chosen at "
+                             "capture: `specdraft capture --store-format`, or `specdraft store convert`)")
     overrides = {name: value for name, value in settings.items()
                  if getattr(ctx.get_parameter_source(name), "name", "") != "DEFAULT"}
     if isinstance(overrides.get("store"), list) and len(overrides["store"]) == 1:
@@ -80,9 +83,6 @@ def train(
         from specdraft.train.online import online_setup
 
         setup = online_setup(data, engine_options(engine, tensor_parallel_size, engine_args), store_format)
-    elif store_format != "bf16":
-        raise SpecdraftError(f"--store-format {store_format}: only with --online (a store's format is chosen at "
-                             "capture: `specdraft capture --store-format`, or `specdraft store convert`)")
     summary = run(cfg, parallel, setup)
     if summary is not None:
         val = summary.get("val") or {}
