@@ -175,9 +175,10 @@ def evaluate(model: torch.nn.Module, batches: Batches, runtime: Runtime, bf16: b
     """Validation metrics over all of `batches` (summed over ranks); {} when there are none."""
     model.eval()
     sums = None
-    with torch.no_grad(), torch.autocast(runtime.device.type, dtype=torch.bfloat16, enabled=bf16):
-        for batch in batches.batches(0):
+    with torch.no_grad():
+        for batch in batches.batches(0):              # read outside autocast: its collate stacks fp8 rows
             batch = {k: v.to(runtime.device) for k, v in batch.items()}
-            sums = add_sums(sums, model(batch)[1])
+            with torch.autocast(runtime.device.type, dtype=torch.bfloat16, enabled=bf16):
+                sums = add_sums(sums, model(batch)[1])
     model.train()
     return finalize_metrics(runtime.reduce_sums(sums)) if sums is not None else {}
