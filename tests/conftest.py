@@ -35,3 +35,13 @@ def tiny_target(tmp_path_factory) -> Path:
     from specdraft.testing import save_tiny_target
 
     return save_tiny_target(tmp_path_factory.mktemp("tiny") / "target")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny forwards: on a shared 2-core machine extra threads only spin (a module opts in with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -17,13 +17,7 @@ from specdraft.targets import load_target
 LENGTHS = [5, 17, 9, 33, 12, 3, 28, 20, 7, 14, 25, 11]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These forwards are tiny: on a shared 2-core machine extra threads only spin."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: tiny forwards, one thread
 
 
 @pytest.fixture(scope="module")

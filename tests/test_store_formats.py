@@ -20,12 +20,7 @@ H, V, K = 16, 1000, 8
 TARGET = {"id": "tiny", "fingerprint": "f" * 32, "hidden_size": H, "vocab_size": V}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: tiny forwards, one thread
 
 
 def head(seed: int = 1) -> sf.TopKTeacher:

@@ -16,12 +16,7 @@ from specdraft.train.loop import train
 from test_capture import LENGTHS, cli, make_prepared, run
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: tiny forwards, one thread
 
 
 @pytest.fixture(scope="module")
