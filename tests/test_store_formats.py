@@ -194,8 +194,7 @@ def test_training_from_each_format_tracks_bf16(tiny_target, tmp_path):
         val[name] = train(cfg)["val"]
         lines = (tmp_path / f"run-{name}" / "metrics.jsonl").read_text().splitlines()
         last_train[name] = [json.loads(x) for x in lines if json.loads(x)["split"] == "train"][-1]["metrics"]
-        bf16 = train(RunConfig(**{**cfg.__dict__, "out": str(tmp_path / f"bf16-{name}"), "epochs": 1,
-                                  "precision": "bf16"}))       # autocast over stored fp8 / int4 rows
+        bf16 = train(cfg.replace(out=str(tmp_path / f"bf16-{name}"), epochs=1, precision="bf16"))  # autocast over stored rows
         assert math.isfinite(bf16["val"]["loss"]), name
     print({name: (round(val[name]["loss"], 4), round(last_train[name]["accept_len"], 4)) for name in val})
     assert abs(val["fp8"]["loss"] - val["bf16"]["loss"]) <= 0.01 * val["bf16"]["loss"]
