@@ -30,7 +30,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.families import family, family_of
 from specdraft.formats import card
 from specdraft.formats.checkpoints import load_checkpoint, resolve_checkpoint
-from specdraft.infer.bench import hf_greedy, prompt_ids, read_prompts
+from specdraft.infer.bench import PROMPT_SETS, hf_greedy, prompt_ids, read_prompts
 from specdraft.infer.costmodel import best_option, chain_options
 from specdraft.io import read_json, write_json
 from specdraft.metrics import load_run
@@ -657,7 +657,7 @@ def diagnose(run: str | Path, model: str | None = None, store: str | Path | None
     if not run_layout.holds_run(run):
         raise SpecdraftError(f"doctor {run}: not a run folder (no config.yaml, metrics.jsonl, best/ or "
                              "checkpoints/); pass the folder `specdraft train --out` wrote")
-    if prompts is not None and prompts != "builtin-holdout" and not Path(prompts).is_file():
+    if prompts is not None and prompts not in PROMPT_SETS and not Path(prompts).is_file():
         raise SpecdraftError(f"--prompts {prompts}: not found; pass a jsonl file of conversations or builtin-holdout")
     d = Doctor(run, model, str(store) if store is not None else None, prompts)
     found, fine, skipped = [], [], []

@@ -128,13 +128,24 @@ def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
 
 
+NATURAL = "natural"
+NATURAL_FILE = Path(__file__).resolve().parent.parent / "data" / "natural.jsonl"
+PROMPT_SETS = ("builtin-holdout", NATURAL)
+
+
+def prompt_set_path(source: str) -> Path:
+    """--prompts NAME: `natural` is the hand-written set shipped with specdraft; anything else a file."""
+    return NATURAL_FILE if source == NATURAL else Path(source)
+
+
 def read_prompts(source: str, limit: int | None = None) -> list[list[dict]]:
-    """`builtin-holdout`, or a jsonl file of {"messages": [...]} (or {"prompt": "..."}): every
-    message before the first assistant turn (system + user) is the prompt."""
+    """`builtin-holdout`, `natural` (hand-written prompts shipped in data/natural.jsonl), or a jsonl
+    file of {"messages": [...]} (or {"prompt": "..."}): every message before the first assistant
+    turn (system + user) is the prompt."""
     if source == "builtin-holdout":
         conversations = [[{"role": "user", "content": p}] for p in builtin_prompts(limit or 32, split="holdout")]
     else:
-        path = Path(source)
+        path = prompt_set_path(source)
         if path.is_dir():
             raise SpecdraftError(f"--prompts {source}: is a directory; pass a jsonl file or builtin-holdout")
         if not path.is_file():
