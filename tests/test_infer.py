@@ -401,11 +401,11 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
                                       for w in ("one", "two", "three")) + "\n")
     out = tmp_path / "bench.json"
     res = runner.invoke(app, ["bench", "--model", str(tiny_target), "--drafter", "untrained:64", "--prompts",
-                              str(prompts_file), "--methods", "greedy,plain,ngram,eagle3,eagle3-tree",
+                              str(prompts_file), "--methods", "greedy,plain,ngram,eagle3,eagle3-tree,hybrid",
                               "--max-new-tokens", "16", "--tree", "2,2,3", "-k", "4", "--out", str(out), "--time-split"])
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
-    assert set(report["methods"]) == {"greedy", "plain", "ngram", "eagle3", "eagle3-tree"}
+    assert set(report["methods"]) == {"greedy", "plain", "ngram", "eagle3", "eagle3-tree", "hybrid"}
     for name, m in report["methods"].items():
         assert m["identical_to_greedy"] is True, name
         assert m["tokens_per_s"] > 0 and "speedup" in m
@@ -444,6 +444,10 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
     assert report["methods"]["eagle3"]["drafts_cut"] >= 0
     res = runner.invoke(app, ["generate", "--model", str(tiny_target), "--drafter", "untrained:64", "--prompt",
                               "hello", "--max-new-tokens", "8", "-k", "auto", "--draft-stop", "0.2", "--json"])
+    assert res.exit_code == 0 and "-k auto: K=" in res.stderr, res.output
+    # hybrid: any family's drafter and n-gram in one verify; -k auto applies to its drafter's chain
+    res = runner.invoke(app, ["generate", "--model", str(tiny_target), "--drafter", "untrained:64", "--method",
+                              "hybrid", "--prompt", "say one one one", "--max-new-tokens", "8", "--json"])
     assert res.exit_code == 0 and "-k auto: K=" in res.stderr, res.output
 
 

@@ -245,7 +245,8 @@ def bench(
     prompts: str = typer.Option("builtin-holdout", "--prompts", help="jsonl with `messages` (user turns = prompt), "
                                 "builtin-holdout, or natural (hand-written, shipped)."),
     methods: str = typer.Option("greedy,plain,ngram,eagle3", "--methods", help="Comma list of greedy (transformers "
-                                "generate), plain (specdraft's loop, no drafter), ngram, eagle3, eagle3-tree, ..."),
+                                "generate), plain (specdraft's loop, no drafter), ngram, eagle3, eagle3-tree, "
+                                "hybrid (the drafter and n-gram in one verify), ..."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help=MAX_NEW_TOKENS_HELP + " Here: per prompt."),
     num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO,
     draft_stop: Optional[str] = DRAFT_STOP,
@@ -282,8 +283,8 @@ def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="User message (the chat template is applied)."),
     model: str = MODEL,
     drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
-    method: str = typer.Option("eagle3", "--method", help="greedy (no drafting), ngram, or the drafter's family "
-                               "(eagle3, peagle, ...: `specdraft info` lists them)."),
+    method: str = typer.Option("eagle3", "--method", help="greedy (no drafting), ngram, the drafter's family "
+                               "(eagle3, peagle, ...: `specdraft info` lists them), or hybrid (drafter + n-gram)."),
     num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO,
     draft_stop: Optional[str] = DRAFT_STOP,
     tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: greedy only."),

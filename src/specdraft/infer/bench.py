@@ -18,6 +18,7 @@ from specdraft.data.builtin_prompts import builtin_prompts
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import load_drafter, resolve_checkpoint
+from specdraft.infer.hybrid import HYBRID, HybridProposer
 from specdraft.infer.ngram import NgramProposer
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.tree import TreeShape
@@ -31,25 +32,27 @@ from specdraft.targets import default_aux_layers
 # greedy: transformers' generate (what a user runs without us; every speedup is against it).
 # plain: specdraft's own loop with no drafter, on the kernel paths measured for this machine
 # (infer/kernels.py): eagle3's speedup over plain is what the drafts alone bring.
-# Then a drafter's own chain under its family's name (eagle3, peagle, ...), and eagle3-tree.
+# Then a drafter's own chain under its family's name (eagle3, peagle, ...), eagle3-tree, and hybrid:
+# the drafter's chain and the n-gram continuation verified together (infer/hybrid.py), any family.
 BASE_METHODS = ("greedy", "plain", "ngram")
 TREE = "-tree"
 
 
 def all_methods() -> tuple[str, ...]:
-    return (*BASE_METHODS, *families.names(), "eagle3" + TREE)
+    return (*BASE_METHODS, *families.names(), "eagle3" + TREE, HYBRID)
 
 
 def needs_drafter(name: str) -> bool:
-    return name.removesuffix(TREE) in families.names()
+    return name == HYBRID or name.removesuffix(TREE) in families.names()
 
 
 def check_drafter_methods(names: list[str], drafter) -> None:
-    """A drafter method names the drafter's family: --methods peagle runs a P-EAGLE checkpoint."""
+    """A drafter method names the drafter's family: --methods peagle runs a P-EAGLE checkpoint
+    (hybrid takes a drafter of any family)."""
     wanted = [n for n in names if needs_drafter(n)]
     if wanted and drafter is None:
         raise SpecdraftError(f"--methods {wanted[0]}: needs --drafter (a checkpoint, a run folder, or untrained)")
-    for name in wanted:
+    for name in (n for n in wanted if n != HYBRID):
         have = family_of(drafter).model_type
         if name.removesuffix(TREE) != have:
             raise SpecdraftError(f"--methods {name}: the --drafter is a {have} drafter; name it --methods {have}")
@@ -222,10 +225,13 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
             methods.append(Method(name, None, hf=True))
         elif name == "plain":
             methods.append(Method(name, None))
-        elif name == "ngram":
-            methods.append(Method(name, NgramProposer(ngram_k or k, ngram_max, ngram_min)))
+        elif name == "ngram" or (name == HYBRID and k == 0):   # hybrid without a drafter chain that pays
+            methods.append(Method(name, NgramProposer(ngram_k or k or DRAFT_LENGTH, ngram_max, ngram_min)))
         elif k == 0 and not name.endswith(TREE):   # -k auto found no chain that pays here: plain decoding
             methods.append(Method(name, None))
+        elif name == HYBRID:
+            chain = family_of(drafter).proposer(drafter, k=k, stop=draft_stop)
+            methods.append(Method(name, HybridProposer(chain, ngram_k or k, ngram_max, ngram_min)))
         elif not name.endswith(TREE):
             methods.append(Method(name, family_of(drafter).proposer(drafter, k=k, stop=draft_stop)))
         else:

@@ -15,6 +15,12 @@ from specdraft.infer.tree import Draft
 
 def lookup(tokens: list[int] | np.ndarray, k: int, ngram_max: int = 3, ngram_min: int = 1) -> list[int]:
     """Up to k tokens that followed the most recent earlier match of the longest matching suffix."""
+    return lookup_match(tokens, k, ngram_max, ngram_min)[0]
+
+
+def lookup_match(tokens: list[int] | np.ndarray, k: int, ngram_max: int = 3,
+                 ngram_min: int = 1) -> tuple[list[int], int]:
+    """lookup() and the length n of the suffix it matched (0: no match)."""
     arr = np.asarray(tokens, dtype=np.int64)
     for n in range(ngram_max, ngram_min - 1, -1):
         if len(arr) <= n:
@@ -24,8 +30,8 @@ def lookup(tokens: list[int] | np.ndarray, k: int, ngram_max: int = 3, ngram_min
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return arr[start:start + k].tolist()
-    return []
+            return arr[start:start + k].tolist(), n
+    return [], 0
 
 
 class NgramProposer:

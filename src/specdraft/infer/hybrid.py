@@ -1,0 +1,77 @@
+"""The hybrid proposer: a drafter's chain and the context's n-gram continuation in one verify.
+
+Answers repeat their own context (names, numbers, code, lists), and there prompt lookup's later
+positions are accepted far more often than a drafter's trained on little data; elsewhere the drafter
+wins. Greedy decoding sends both proposals to the verifier as one small tree (a shared prefix is one
+branch), so a round accepts the longer agreeing path: per round never less than either part alone, for
+at most K_ngram extra verify rows. Sampling verifies chains only (sample_chain), so there a round
+takes the n-gram continuation where the context repeats its last `min_match` tokens and the drafter's
+chain elsewhere. The output is the target's own either way: only what is proposed changes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdraft.infer.ngram import lookup_match
+from specdraft.infer.sampling import Sampling
+from specdraft.infer.speculative import Profile
+from specdraft.infer.tree import Draft
+
+HYBRID = "hybrid"
+
+
+def union(chains: list[list[int]]) -> Draft:
+    """One draft tree holding every chain from the root; chains that share a prefix share its nodes.
+    Nodes are numbered in creation order, so a parent precedes its children (tree.py's rule)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    node_of: dict[tuple[int, int], int] = {}          # (parent node, token) -> node
+    for chain in chains:
+        node = 0
+        for token in chain:
+            if (node, token) not in node_of:
+                tokens.append(token)
+                parents.append(node)
+                node_of[(node, token)] = len(tokens)
+            node = node_of[(node, token)]
+    return Draft(tokens, parents)
+
+
+class HybridProposer:
+    """`inner` is any family's chain proposer (it observes every accepted position, so it stays in
+    step whichever branch the target took); `ngram_k` tokens of prompt lookup go beside its chain."""
+
+    def __init__(self, inner, ngram_k: int = 3, ngram_max: int = 3, ngram_min: int = 1, min_match: int = 2):
+        self.inner = inner
+        self.ngram_k, self.ngram_max, self.ngram_min, self.min_match = ngram_k, ngram_max, ngram_min, min_match
+        self.aux_layer_ids = inner.aux_layer_ids
+
+    @property
+    def profile(self) -> Profile:
+        return self.inner.profile
+
+    @profile.setter
+    def profile(self, profile: Profile) -> None:
+        self.inner.profile = profile
+
+    @property
+    def drafts_cut(self) -> int:
+        return getattr(self.inner, "drafts_cut", 0)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def observe(self, aux: torch.Tensor | None) -> None:
+        self.inner.observe(aux)
+
+    def propose(self, tokens: list[int], budget: int, sampling: Sampling,
+                generator: torch.Generator) -> Draft:
+        drafted = self.inner.propose(tokens, budget, sampling, generator)
+        with self.profile.timed("draft_s"):
+            repeat, n = lookup_match(tokens, min(self.ngram_k, budget), self.ngram_max, self.ngram_min)
+        if not repeat:
+            return drafted
+        if not sampling.greedy:
+            return Draft.chain(repeat) if n >= self.min_match else drafted
+        return union([drafted.tokens, repeat])

@@ -1,0 +1,117 @@
+"""The hybrid proposer (infer/hybrid.py): the drafter's chain and the n-gram continuation in one verify."""
+
+import random
+
+import pytest
+import torch
+
+from specdraft.infer.hybrid import HybridProposer, union
+from specdraft.infer.ngram import NgramProposer, lookup_match
+from specdraft.infer.sampling import Sampling
+from specdraft.infer.speculative import Profile, generate
+from specdraft.infer.tree import greedy_path
+from specdraft.model.eagle3.proposer import EagleProposer
+from specdraft.testing import tiny_drafter_for, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=3)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    return tiny_drafter_for(target, [0, 2, 3], every=3, seed=0).eval()
+
+
+def hf_greedy(model, prompt, n):
+    x = torch.tensor([prompt])
+    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                         eos_token_id=2, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def repetitive_prompts(n, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 200) for _ in range(rng.randint(4, 12))] * rng.randint(2, 3) for _ in range(n)]
+
+
+def test_union_merges_shared_prefixes_and_keeps_parents_first():
+    d = union([[5, 6, 7], [5, 6, 9, 10], []])
+    assert d.tokens == [5, 6, 7, 9, 10] and d.parents == [0, 1, 2, 2, 4]
+    assert all(p <= i for i, p in enumerate(d.parents))
+    assert union([[1, 2], [1, 2]]).is_chain and union([[1, 2], [1, 2]]).tokens == [1, 2]
+    two = union([[1, 2], [3]])
+    assert two.parents == [0, 1, 0] and not two.is_chain
+    # the verifier walks whichever branch the target agrees with, to its end
+    assert greedy_path(d, [5, 6, 9, 0, 10, 0]) == [0, 1, 2, 4, 5]     # choice is by node
+    assert greedy_path(d, [5, 6, 7, 1, 0, 0]) == [0, 1, 2, 3]
+
+
+def test_lookup_match_reports_the_matched_length():
+    assert lookup_match([1, 2, 3, 9, 1, 2, 3], 2) == ([9, 1], 3)
+    assert lookup_match([4, 5, 6], 2) == ([], 0)
+    assert lookup_match([7, 1, 8, 1], 3) == ([8, 1], 1)
+
+
+def test_hybrid_greedy_is_lossless_and_never_accepts_less_per_round(target, drafter):
+    """Same output as greedy; over a prompt set, at least the tokens per round of either part alone."""
+    totals = {"ngram": [0, 0], "eagle3": [0, 0], "hybrid": [0, 0]}
+    for i, prompt in enumerate(repetitive_prompts(6, seed=4)):
+        ref = hf_greedy(target, prompt, 24)
+        for name, proposer in (("ngram", NgramProposer(k=3)), ("eagle3", EagleProposer(drafter, k=2)),
+                               ("hybrid", HybridProposer(EagleProposer(drafter, k=2), ngram_k=3))):
+            out = generate(target, prompt, proposer, max_new_tokens=24, eos_token_ids={2})
+            assert out.token_ids == ref, (i, name)
+            totals[name][0] += sum(out.accepted) + len(out.accepted)
+            totals[name][1] += len(out.accepted)
+    tau = {n: t / r for n, (t, r) in totals.items()}
+    assert tau["hybrid"] >= max(tau["ngram"], tau["eagle3"]) - 1e-9, tau
+    assert tau["ngram"] > 1.0          # the prompts repeat: the n-gram part has something to find
+
+
+def test_hybrid_without_a_match_is_the_drafter_alone(target, drafter):
+    prompt = list(range(3, 30))        # no token repeats: no n-gram match until the answer repeats one
+    inner = EagleProposer(drafter, k=3)
+    hybrid = HybridProposer(EagleProposer(drafter, k=3), ngram_k=3)
+    hybrid.profile = Profile()
+    assert hybrid.inner.profile is hybrid.profile
+    hybrid.reset(), inner.reset()
+    a = generate(target, prompt, inner, max_new_tokens=8, eos_token_ids={2})
+    b = generate(target, prompt, hybrid, max_new_tokens=8, eos_token_ids={2})
+    assert a.token_ids == b.token_ids and b.proposed[0] == a.proposed[0] == 3
+
+
+def test_hybrid_sampling_keeps_chains_and_the_targets_distribution(target, drafter):
+    """Sampling verifies chains only: the proposal is one chain, and a seeded run equals itself."""
+    prompt = repetitive_prompts(1, seed=2)[0]
+    sampling = Sampling(temperature=1.0, seed=0)
+    runs = [generate(target, prompt, HybridProposer(EagleProposer(drafter, k=2), ngram_k=3), max_new_tokens=16,
+                     sampling=sampling, eos_token_ids=set()).token_ids for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 16
+    hybrid = HybridProposer(EagleProposer(drafter, k=2), ngram_k=3, min_match=2)
+    hybrid.profile = Profile()
+    tokens = prompt + prompt[:3]
+    hybrid.reset()
+    from specdraft.infer.speculative import TargetRunner
+    runner = TargetRunner(target, hybrid.aux_layer_ids, hybrid.profile)
+    _, aux = runner.forward(tokens[:-1], list(range(len(tokens) - 1)))
+    hybrid.observe(aux)
+    draft = hybrid.propose(tokens, 8, sampling, sampling.generator(torch.device("cpu")))
+    assert draft.is_chain and draft.tokens == lookup_match(tokens, 3)[0]
+
+
+def test_first_token_of_a_round_keeps_the_targets_distribution_with_hybrid_sampling(target, drafter):
+    """Lossless sampling: the first new token's frequency over seeds follows the target's softmax."""
+    prompt = repetitive_prompts(1, seed=5)[0]
+    with torch.no_grad():
+        p = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    counts = torch.zeros_like(p)
+    n = 300
+    for seed in range(n):
+        out = generate(target, prompt, HybridProposer(EagleProposer(drafter, k=2), ngram_k=3), max_new_tokens=2,
+                       sampling=Sampling(temperature=1.0, seed=seed), eos_token_ids=set())
+        counts[out.token_ids[0]] += 1
+    top = p.topk(3).indices
+    for t in top:
+        assert abs(counts[t] / n - p[t]) < 4 * (p[t] * (1 - p[t]) / n) ** 0.5 + 0.01, (int(t), float(p[t]))
