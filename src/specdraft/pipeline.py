@@ -32,7 +32,7 @@ from specdraft.io import own_folder, write_json
 from specdraft.train.config import resolve_config
 
 RECIPES = Path(__file__).with_name("recipes")       # the shipped recipe files (package data)
-BENCH_METHODS = ("greedy", "plain", "ngram", "eagle3")
+BENCH_METHODS = ("greedy", "plain", "ngram", "eagle3", "hybrid")
 TREE_METHOD = "eagle3-tree"          # measured next to the chain where the recipe's bench_tree is on
 
 

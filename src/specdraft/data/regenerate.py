@@ -240,6 +240,51 @@ class ReportEachStep(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
+CB_PAGE = 64                # tokens per KV page of the continuous-batching cache
+
+
+@torch.no_grad()
+def generate_continuous(target, prompts: list[list[dict]], settings: RegenSettings, end_ids: list[int],
+                        rows: int = 64, on_step=None) -> list[tuple[str, bool, int]]:
+    """Greedy answers by transformers' continuous batching: at most `rows` answers decode together, a
+    finished one leaves and the next prompt takes its place, over a paged KV cache (no padding, no
+    per-step concatenation of the cache). Same result tuples as generate_batch."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    tok = target.tokenizer
+    encoded = [encode(tok, render_text(tok, p, add_generation_prompt=True)) for p in prompts]
+    longest = max(len(ids) for ids in encoded) + settings.max_new_tokens
+    pages = -(-longest // CB_PAGE)
+    # Sized here, not from free memory (transformers would take most of this machine's RAM on a CPU).
+    cb = ContinuousBatchingConfig(page_size=CB_PAGE, num_blocks=min(rows, len(encoded)) * pages + 1,
+                                  max_batch_tokens=max(rows, 512), max_requests_per_batch=rows,
+                                  allow_block_sharing=False, use_cuda_graph=False)
+    gen = GenerationConfig(max_new_tokens=settings.max_new_tokens, do_sample=False, eos_token_id=list(end_ids),
+                           pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else end_ids[0])
+    results: dict[str, list[int]] = {}
+    attention = target.model.config._attn_implementation       # CB takes transformers' own names only
+    if attention not in ("sdpa", "paged|eager") and "flash" not in attention:
+        target.model.set_attn_implementation("sdpa")
+    try:
+        with target.model.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=cb,
+                                                              block=True, warmup=False) as manager:
+            ids = manager.add_requests(inputs=encoded, max_new_tokens=settings.max_new_tokens)
+            while len(results) < len(ids):
+                out = manager.get_result(timeout=1)
+                if out is not None and out.is_finished():
+                    if out.error:
+                        raise RuntimeError(f"continuous batching: {out.error}")
+                    results[out.request_id] = out.generated_tokens
+                    if on_step:
+                        on_step(len(results) * settings.max_new_tokens // len(ids), rows)
+                elif out is None and not manager.is_running():
+                    raise RuntimeError("continuous batching stopped before every answer was written")
+    finally:
+        target.model.set_attn_implementation(attention)
+    return [answer_from_ids(tok, results[i], True, end_ids) for i in ids]
+
+
 @torch.no_grad()
 def generate_batch(target, prompts: list[list[dict]], settings: RegenSettings, end_ids: list[int],
                    on_step=None) -> list[tuple[str, bool, int]]:
