@@ -26,6 +26,51 @@ def ngrams(text: str, n: int = 8) -> set[tuple[str, ...]]:
     return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}
 
 
+def test_natural_set_is_96_prompts_in_8_categories_of_12():
+    rows = read_prompt_rows("natural")
+    assert len(rows) == 96 and len(read_prompts("natural")) == 96
+    assert Counter(r.category for r in rows) == {c: 12 for c in CATEGORIES}
+    assert all(r.messages[-1]["role"] == "user" for r in rows)
+    multi = [r for r in rows if any(m["role"] == "assistant" for m in r.messages)]
+    assert len(multi) >= 16
+    for r in multi:   # user, assistant, user: the bench prompt is the second user turn with its context
+        assert [m["role"] for m in r.messages] == ["user", "assistant", "user"]
+        assert all(m["content"].strip() for m in r.messages)
+    as_text = [json.dumps(r.messages, sort_keys=True) for r in rows]
+    assert len(set(as_text)) == 96
+    assert len({r.messages[-1]["content"].strip().lower() for r in rows}) == 96
+    # the first 32 (what doctor reads) mix every category
+    assert {r.category for r in rows[:32]} == CATEGORIES
+
+
+def test_natural_set_keeps_every_line_whole():
+    """Each line of the file is one {"category", "messages"} object whose messages end with the
+    user's turn (nothing in the file is cut off by the reader)."""
+    lines = [json.loads(line) for line in NATURAL_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert len(lines) == 96
+    assert all(set(line) == {"category", "messages"} for line in lines)
+    assert [line["messages"] for line in lines] == read_prompts("natural")
+
+
+def test_natural_prompts_are_not_builtin_templates():
+    rows = read_prompt_rows("natural")
+    texts = [m["content"] for r in rows for m in r.messages]
+    builtin = set(builtin_prompts(4600)) | set(builtin_prompts(None, split="holdout"))
+    assert len(builtin) > 4000
+    assert not {t.strip() for t in texts} & builtin
+    seen = set().union(*(ngrams(p) for p in builtin_prompts(2000)))
+    shared = {t: ngrams(t) & seen for t in texts}
+    assert not any(shared.values()), {t: s for t, s in shared.items() if s}
+
+
+def test_natural_file_ships_in_the_wheel():
+    package_data = read_configuration(ROOT / "pyproject.toml")["tool"]["setuptools"]["package-data"]["specdraft"]
+    src = ROOT / "src" / "specdraft"
+    assert any(NATURAL_FILE.resolve() in {p.resolve() for p in src.glob(pattern)} for pattern in package_data)
+    assert NATURAL_FILE.resolve() == (src / "data" / "natural.jsonl").resolve()
+    assert (ROOT / "benchmarks" / "prompts" / "natural.jsonl").resolve() == NATURAL_FILE.resolve()
+
+
 def test_multi_turn_lines_prompt_up_to_their_last_user_turn(tmp_path):
     u1, a1, u2, a2 = ({"role": r, "content": c} for r, c in
                       [("user", "q1"), ("assistant", "a1"), ("user", "q2"), ("assistant", "a2")])
