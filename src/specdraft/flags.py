@@ -18,6 +18,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from specdraft.defaults import DRAFT_LENGTH, K_MAX, NUM_SPEC
@@ -304,6 +305,7 @@ def run_cli(app) -> None:
             raise   # a bug, not bad input: the traceback is what helps
         if os.environ.get("SPECDRAFT_DEBUG") == "1":
             console.print_exception()
-        console.print(f"[red]error:[/] {line}", highlight=False, soft_wrap=True)
+        # the line as written: no emoji codes (builtin:x: is not ❌) and no markup ([...] stays)
+        console.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True, emoji=False)
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
