@@ -18,7 +18,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from specdraft.defaults import DRAFT_LENGTH, K_MAX, NUM_SPEC
@@ -305,7 +305,6 @@ def run_cli(app) -> None:
             raise   # a bug, not bad input: the traceback is what helps
         if os.environ.get("SPECDRAFT_DEBUG") == "1":
             console.print_exception()
-        # the line as written: no emoji codes (builtin:x: is not ❌) and no markup ([...] stays)
-        console.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True, emoji=False)
+        console.print(Text.assemble(("error:", "red"), f" {line}"), highlight=False, soft_wrap=True)   # never markup
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
