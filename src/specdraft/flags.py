@@ -44,8 +44,9 @@ CONFIG_HELP = "A recipe file: YAML with training settings (and a recipe: section
 PROFILE_HELP = "A shipped recipe: quick or full."
 WORKSPACE_HELP = "Where every stage writes."
 BASELINE_HELP = "A run to beat: its folder or metrics.jsonl."
-CONVERSATIONS_HELP = ("Conversations: jsonl/json/parquet file, a Hugging Face dataset id, 'builtin', or 'self:N' "
-                      "(the target writes N questions).")
+CONVERSATIONS_HELP = ("Conversations: jsonl/json/parquet file, a Hugging Face dataset id, 'builtin', 'self:N' "
+                      "(the target writes N questions), or a mixture such as builtin:0.5,self:0.5 (the weights "
+                      "share out the sample limit).")
 OUT_HELP = "Where this command writes."
 
 MODEL = typer.Option("default", "--model", "-m", help=MODEL_HELP)

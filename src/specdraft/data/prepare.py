@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from specdraft.data import mixture as mixtures
 from specdraft.data.conversations import Conversation, load_conversations, self_question_count, source_kind
 from specdraft.data.prepared import part_indices, save_prepared
 from specdraft.data.render import end_of_turn_ids, render, require_chat_template, template_sha256
@@ -59,10 +60,16 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     opts = engine if isinstance(engine, EngineOptions) else engine_options(engine)
     if opts.endpoint and not regenerate:
         raise SpecdraftError("--endpoint: only regeneration runs on a server; add --regenerate or drop --endpoint")
-    kind = source_kind(source)
-    conversations = list(load_conversations(source, split=split, seed=seed, limit=limit, regenerate=regenerate))
+    mixture = mixtures.parse_mixture(source, limit) if mixtures.is_mixture(source) else None
+    kind = "mixture" if mixture else source_kind(source)
+    if mixture:   # every part but self drawn now (bad data fails before the model loads)
+        drawn = {part.source: mixtures.draw(source, part, split, seed, regenerate) for part in mixture}
+        conversations = [c for group in drawn.values() for c in group]
+    else:
+        conversations = list(load_conversations(source, split=split, seed=seed, limit=limit, regenerate=regenerate))
     question_count = self_question_count(source) if kind == "self" else None
-    if not conversations and kind != "self":
+    self_count = next((p.samples for p in mixture if p.source == "self"), None) if mixture else None
+    if not conversations and kind != "self" and not self_count:
         raise SpecdraftError(f"--conversations {source}: no conversations found; the file or split is empty")
     records = len(conversations)
     out = ensure_writable_dir(out)
@@ -79,7 +86,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     engine_name = "hf"
     if regenerate:
         engine_name = "endpoint" if opts.endpoint else choose_engine(opts, model, trust_remote_code)
-    if kind == "self" and engine_name != "hf":
+    if (kind == "self" or self_count is not None) and engine_name != "hf":
         raise SpecdraftError(f"--conversations {source}: the target writes its questions in this process; "
                              "use --engine hf (the answers are then regenerated in-process too)")
     if engine_name == "hf":
@@ -98,6 +105,13 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
         conversations = [Conversation(messages=m, where=f"self-written question {i}") for i, m in enumerate(
             self_prompts.write_questions(target, count, out, end_ids, seed=seed, batch_size=batch_size,
                                          console=console))]
+        records = len(conversations)
+    if mixture:
+        if self_count:
+            drawn["self"] = [Conversation(messages=m, where=f"self-written question {i}") for i, m in enumerate(
+                self_prompts.write_questions(target, self_count, out, end_ids, seed=seed, batch_size=batch_size,
+                                             console=console))]
+        conversations = mixtures.interleave(list(drawn.values()))
         records = len(conversations)
     dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "over_limit": 0}
     regeneration = None
@@ -140,8 +154,10 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
         "format_version": FORMAT_VERSION,
         "source": source,
         "source_kind": kind,
-        "split": split if kind == "hub" else ("train" if kind == "builtin" else None),
-        "questions": str(Path(out) / self_prompts.QUESTIONS_FILE) if kind == "self" else None,
+        "split": split if kind == "hub" or any(source_kind(p.source) == "hub" for p in mixture or [])
+        else ("train" if kind == "builtin" else None),
+        "questions": str(Path(out) / self_prompts.QUESTIONS_FILE) if kind == "self" or self_count else None,
+        **({"mixture": [part.record() for part in mixture]} if mixture else {}),
         "seed": seed,
         "target": target.identity,
         "tokenizer": target.path,
