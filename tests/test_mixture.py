@@ -106,6 +106,10 @@ def test_a_file_mixture_draws_seeded_shares_and_records_them(tiny_target, tmp_pa
     assert sorted(load_prepared(tmp_path / "seed1")[0]["messages"]) != sorted(ds["messages"])
     with pytest.raises(SpecdraftError, match=r"^--conversations .*: part '.*a.jsonl' has 6 conversations, its share of --limit is 10;"):
         prepare(str(tiny_target), f"{a}:1,{b}:1", tmp_path / "short", limit=20)
+    for part in ("builtin", "self"):   # prompts without answers: the target must write them
+        with pytest.raises(SpecdraftError, match=rf"^--conversations {a}:1,{part}:1: part '{part}' is questions "
+                                                 "without answers; pass --regenerate"):
+            prepare(str(tiny_target), f"{a}:1,{part}:1", tmp_path / "no-regen", limit=4)
 
 
 def test_builtin_and_self_mixture_prepares_on_the_tiny_target(tiny_target, tmp_path):

@@ -113,10 +113,12 @@ def part_counts(weights: list[float], limit: int) -> list[int]:
 
 def draw(source: str, part: Part, split: str, seed: int, regenerate: bool) -> list[Conversation]:
     """The part's `samples` conversations (self: none yet, the target writes them once loaded)."""
+    if part.source in ("builtin", "self") and not regenerate:
+        raise SpecdraftError(f"--conversations {source}: part '{part.source}' is questions without answers; "
+                             "pass --regenerate so the target writes them")
     if part.source == "builtin":
         drawn = list(load_conversations("builtin", seed=seed, limit=part.samples, regenerate=regenerate))
     elif part.source == "self":
-        list(load_conversations("self", regenerate=regenerate))   # refuses self without --regenerate
         return []
     else:
         records = list(load_conversations(part.source, split=split, seed=seed, regenerate=regenerate))
