@@ -102,7 +102,7 @@ NUMBER_BOUNDS = {
     "rounds": between(1, 10_000), "tensor_parallel_size": between(1, 1024), "nproc": between(1, 1024),
     "num_speculative_tokens": between(1, K_MAX), "max_k": between(1, K_MAX),
     "draft_length": between(1, MAX_TTT_STEPS), "ngram_max": between(1, 64), "ngram_min": between(1, 64),
-    "temperature": ((lambda v: v >= 0), "must be >= 0 (0 = greedy)"),
+    "temperature": ((lambda v: v >= 0), "must be >= 0 (0 = greedy)"), "follow_ups": between(0, 1),
     "top_p": ((lambda v: 0 < v <= 1), "must be in (0, 1]"),
     "margin": ((lambda v: v >= 0), "must be >= 0"),
     "draft_ms": ((lambda v: v > 0), "must be > 0"),
