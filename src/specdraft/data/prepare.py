@@ -109,16 +109,11 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     end_ids = end_of_turn_ids(tok, gen_config)
 
     if kind == "self":
-        count = question_count or limit or 256
-        conversations = [Conversation(messages=m, where=f"{self_prompts.SELF_WRITTEN} {i}") for i, m in enumerate(
-            self_prompts.write_questions(target, count, out, end_ids, seed=seed, batch_size=batch_size,
-                                         console=console))]
+        conversations = self_written(target, question_count or limit or 256, out, end_ids, seed, batch_size, console)
         records = len(conversations)
     if mixture:
         if self_count:
-            drawn["self"] = [Conversation(messages=m, where=f"{self_prompts.SELF_WRITTEN} {i}") for i, m in enumerate(
-                self_prompts.write_questions(target, self_count, out, end_ids, seed=seed, batch_size=batch_size,
-                                             console=console))]
+            drawn["self"] = self_written(target, self_count, out, end_ids, seed, batch_size, console)
         conversations = mixtures.interleave(list(drawn.values()))
         records = len(conversations)
     dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "over_limit": 0}
@@ -189,6 +184,16 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     }
     save_prepared(out, rows, meta)
     return meta
+
+
+def self_written(target, count: int, out: Path, end_ids: list[int], seed: int, batch_size: int,
+                 console) -> list[Conversation]:
+    """`count` questions the target writes (self:N, a mixture's self part), as conversations."""
+    from specdraft.data import self_prompts
+
+    questions = self_prompts.write_questions(target, count, out, end_ids, seed=seed, batch_size=batch_size,
+                                             console=console)
+    return [Conversation(messages=m, where=f"{self_prompts.SELF_WRITTEN} {i}") for i, m in enumerate(questions)]
 
 
 def second_turns(answer, target, conversations: list[Conversation], answered: list[list[dict]], share: float,
