@@ -301,3 +301,10 @@ def test_train_settings_at_their_limits_are_refused_before_any_work(monkeypatch,
     line = one_line_refusal(monkeypatch, capsys, ["train", "--epochs", 10**12])
     assert "--epochs 1000000000000: must be 1..100000" in line
     assert not calls, calls
+
+
+def test_an_error_line_is_printed_as_written(monkeypatch, capsys, tmp_path):
+    """rich read `builtin:x:` as the :x: emoji and `[bold]` as markup in the one error line."""
+    name = "[bold]a[/]:x:.jsonl"
+    line = one_line_refusal(monkeypatch, capsys, ["prepare", "--conversations", name, "--out", tmp_path / "o"])
+    assert line.startswith(f"error: {name}: data file not found"), line

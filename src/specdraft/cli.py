@@ -68,6 +68,8 @@ def prepare(
                                            "(OpenAI-compatible), e.g. http://HOST:8000/v1."),
     tensor_parallel_size: int = TP, engine_args: Optional[str] = ENGINE_ARGS,
     part: Optional[str] = typer.Option(None, "--part", help=PART_HELP),
+    follow_ups: float = typer.Option(0.0, "--follow-ups", help="Share (0..1) of the self-written conversations "
+                                     "that get a second user turn, which the target writes after its answer."),
 ):
     """Render conversations for training. The chat template applied, the assistant tokens' loss mask
     built; with --regenerate the answers are the target's own."""
@@ -83,7 +85,7 @@ def prepare(
                               temperature=temperature, max_new_tokens=max_new_tokens, max_length=max_length,
                               min_assistant_tokens=min_assistant_tokens, dedup=dedup, limit=limit,
                               batch_size=batch_size, split=split, seed=seed, trust_remote_code=trust_remote_code,
-                              engine=opts, part=share)
+                              engine=opts, part=share, follow_ups=follow_ups)
     say(summary_lines(summary, out))
 
 

@@ -18,6 +18,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from specdraft.defaults import DRAFT_LENGTH, K_MAX, NUM_SPEC
@@ -43,8 +44,9 @@ CONFIG_HELP = "A recipe file: YAML with training settings (and a recipe: section
 PROFILE_HELP = "A shipped recipe: quick or full."
 WORKSPACE_HELP = "Where every stage writes."
 BASELINE_HELP = "A run to beat: its folder or metrics.jsonl."
-CONVERSATIONS_HELP = ("Conversations: jsonl/json/parquet file, a Hugging Face dataset id, 'builtin', or 'self:N' "
-                      "(the target writes N questions).")
+CONVERSATIONS_HELP = ("Conversations: jsonl/json/parquet file, a Hugging Face dataset id, 'builtin', 'self:N' "
+                      "(the target writes N questions), or a mixture such as builtin:0.5,self:0.5 (the weights "
+                      "share out the sample limit).")
 OUT_HELP = "Where this command writes."
 
 MODEL = typer.Option("default", "--model", "-m", help=MODEL_HELP)
@@ -100,7 +102,7 @@ NUMBER_BOUNDS = {
     "rounds": between(1, 10_000), "tensor_parallel_size": between(1, 1024), "nproc": between(1, 1024),
     "num_speculative_tokens": between(1, K_MAX), "max_k": between(1, K_MAX),
     "draft_length": between(1, MAX_TTT_STEPS), "ngram_max": between(1, 64), "ngram_min": between(1, 64),
-    "temperature": ((lambda v: v >= 0), "must be >= 0 (0 = greedy)"),
+    "temperature": ((lambda v: v >= 0), "must be >= 0 (0 = greedy)"), "follow_ups": between(0, 1),
     "top_p": ((lambda v: 0 < v <= 1), "must be in (0, 1]"),
     "margin": ((lambda v: v >= 0), "must be >= 0"),
     "draft_ms": ((lambda v: v > 0), "must be > 0"),
@@ -304,6 +306,6 @@ def run_cli(app) -> None:
             raise   # a bug, not bad input: the traceback is what helps
         if os.environ.get("SPECDRAFT_DEBUG") == "1":
             console.print_exception()
-        console.print(f"[red]error:[/] {line}", highlight=False, soft_wrap=True)
+        console.print(Text.assemble(("error:", "red"), f" {line}"), highlight=False, soft_wrap=True)   # never markup
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from specdraft.data import mixture as mixtures
 from specdraft.data.conversations import Conversation, load_conversations, self_question_count, source_kind
 from specdraft.data.prepared import part_indices, save_prepared
 from specdraft.data.render import end_of_turn_ids, render, require_chat_template, template_sha256
@@ -25,7 +26,7 @@ FORMAT_VERSION = 1
 
 
 def check_options(max_length: int, min_assistant_tokens: int, limit: int | None, batch_size: int,
-                  max_new_tokens: int, temperature: float) -> None:
+                  max_new_tokens: int, temperature: float, follow_ups: float = 0.0) -> None:
     if max_length < 2:
         raise SpecdraftError(f"--max-length {max_length}: must be at least 2 tokens")
     if min_assistant_tokens < 1:   # a sample with no trained token: the store refuses it (store.check_samples)
@@ -38,13 +39,15 @@ def check_options(max_length: int, min_assistant_tokens: int, limit: int | None,
         raise SpecdraftError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
     if temperature < 0:
         raise SpecdraftError(f"--temperature {temperature}: must be >= 0 (0 = greedy)")
+    if not 0 <= follow_ups <= 1:
+        raise SpecdraftError(f"--follow-ups {follow_ups}: must be 0..1 (the share of self-written conversations)")
 
 
 def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, temperature: float = 0.0,
             max_new_tokens: int = 256, max_length: int = 2048, min_assistant_tokens: int = 1,
             dedup: bool = True, limit: int | None = None, batch_size: int = 16, split: str = "train",
             seed: int = 0, trust_remote_code: bool = False, console: Console | None = None,
-            engine="auto", part: tuple[int, int] | None = None) -> dict:
+            engine="auto", part: tuple[int, int] | None = None, follow_ups: float = 0.0) -> dict:
     """Write OUT/dataset and OUT/prepare.json; return the prepare.json content.
 
     `part` (I, N) keeps samples I-1, I-1+N, ... (prepared.part_indices): with --regenerate, of the
@@ -52,17 +55,29 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     the rendered samples.
 
     `engine` ('auto', 'hf', 'vllm' or a vllm_engine.EngineOptions, whose `endpoint` names a
-    running `vllm serve`) is what regenerates; without --regenerate no engine runs."""
+    running `vllm serve`) is what regenerates; without --regenerate no engine runs.
+
+    `follow_ups` (0..1): that share of the self-written conversations get a second user turn that
+    the target writes after its first answer, then answers (second_turns)."""
     started = time.perf_counter()
     console = console or Console(stderr=True)
-    check_options(max_length, min_assistant_tokens, limit, batch_size, max_new_tokens, temperature)
+    check_options(max_length, min_assistant_tokens, limit, batch_size, max_new_tokens, temperature, follow_ups)
     opts = engine if isinstance(engine, EngineOptions) else engine_options(engine)
     if opts.endpoint and not regenerate:
         raise SpecdraftError("--endpoint: only regeneration runs on a server; add --regenerate or drop --endpoint")
-    kind = source_kind(source)
-    conversations = list(load_conversations(source, split=split, seed=seed, limit=limit, regenerate=regenerate))
+    mixture = mixtures.parse_mixture(source, limit) if mixtures.is_mixture(source) else None
+    kind = "mixture" if mixture else source_kind(source)
+    if mixture:   # every part but self drawn now (bad data fails before the model loads)
+        drawn = {part.source: mixtures.draw(source, part, split, seed, regenerate) for part in mixture}
+        conversations = [c for group in drawn.values() for c in group]
+    else:
+        conversations = list(load_conversations(source, split=split, seed=seed, limit=limit, regenerate=regenerate))
     question_count = self_question_count(source) if kind == "self" else None
-    if not conversations and kind != "self":
+    self_count = next((p.samples for p in mixture if p.source == "self"), None) if mixture else None
+    if follow_ups and kind != "self" and not self_count:
+        raise SpecdraftError(f"--follow-ups {follow_ups}: only questions the target writes get follow-ups; "
+                             "use --conversations self:N (or a mixture with a self part), or drop --follow-ups")
+    if not conversations and kind != "self" and not self_count:
         raise SpecdraftError(f"--conversations {source}: no conversations found; the file or split is empty")
     records = len(conversations)
     out = ensure_writable_dir(out)
@@ -79,7 +94,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     engine_name = "hf"
     if regenerate:
         engine_name = "endpoint" if opts.endpoint else choose_engine(opts, model, trust_remote_code)
-    if kind == "self" and engine_name != "hf":
+    if (kind == "self" or self_count is not None) and engine_name != "hf":
         raise SpecdraftError(f"--conversations {source}: the target writes its questions in this process; "
                              "use --engine hf (the answers are then regenerated in-process too)")
     if engine_name == "hf":
@@ -94,10 +109,12 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     end_ids = end_of_turn_ids(tok, gen_config)
 
     if kind == "self":
-        count = question_count or limit or 256
-        conversations = [Conversation(messages=m, where=f"self-written question {i}") for i, m in enumerate(
-            self_prompts.write_questions(target, count, out, end_ids, seed=seed, batch_size=batch_size,
-                                         console=console))]
+        conversations = self_written(target, question_count or limit or 256, out, end_ids, seed, batch_size, console)
+        records = len(conversations)
+    if mixture:
+        if self_count:
+            drawn["self"] = self_written(target, self_count, out, end_ids, seed, batch_size, console)
+        conversations = mixtures.interleave(list(drawn.values()))
         records = len(conversations)
     dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "over_limit": 0}
     regeneration = None
@@ -116,10 +133,15 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
         with answer_engine(engine_name, target, settings, end_ids, opts) as answer:
             answered, stats = regenerate_all(answer, [c.messages for c in conversations], out, settings,
                                              batch_size=batch_size, console=console)
+            if follow_ups:
+                answered, second = second_turns(answer, target, conversations, answered, follow_ups, out, settings,
+                                                end_ids, batch_size, console)
         conversations = [Conversation(messages=m, where=c.where) for m, c in zip(answered, conversations)]
         used = ({"name": "vllm-endpoint", "url": opts.endpoint} if engine_name == "endpoint"
                 else engine_record(engine_name))
         regeneration = {**settings.as_dict(), "batch_size": batch_size, "engine": used, **vars(stats)}
+        if follow_ups:
+            regeneration["follow_ups"] = second
 
     rows = render_and_filter(tok, conversations, end_ids, max_length, min_assistant_tokens, dedup, limit, dropped)
     if part is not None and not regenerate:
@@ -140,8 +162,10 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
         "format_version": FORMAT_VERSION,
         "source": source,
         "source_kind": kind,
-        "split": split if kind == "hub" else ("train" if kind == "builtin" else None),
-        "questions": str(Path(out) / self_prompts.QUESTIONS_FILE) if kind == "self" else None,
+        "split": split if kind == "hub" or any(source_kind(p.source) == "hub" for p in mixture or [])
+        else ("train" if kind == "builtin" else None),
+        "questions": str(Path(out) / self_prompts.QUESTIONS_FILE) if kind == "self" or self_count else None,
+        **({"mixture": [part.record() for part in mixture]} if mixture else {}),
         "seed": seed,
         "target": target.identity,
         "tokenizer": target.path,
@@ -160,6 +184,41 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     }
     save_prepared(out, rows, meta)
     return meta
+
+
+def self_written(target, count: int, out: Path, end_ids: list[int], seed: int, batch_size: int,
+                 console) -> list[Conversation]:
+    """`count` questions the target writes (self:N, a mixture's self part), as conversations."""
+    from specdraft.data import self_prompts
+
+    questions = self_prompts.write_questions(target, count, out, end_ids, seed=seed, batch_size=batch_size,
+                                             console=console)
+    return [Conversation(messages=m, where=f"{self_prompts.SELF_WRITTEN} {i}") for i, m in enumerate(questions)]
+
+
+def second_turns(answer, target, conversations: list[Conversation], answered: list[list[dict]], share: float,
+                 out: Path, settings, end_ids: list[int], batch_size: int, console) -> tuple[list[list[dict]], dict]:
+    """--follow-ups: `share` of the self-written conversations (drawn with --seed) get the user's
+    next question, written by the target after its first answer, and the target's answer to it
+    (the first answer kept). Returns the conversations and what prepare.json records."""
+    from specdraft.data import self_prompts
+    from specdraft.data.regenerate import regenerate as regenerate_all
+
+    own = [i for i, c in enumerate(conversations) if c.where.startswith(self_prompts.SELF_WRITTEN)]
+    chosen = [own[j] for j in self_prompts.follow_up_indices(len(own), share, settings.seed)]
+    questions = self_prompts.write_follow_ups(target, [answered[i] for i in chosen], out, end_ids,
+                                              seed=settings.seed, console=console)
+    asked = [(i, [*answered[i], {"role": "user", "content": q}]) for i, q in zip(chosen, questions) if q]
+    answered = list(answered)
+    record = {"share": share, "chosen": len(chosen), "written": len(asked),
+              "file": str(Path(out) / self_prompts.FOLLOW_UPS_FILE)}
+    if asked:
+        second, stats = regenerate_all(answer, [m for _, m in asked], out, settings, batch_size=batch_size,
+                                       console=console, keep_answers=True)
+        for (i, _), messages in zip(asked, second):
+            answered[i] = messages
+        record.update(turns=stats.turns, new_tokens=stats.new_tokens, truncated_turns=stats.truncated_turns)
+    return answered, record
 
 
 def summary_lines(meta: dict, out) -> list[str]:

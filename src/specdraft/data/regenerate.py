@@ -64,8 +64,9 @@ class Pending:
     new_tokens: int = 0
 
     def next_prompt(self) -> list[dict] | None:
-        """The conversation up to the next assistant turn to generate, or None when finished."""
-        while self.position < len(self.skeleton) and self.skeleton[self.position]["role"] != "assistant":
+        """The conversation up to the next assistant turn to generate (an empty assistant slot),
+        or None when finished."""
+        while self.position < len(self.skeleton) and not is_slot(self.skeleton[self.position]):
             self.done.append(self.skeleton[self.position])
             self.position += 1
         return list(self.done) if self.position < len(self.skeleton) else None
@@ -77,18 +78,24 @@ class Pending:
         self.new_tokens += new_tokens
 
 
-def skeleton(messages: list[dict]) -> list[dict]:
+def is_slot(message: dict) -> bool:
+    return message["role"] == "assistant" and message["content"] == ""
+
+
+def skeleton(messages: list[dict], keep_answers: bool = False) -> list[dict]:
     """The turns to keep, with an assistant slot after every user turn that has no answer.
 
     Leading assistant turns (no prompt to answer) are dropped; a conversation that ends on a
-    user or system turn gets a final assistant slot.
+    user or system turn gets a final assistant slot. Every assistant turn becomes a slot, but
+    with `keep_answers` one that has text stays (the target's own answer, e.g. before a
+    follow-up question it wrote on that answer).
     """
     kept = []
     for m in messages:
         if m["role"] == "assistant":
             if not kept or kept[-1]["role"] == "assistant":
                 continue
-            kept.append({"role": "assistant", "content": ""})
+            kept.append(m if keep_answers and m["content"].strip() else {"role": "assistant", "content": ""})
         else:
             kept.append(m)
     if kept and kept[-1]["role"] != "assistant":
@@ -96,8 +103,9 @@ def skeleton(messages: list[dict]) -> list[dict]:
     return kept
 
 
-def conversation_key(messages: list[dict], settings: RegenSettings) -> str:
-    blob = json.dumps({"messages": messages, "settings": settings.as_dict()}, sort_keys=True, ensure_ascii=False)
+def conversation_key(messages: list[dict], settings: RegenSettings, keep_answers: bool = False) -> str:
+    record = {"messages": messages, "settings": settings.as_dict(), **({"keep_answers": True} if keep_answers else {})}
+    blob = json.dumps(record, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -130,15 +138,16 @@ def append_progress(path: Path, records: list[dict]) -> None:
 
 
 def regenerate(answer, conversations: list[list[dict]], out: Path, settings: RegenSettings,
-               batch_size: int = 16, console=None) -> tuple[list[list[dict]], RegenStats]:
+               batch_size: int = 16, console=None, keep_answers: bool = False) -> tuple[list[list[dict]], RegenStats]:
     """Return the conversations with target-written assistant turns (same order) and stats.
 
     `answer(prompts, seeds, on_step)` is the engine (see answer_engine): one (text, truncated,
-    new tokens) per prompt conversation."""
+    new tokens) per prompt conversation. `keep_answers`: answers already written are kept and
+    only the empty slots are generated (see skeleton)."""
     out.mkdir(parents=True, exist_ok=True)
     progress_path = out / PROGRESS_FILE
     finished = load_progress(progress_path)
-    keys = [conversation_key(m, settings) for m in conversations]
+    keys = [conversation_key(m, settings, keep_answers) for m in conversations]
     stats = RegenStats(samples=len(conversations))
     stats.reused = sum(k in finished for k in keys)
 
@@ -146,7 +155,7 @@ def regenerate(answer, conversations: list[list[dict]], out: Path, settings: Reg
     # forms the same batches and a batch that was half written is redone with the same
     # neighbours (bit-identical greedy answers); only batches with missing samples run.
     unique = {k: m for k, m in zip(keys, conversations)}
-    order = sorted(unique, key=lambda k: (len(json.dumps(skeleton(unique[k]))), k))
+    order = sorted(unique, key=lambda k: (len(json.dumps(skeleton(unique[k], keep_answers))), k))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     todo = [b for b in batches if any(k not in finished for k in b)]
     missing = sum(k not in finished for k in unique)
@@ -160,7 +169,7 @@ def regenerate(answer, conversations: list[list[dict]], out: Path, settings: Reg
                         turn=f"token {step}/{settings.max_new_tokens}, {rows} rows")
 
         for batch_keys in todo:
-            pending = [Pending(key=k, skeleton=skeleton(unique[k])) for k in batch_keys]
+            pending = [Pending(key=k, skeleton=skeleton(unique[k], keep_answers)) for k in batch_keys]
             batch_missing = sum(k not in finished for k in batch_keys)
             seed_batch(settings, batch_keys)
             while True:

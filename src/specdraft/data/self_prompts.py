@@ -8,11 +8,18 @@ templates of a fixed prompt pool, which is what a drafter meets on unseen prompt
 Resumable like regeneration: every batch of questions is appended to OUT/questions.jsonl (fsync'ed)
 and a re-run reuses what is there; each batch is sampled with its own seed, so a re-run writes
 the same questions.
+
+Second turns (`prepare --follow-ups SHARE`): after the target answered a self-written question,
+the conversation so far is rendered up to the opening of the next user turn and the target writes
+the user's follow-up there, the same way (OUT/follow_ups.jsonl, resumable); regeneration then
+answers it with the first answer kept.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import random
 from pathlib import Path
 
 import torch
@@ -23,13 +30,17 @@ from specdraft.errors import SpecdraftError
 from specdraft.progress import progress as progress_of
 
 QUESTIONS_FILE = "questions.jsonl"
+FOLLOW_UPS_FILE = "follow_ups.jsonl"
+SELF_WRITTEN = "self-written question"   # Conversation.where of the questions written here
+FOLLOW_UP_CANDIDATES = 4       # rows sampled per follow-up: the first usable one is kept
 MARK = "\u0000SPECDRAFT_QUESTION\u0000"
 MIN_WORDS = 3                  # shorter outputs are openings the target abandoned, not questions
 
 
-def user_turn_opening(tok) -> str:
-    """The template's text up to where a user turn's content starts (system prompt included)."""
-    text = render_text(tok, [{"role": "user", "content": MARK}], add_generation_prompt=False,
+def user_turn_opening(tok, before: list[dict] | None = None) -> str:
+    """The template's text up to where a user turn's content starts (system prompt included),
+    after the turns `before` (a follow-up's conversation so far) if given."""
+    text = render_text(tok, [*(before or []), {"role": "user", "content": MARK}], add_generation_prompt=False,
                        where="--conversations self")
     if MARK not in text:
         raise SpecdraftError("--conversations self: the chat template does not render the user's text verbatim; "
@@ -86,3 +97,38 @@ def write_questions(target, count: int, out: Path, end_ids: list[int], seed: int
                                      f"({len(written)} so far); use a chat model or pass conversations")
             batch += 1
     return [[{"role": "user", "content": q}] for q in written[:count]]
+
+
+def follow_up_indices(count: int, share: float, seed: int) -> list[int]:
+    """Which of `count` self-written conversations get a follow-up: round(share x count) of them,
+    drawn with `seed`, in order."""
+    return sorted(random.Random(f"{seed}:follow-ups").sample(range(count), round(share * count)))
+
+
+def follow_up_key(conversation: list[dict], settings: dict) -> str:
+    blob = json.dumps({"messages": conversation, "settings": settings}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def write_follow_ups(target, conversations: list[list[dict]], out: Path, end_ids: list[int], seed: int = 0,
+                     max_new_tokens: int = 96, temperature: float = 1.0, console=None) -> list[str | None]:
+    """For each answered conversation, the user's next question written by the target after the
+    answer (None where none of FOLLOW_UP_CANDIDATES rows gave a usable one); resumable."""
+    path = out / FOLLOW_UPS_FILE
+    settings = {"seed": seed, "max_new_tokens": max_new_tokens, "temperature": temperature,
+                "target": target.identity["fingerprint"]}
+    written = load_progress(path)
+    keys = [follow_up_key(c, settings) for c in conversations]
+    with progress_of("writing follow-ups", len(keys), sum(k in written for k in keys), "questions",
+                     console=console) as tracker:
+        for key, conversation in zip(keys, conversations):
+            if key in written:
+                continue
+            opening_ids = encode(target.tokenizer, user_turn_opening(target.tokenizer, conversation))
+            seed_of = int.from_bytes(hashlib.sha256(f"{seed}:follow-up:{key}".encode()).digest()[:8], "big") % 2**63
+            found = sample_questions(target, opening_ids, FOLLOW_UP_CANDIDATES, seed_of, max_new_tokens,
+                                     temperature, end_ids)
+            written[key] = {"key": key, "follow_up": found[0] if found else None}
+            append_progress(path, [written[key]])
+            tracker.advance(1)
+    return [written[k]["follow_up"] for k in keys]

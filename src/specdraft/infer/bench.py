@@ -141,19 +141,32 @@ def prompt_set_path(source: str) -> Path:
     return NATURAL_FILE if source == NATURAL else Path(source)
 
 
+@dataclass
+class PromptRow:
+    """One prompt of a prompt set: the messages to prompt with and the line's `category` (if any)."""
+    messages: list[dict]
+    category: str | None = None
+
+
 def read_prompts(source: str, limit: int | None = None) -> list[list[dict]]:
     """`builtin-holdout`, `natural` (hand-written prompts shipped in data/natural.jsonl), or a jsonl
-    file of {"messages": [...]} (or {"prompt": "..."}): every message before the first assistant
-    turn (system + user) is the prompt."""
+    file of {"messages": [...]} (or {"prompt": "..."}): the prompt is every message up to and
+    including the last user turn (system, user and earlier assistant turns as context), so a
+    multi-turn line benches its last user turn."""
+    return [row.messages for row in read_prompt_rows(source, limit)]
+
+
+def read_prompt_rows(source: str, limit: int | None = None) -> list[PromptRow]:
+    """read_prompts with each line's optional `category` (natural.jsonl: writing, coding, ...)."""
     if source == "builtin-holdout":
-        conversations = [[{"role": "user", "content": p}] for p in builtin_prompts(limit or 32, split="holdout")]
+        rows = [PromptRow([{"role": "user", "content": p}]) for p in builtin_prompts(limit or 32, split="holdout")]
     else:
         path = prompt_set_path(source)
         if path.is_dir():
             raise SpecdraftError(f"--prompts {source}: is a directory; pass a jsonl file or builtin-holdout")
         if not path.is_file():
             raise SpecdraftError(f"--prompts {source}: file not found; pass a jsonl file or builtin-holdout")
-        conversations = []
+        rows = []
         for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
             try:
                 line = raw.decode("utf-8")
@@ -165,28 +178,42 @@ def read_prompts(source: str, limit: int | None = None) -> list[list[dict]]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise SpecdraftError(f"{path}:{n}: not valid JSON ({e.msg}); one object per line") from None
+            category = row.get("category") if isinstance(row, dict) else None
+            if category is not None and not (isinstance(category, str) and category.strip()):
+                raise SpecdraftError(f"{path}:{n}: category is {json.dumps(category)[:40]}, not a name; "
+                                     'give a name such as "coding" or drop the field')
             if isinstance(row, dict) and isinstance(row.get("prompt"), str):
-                conversations.append([{"role": "user", "content": row["prompt"]}])
+                rows.append(PromptRow([{"role": "user", "content": row["prompt"]}], category))
                 continue
             messages = row.get("messages") if isinstance(row, dict) else None
             if not isinstance(messages, list):
                 raise SpecdraftError(f"{path}:{n}: no `messages` list; expected "
                                      '{"messages": [{"role": "user", "content": ...}]}')
-            turns = []
-            for m in messages:
-                if not isinstance(m, dict) or m.get("role") == "assistant":
-                    break
-                if not isinstance(m.get("content"), str):   # str(None) was prompted as the text "None"
-                    raise SpecdraftError(f"{path}:{n}: {m.get('role')} content is "
-                                         f"{json.dumps(m.get('content'))[:40]}, not a string; give the turn its text")
-                turns.append({"role": m.get("role"), "content": m["content"]})
-            if any(t["role"] == "user" for t in turns):
-                conversations.append(turns)
+            turns = prompt_turns(messages, f"{path}:{n}")
+            if turns:
+                rows.append(PromptRow(turns, category))
     if limit is not None:
-        conversations = conversations[:limit]
-    if not conversations:
+        rows = rows[:limit]
+    if not rows:
         raise SpecdraftError(f"--prompts {source}: no prompts (no line with a user turn); add some or use builtin-holdout")
-    return conversations
+    return rows
+
+
+def prompt_turns(messages: list, where: str) -> list[dict]:
+    """Every message up to and including the last user turn ([] without one): the answers before
+    it are context, an answer after it (the reply a dataset line may carry) is not prompted."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise SpecdraftError(f"{where}: message {i} is {json.dumps(m)[:40]}, not an object; "
+                                 'write it as {"role": ..., "content": ...}')
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    turns = []
+    for m in messages[:users[-1] + 1] if users else []:
+        if not isinstance(m.get("content"), str):   # str(None) was prompted as the text "None"
+            raise SpecdraftError(f"{where}: {m.get('role')} content is "
+                                 f"{json.dumps(m.get('content'))[:40]}, not a string; give the turn its text")
+        turns.append({"role": m.get("role"), "content": m["content"]})
+    return turns
 
 
 def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: set[int]) -> Generation:
