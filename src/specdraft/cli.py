@@ -16,7 +16,8 @@ from specdraft.errors import SpecdraftError
 from specdraft.flags import (AS_JSON, COMPUTE_DTYPE, CONFIG_HELP, CONVERSATIONS_HELP, DEVICE, DRAFT_LENGTH_OR_AUTO,
                              DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS, MAX_NEW_TOKENS_HELP,
                              MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP, PREPARED_HELP, PROFILE_HELP,
-                             SEED_HELP, STORE_FORMAT_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TREE_HELP, TRUST, VERSION,
+                             PROMPTS_HELP, SEED_HELP, STORE_FORMAT_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TREE_HELP,
+                             TRUST, VERSION,
                              WORKSPACE_HELP, PlainCommand, check_out, command, draft_length_help,
                              numbers_checked_first, out_option, parse_layers, plain_app, run_cli, say)
 from specdraft import cli_analysis as analysis_commands
@@ -244,8 +245,7 @@ def eval_cmd(
 def bench(
     model: str = MODEL,
     drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
-    prompts: str = typer.Option("builtin-holdout", "--prompts", help="jsonl with `messages` (user turns = prompt), "
-                                "builtin-holdout, or natural (hand-written, shipped)."),
+    prompts: str = typer.Option("builtin-holdout", "--prompts", help=PROMPTS_HELP),
     methods: str = typer.Option("greedy,plain,ngram,eagle3", "--methods", help="Comma list of greedy (transformers "
                                 "generate), plain (specdraft's loop, no drafter), ngram, eagle3, eagle3-tree, "
                                 "hybrid (the drafter and n-gram in one verify), ..."),

@@ -11,7 +11,7 @@ import typer
 
 from specdraft.defaults import DRAFT_LENGTH, LONGEST_CHAIN
 from specdraft.flags import (AS_JSON, BASELINE_HELP, DRAFTER_HELP, MODEL, MODEL_HELP, NUM_SPEC, PREPARED_HELP,
-                             RUN_RECORD, STORE_HELP, TRUST, VOCAB_HELP, check_out, command, draft_length_help,
+                             PROMPTS_HELP, RUN_RECORD, STORE_HELP, TRUST, VOCAB_HELP, check_out, command, draft_length_help,
                              out_option, parse_floats, plain_app, say)
 
 journal_app = plain_app("Decision journal beside a run (RUN/journal.md).")
@@ -82,9 +82,8 @@ def doctor_cmd(run: Path = typer.Argument(..., help="Run folder (specdraft train
                model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP + " Here: default the run's "
                                                    "config.yaml model."),
                store: Optional[Path] = typer.Option(None, "--store", help=STORE_HELP + " Here: default the run's."),
-               prompts: Optional[str] = typer.Option(None, "--prompts", help="jsonl with `messages` (user turns = "
-                                                     "prompt), builtin-holdout, or natural. Here: the prompts you serve; τ on "
-                                                     "them against τ on the store."),
+               prompts: Optional[str] = typer.Option(None, "--prompts", help=PROMPTS_HELP + " Here: the prompts "
+                                                     "you serve; τ on them against τ on the store."),
                as_json: bool = AS_JSON):
     """Why is the acceptance low? Measured causes, ranked by the τ they cost, each with its evidence
     and the fix as a command; RUN/doctor.json keeps the result."""

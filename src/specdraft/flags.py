@@ -36,6 +36,8 @@ def draft_length_help(detail: str) -> str:
 
 DRAFTER_HELP = "The drafter: a checkpoint or run folder."
 STORE_HELP = "Hidden-state store (WS/hidden, from `specdraft capture`)."
+PROMPTS_HELP = ("Prompts: a jsonl with `messages` (each line's turns up to its last user turn), builtin-holdout, "
+                "or natural (96 hand-written, shipped).")
 PREPARED_HELP = "Prepared data (WS/data, from `specdraft prepare`)."
 VOCAB_HELP = "Draft vocab from `specdraft vocab build`."
 TREE_HELP = "EAGLE-2 tree: depth,topk,total, e.g. 4,4,16."
