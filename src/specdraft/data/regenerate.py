@@ -203,11 +203,25 @@ def request_seed(settings: RegenSettings, key: str, turn: int) -> int:
     return int.from_bytes(digest[:8], "big") % (2**63)
 
 
+CB_QUEUE = 4    # continuous batching: prompts per call, in rows (a finished row takes the next one)
+
+
+def continuous(engine: str, settings: RegenSettings) -> bool:
+    """Whether engine 'hf' answers by continuous batching: greedy answers (sampled ones keep
+    generate_batch, whose per-batch seed makes a resumed run draw the same answers)."""
+    return engine == "hf" and settings.temperature == 0
+
+
 @contextmanager
-def answer_engine(engine: str, target, settings: RegenSettings, end_ids: list[int], opts=None):
-    """The `answer` function of regenerate() for engine 'hf' (target.model.generate in this
-    process), 'vllm' (an offline vllm.LLM started here) or 'endpoint' (a running `vllm serve`).
-    Every engine gets the same prompt token ids, rendered here with the target's chat template."""
+def answer_engine(engine: str, target, settings: RegenSettings, end_ids: list[int], opts=None, rows: int = 64):
+    """The `answer` function of regenerate() for engine 'hf' (in this process: greedy answers by
+    transformers' continuous batching over `rows` rows, sampled ones by target.model.generate),
+    'vllm' (an offline vllm.LLM started here) or 'endpoint' (a running `vllm serve`). Every
+    engine gets the same prompt token ids, rendered here with the target's chat template."""
+    if continuous(engine, settings):
+        yield lambda prompts, seeds, on_step=None: generate_continuous(target, prompts, settings, end_ids, rows,
+                                                                       on_step)
+        return
     if engine == "hf":
         yield lambda prompts, seeds, on_step=None: generate_batch(target, prompts, settings, end_ids, on_step)
         return

@@ -1,0 +1,171 @@
+"""τ on prompts nobody tuned to, against the data the drafter saw and the CPU time it cost.
+
+    .venv/bin/python benchmarks/data_scaling.py --workspace ws/scaling [--samples 256,512,1024]
+        [--conversations builtin] [--max-new-tokens 128] [--set init_layer=target ...] [--label NAME]
+        [--natural-limit 16] [--holdout-limit 6] [--bench-tokens 96] [-k 3]
+
+For each sample count N: `specdraft prepare` (the target regenerates N answers; answers already in
+another point's regen.jsonl are reused, so a curve costs its largest point), `capture`, `vocab build`
+and `train --config quick.yaml` (plus any `--set KEY=VALUE` training setting: the levers), then `eval`
+(τ on the store's held-out samples) and one `bench` round per prompt set, on the natural set (the
+first --natural-limit of its 96 hand-written prompts: its lines alternate categories) and on the
+builtin hold-out, with ngram, the drafter's chain and hybrid at -k K: τ of each, each method's
+output checked equal to greedy. Every stage's wall seconds are recorded, so τ is read against the
+CPU minutes that bought it. Writes benchmarks/results/data_scaling[-LABEL].json, a Markdown table and a
+PNG curve beside it. Run nothing else meanwhile: the stage times are the x axis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ROOT / "src" / "specdraft" / "recipes" / "quick.yaml"
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            flags = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
+            kind = ("avx512_bf16" if "avx512_bf16" in flags else "avx512" if "avx512f" in flags else "avx2")
+            return f"{line.split(':', 1)[1].strip()} ({kind})"
+    return platform.processor() or "unknown"
+
+
+def stage(args: list[str], times: dict, name: str) -> None:
+    """One `specdraft` command in a child process, its wall seconds kept under `name`."""
+    print("$ specdraft " + " ".join(args), flush=True)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "specdraft.cli", *args], check=True)
+    times[name] = round(time.perf_counter() - start, 1)
+
+
+def bench_tau(model: str, drafter: Path, prompts: str, limit: int, tokens: int, k: int, out: Path,
+              times: dict, name: str) -> dict:
+    if not out.is_file():
+        stage(["bench", "--model", model, "--drafter", str(drafter), "--prompts", prompts, "--limit", str(limit),
+               "--methods", "greedy,ngram,eagle3,hybrid", "--max-new-tokens", str(tokens), "-k", str(k),
+               "--rounds", "1", "--out", str(out)], times, name)
+    methods = json.loads(out.read_text())["methods"]
+    return {m: {"tau": r["accept_len"], "per_position": r["per_position_accept"],
+                "identical_to_greedy": r["identical_to_greedy"]} for m, r in methods.items() if m != "greedy"}
+
+
+def point(ws: Path, n: int, a) -> dict:
+    """One sample count: data, drafter, and its τ on three prompt sets."""
+    data, hidden, vocab, run = ws / f"data-{n}", ws / f"hidden-{n}", ws / f"vocab-{n}.safetensors", ws / f"runs/{n}{a.tag}"
+    times: dict[str, float] = {}
+    if not (data / "prepare.json").is_file():
+        data.mkdir(parents=True, exist_ok=True)
+        earlier = sorted(ws.glob("data-*/regen.jsonl"))          # answers another point already wrote
+        if earlier and not (data / "regen.jsonl").exists():
+            (data / "regen.jsonl").write_text("".join(p.read_text() for p in earlier))
+        stage(["prepare", "--model", a.model, "--conversations", a.conversations, "--regenerate", "--limit", str(n),
+               "--max-new-tokens", str(a.max_new_tokens), "--batch-size", "64", "--engine", "hf", "--out", str(data)],
+              times, "prepare")
+    if not (hidden / "manifest.json").is_file():
+        stage(["capture", "--model", a.model, "--prepared", str(data), "--engine", "hf", "--out", str(hidden)],
+              times, "capture")
+    if not vocab.is_file():
+        stage(["vocab", "build", "--prepared", str(data), "--size", "4096", "--out", str(vocab)], times, "vocab")
+    if not (run / "best" / "config.json").is_file():
+        overrides = [x for kv in a.set for x in ("--" + kv.split("=")[0].replace("_", "-"), kv.split("=", 1)[1])]
+        stage(["train", "--config", str(QUICK), "--model", a.model, "--store", str(hidden), "--vocab", str(vocab),
+               "--out", str(run), "--overwrite", *overrides], times, "train")
+    ev = run / "eval.json"
+    if not ev.is_file():
+        stage(["eval", "--model", a.model, "--drafter", str(run), "--store", str(hidden), "-k", str(a.k),
+               "--out", str(ev)], times, "eval")
+    prep = json.loads((data / "prepare.json").read_text())
+    regen = prep.get("regeneration") or {}
+    result = {"samples": n, "trained_tokens": prep["counts"]["loss_tokens"], "truncated_turns": regen.get("truncated_turns"),
+              "regen_tokens_per_s": regen["new_tokens"] / regen["seconds"] if regen.get("seconds") else None,
+              "eval_tau_by_k": json.loads(ev.read_text())["accept_len_by_k"],
+              "natural": bench_tau(a.model, run, "natural", a.natural_limit, a.bench_tokens, a.k,
+                                   run / "bench_natural.json", times, "bench_natural"),
+              "holdout": bench_tau(a.model, run, "builtin-holdout", a.holdout_limit, a.bench_tokens, a.k,
+                                   run / "bench_holdout.json", times, "bench_holdout"),
+              "seconds": times}
+    (run / "scaling_point.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def table(results: list[dict], k: int) -> str:
+    rows = ["| samples | trained tokens | data+train min | eval τ (held-out samples) | natural: ngram / eagle3 / hybrid "
+            "| hold-out: ngram / eagle3 / hybrid | natural eagle3 accept per position |",
+            "|---|---|---|---|---|---|---|"]
+    for r in results:
+        s = r["seconds"]
+        minutes = sum(s.get(x, 0) for x in ("prepare", "capture", "vocab", "train")) / 60
+        by_k = r["eval_tau_by_k"]
+        ev = by_k[k] if k < len(by_k) else None
+        nat, hold = r["natural"], r["holdout"]
+        rows.append(f"| {r['samples']} | {r['trained_tokens']:,} | {minutes:.1f} | {ev if ev is None else f'{ev:.2f}'} | "
+                    + " / ".join(f"{nat[m]['tau']:.2f}" for m in ("ngram", "eagle3", "hybrid")) + " | "
+                    + " / ".join(f"{hold[m]['tau']:.2f}" for m in ("ngram", "eagle3", "hybrid")) + " | "
+                    + " ".join(f"{x:.2f}" for x in nat["eagle3"]["per_position"]) + " |")
+    return "\n".join(rows)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    xs = [r["samples"] for r in results]
+    for prompts, style in (("natural", "-"), ("holdout", "--")):
+        for m, color in (("eagle3", "#3b7dd8"), ("hybrid", "#d85b3b"), ("ngram", "#888888")):
+            ax.plot(xs, [r[prompts][m]["tau"] for r in results], style, color=color, marker="o",
+                    label=f"{m} · {'natural set' if prompts == 'natural' else 'builtin hold-out'}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("regenerated samples")
+    ax.set_ylabel("τ (tokens per target forward)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workspace", type=Path, default=ROOT / "ws" / "scaling")
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--samples", default="256,512,1024,2048,4096")
+    ap.add_argument("--conversations", default="builtin")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--set", action="append", default=[], help="a training setting for every point, KEY=VALUE")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--natural-limit", type=int, default=16)
+    ap.add_argument("--holdout-limit", type=int, default=6)
+    ap.add_argument("--bench-tokens", type=int, default=96)
+    ap.add_argument("-k", type=int, default=3)
+    a = ap.parse_args()
+    a.tag = f"-{a.label}" if a.label else ""
+    results = [point(a.workspace, int(n), a) for n in a.samples.split(",")]
+    name = f"data_scaling{a.tag}"
+    report = {"cpu": cpu_name(), "k": a.k, "conversations": a.conversations, "settings": a.set,
+              "max_new_tokens": a.max_new_tokens, "natural_prompts": a.natural_limit, "holdout_prompts": a.holdout_limit,
+              "bench_tokens": a.bench_tokens, "points": results}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2))
+    text = (f"τ at K={a.k} ({report['cpu']}); natural: the first {a.natural_limit} prompts of the natural set, "
+            f"hold-out: {a.holdout_limit} builtin hold-out prompts, {a.bench_tokens} new tokens each\n\n"
+            + table(results, a.k) + "\n")
+    (RESULTS / f"{name}.md").write_text(text)
+    if len(results) > 1:
+        plot(results, RESULTS / f"{name}.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
