@@ -4,6 +4,10 @@
         [--conversations builtin] [--max-new-tokens 128] [--set init_layer=target ...] [--label NAME]
         [--natural-limit 16] [--holdout-limit 6] [--bench-tokens 96] [-k 3]
 
+The same harness is the source and lever ablation: `--conversations self:N` or a mixture
+(`builtin:0.5,self:0.5`) with a --label compares prompt sources, `--set init_layer=target` or
+`--max-new-tokens 256` a lever, each against the plain run at equal samples.
+
 For each sample count N: `specdraft prepare` (the target regenerates N answers; answers already in
 another point's regen.jsonl are reused, so a curve costs its largest point), `capture`, `vocab build`
 and `train --config quick.yaml` (plus any `--set KEY=VALUE` training setting: the levers), then `eval`
@@ -74,7 +78,7 @@ def point(ws: Path, n: int, a) -> dict:
         stage(["capture", "--model", a.model, "--prepared", str(data), "--engine", "hf", "--out", str(hidden)],
               times, "capture")
     if not vocab.is_file():
-        stage(["vocab", "build", "--prepared", str(data), "--size", "4096", "--out", str(vocab)], times, "vocab")
+        stage(["vocab", "build", "--prepared", str(data), "--size", str(a.vocab_size), "--out", str(vocab)], times, "vocab")
     if not (run / "best" / "config.json").is_file():
         overrides = [x for kv in a.set for x in ("--" + kv.split("=")[0].replace("_", "-"), kv.split("=", 1)[1])]
         stage(["train", "--config", str(QUICK), "--model", a.model, "--store", str(hidden), "--vocab", str(vocab),
@@ -149,6 +153,8 @@ def main() -> None:
     ap.add_argument("--holdout-limit", type=int, default=6)
     ap.add_argument("--bench-tokens", type=int, default=96)
     ap.add_argument("-k", type=int, default=3)
+    ap.add_argument("--vocab-size", type=int, default=4096)
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON, table and plot go")
     a = ap.parse_args()
     a.tag = f"-{a.label}" if a.label else ""
     results = [point(a.workspace, int(n), a) for n in a.samples.split(",")]
@@ -156,14 +162,14 @@ def main() -> None:
     report = {"cpu": cpu_name(), "k": a.k, "conversations": a.conversations, "settings": a.set,
               "max_new_tokens": a.max_new_tokens, "natural_prompts": a.natural_limit, "holdout_prompts": a.holdout_limit,
               "bench_tokens": a.bench_tokens, "points": results}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2))
+    a.results.mkdir(parents=True, exist_ok=True)
+    (a.results / f"{name}.json").write_text(json.dumps(report, indent=2))
     text = (f"τ at K={a.k} ({report['cpu']}); natural: the first {a.natural_limit} prompts of the natural set, "
             f"hold-out: {a.holdout_limit} builtin hold-out prompts, {a.bench_tokens} new tokens each\n\n"
             + table(results, a.k) + "\n")
-    (RESULTS / f"{name}.md").write_text(text)
+    (a.results / f"{name}.md").write_text(text)
     if len(results) > 1:
-        plot(results, RESULTS / f"{name}.png")
+        plot(results, a.results / f"{name}.png")
     print(text)
 
 

@@ -1,6 +1,13 @@
 """The data engine: regeneration and capture tokens/s, vLLM vs transformers, same prompts.
 
-    .venv/bin/python benchmarks/engine.py [--samples 32] [--new-tokens 128] [--rounds 2]
+    .venv/bin/python benchmarks/engine.py [--samples 128] [--batch 64] [--new-tokens 128] [--rounds 2]
+        [--engines hf-static,hf,vllm] [--no-capture]
+
+Regeneration engines: hf-static is transformers' generate over left-padded batches of --batch prompts
+(every row decodes until the batch's longest answer ends: the path before continuous batching), hf is
+what `prepare --engine hf` runs now (greedy: transformers' continuous batching over --batch rows, a
+finished answer's row taken by the next prompt), vllm the offline vLLM engine. Ratios are against
+hf-static, from the same rounds.
 
 Each measurement runs in a child process of its own (a clean engine, a clean peak-memory figure:
 the child and every process it starts, summed, sampled every 0.1 s), in interleaved rounds:
@@ -27,14 +34,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINES = ("hf", "vllm")
+ENGINES = ("hf", "vllm")                   # capture
+REGEN_ENGINES = ("hf-static", "hf", "vllm")
 
 
 def child_regenerate(job: dict) -> dict:
+    from specdraft.data import regenerate
     from specdraft.data.prepare import prepare
 
+    engine = job["engine"]
+    if engine == "hf-static":                # the padded-batch path: generate_batch for greedy answers too
+        regenerate.continuous = lambda engine, settings: False
     meta = prepare(model=job["model"], source="builtin", out=job["out"], regenerate=True, limit=job["samples"],
-                   max_new_tokens=job["new_tokens"], batch_size=job["samples"], engine=job["engine"])
+                   max_new_tokens=job["new_tokens"], batch_size=job["batch"], engine=engine.removesuffix("-static"))
     regen = meta["regeneration"]
     return {"tokens": regen["new_tokens"], "seconds": regen["seconds"], "samples": regen["generated"]}
 
@@ -67,6 +79,13 @@ def child_capture(job: dict) -> dict:
             writer.write_shard(aux, last, ids, mask, offsets)
         done = time.perf_counter()
     return {"tokens": sum(lengths), "seconds": done - ready, "engine_start_seconds": ready - started}
+
+
+def cpu_name() -> str:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "unknown")
+    flags = next((l for l in info.splitlines() if l.startswith("flags")), "")
+    return f"{name} ({'avx512_bf16' if 'avx512_bf16' in flags else 'avx512' if 'avx512f' in flags else 'avx2'})"
 
 
 def run_child(kind: str, job: dict, work: Path) -> dict:
@@ -102,7 +121,10 @@ def run_child(kind: str, job: dict, work: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
-    ap.add_argument("--samples", type=int, default=32, help="builtin prompts regenerated (one batch)")
+    ap.add_argument("--samples", type=int, default=128, help="builtin prompts regenerated")
+    ap.add_argument("--batch", type=int, default=64, help="rows decoded at once (prepare --batch-size)")
+    ap.add_argument("--engines", default=",".join(REGEN_ENGINES), help="regeneration engines to compare")
+    ap.add_argument("--no-capture", action="store_true", help="regeneration only")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "engine.json")
@@ -122,16 +144,19 @@ def main() -> None:
 
     console = Console()
     work = Path(tempfile.mkdtemp(prefix="specdraft-bench-engine-"))
-    runs: dict[str, dict[str, list[dict]]] = {kind: {e: [] for e in ENGINES} for kind in ("regenerate", "capture")}
+    regen_engines = args.engines.split(",")
+    capture_engines = () if args.no_capture else ENGINES
+    runs: dict[str, dict[str, list[dict]]] = {"regenerate": {e: [] for e in regen_engines},
+                                              "capture": {e: [] for e in capture_engines}}
     data = None
     for r in range(args.rounds):
-        for engine in ENGINES:
-            job = {"model": args.model, "engine": engine, "round": r, "samples": args.samples,
+        for engine in regen_engines:
+            job = {"model": args.model, "engine": engine, "round": r, "samples": args.samples, "batch": args.batch,
                    "new_tokens": args.new_tokens, "out": str(work / f"data-{engine}-{r}")}
             runs["regenerate"][engine].append(run_child("regenerate", job, work))
-            data = data or job["out"]        # capture reads round 1's transformers data, every time
+            data = data or job["out"]        # capture reads round 1's first data, every time
             console.print(f"round {r + 1}: regenerate {engine}: {runs['regenerate'][engine][-1]['tokens_per_s']:.1f} tok/s")
-        for engine in ENGINES:
+        for engine in capture_engines:
             job = {"model": args.model, "engine": engine, "round": r, "data": data,
                    "out": str(work / f"hidden-{engine}-{r}")}
             runs["capture"][engine].append(run_child("capture", job, work))
@@ -139,14 +164,21 @@ def main() -> None:
 
     summary = {}
     for kind, by_engine in runs.items():
-        med = {e: statistics.median(x["tokens_per_s"] for x in by_engine[e]) for e in ENGINES}
-        summary[kind] = {"median_tokens_per_s": med, "vllm_vs_hf": med["vllm"] / med["hf"],
-                         "peak_rss_gib": {e: max(x["peak_rss_gib"] for x in by_engine[e]) for e in ENGINES}}
-    starts = [x["engine_start_seconds"] for x in runs["capture"]["vllm"]]
+        if not by_engine:
+            continue
+        med = {e: statistics.median(x["tokens_per_s"] for x in by_engine[e]) for e in by_engine}
+        base = med.get("hf-static") or med["hf"]
+        summary[kind] = {"median_tokens_per_s": med, "vs_baseline": {e: v / base for e, v in med.items()},
+                         "baseline": "hf-static" if "hf-static" in med else "hf",
+                         "peak_rss_gib": {e: max(x["peak_rss_gib"] for x in by_engine[e]) for e in by_engine}}
+        if "vllm" in med and "hf" in med:
+            summary[kind]["vllm_vs_hf"] = med["vllm"] / med["hf"]
+    starts = [x["engine_start_seconds"] for x in runs["capture"].get("vllm", [])]
     import torch
     import transformers
 
-    result = {"model": args.model, "samples": args.samples, "new_tokens": args.new_tokens, "rounds": args.rounds,
+    result = {"model": args.model, "samples": args.samples, "batch": args.batch, "new_tokens": args.new_tokens,
+              "rounds": args.rounds, "cpu": cpu_name(),
               "dtype": "float32 compute, bfloat16 store", "cpu_count": os.cpu_count(),
               "versions": {"vllm": vllm_version(), "transformers": transformers.__version__,
                            "torch": torch.__version__},
@@ -157,15 +189,16 @@ def main() -> None:
 
     table = Table(title=f"data engine on {args.model}: {args.samples} prompts x <= {args.new_tokens} new tokens, "
                         f"median of {args.rounds} interleaved rounds")
-    for col in ("stage", "transformers tok/s", "vLLM tok/s", "vLLM / hf", "peak RSS hf", "peak RSS vLLM"):
-        table.add_column(col, justify="right" if col != "stage" else "left")
+    for col in ("stage", "engine", "tok/s", "x baseline", "peak RSS"):
+        table.add_column(col, justify="right" if col not in ("stage", "engine") else "left")
     for kind, s in summary.items():
-        m, p = s["median_tokens_per_s"], s["peak_rss_gib"]
-        table.add_row(kind, f"{m['hf']:.1f}", f"{m['vllm']:.1f}", f"{s['vllm_vs_hf']:.2f}x",
-                      f"{p['hf']:.2f} GiB", f"{p['vllm']:.2f} GiB")
+        for e, tps in s["median_tokens_per_s"].items():
+            table.add_row(kind, e, f"{tps:.1f}", f"{s['vs_baseline'][e]:.2f}x ({s['baseline']})",
+                          f"{s['peak_rss_gib'][e]:.2f} GiB")
     console.print(table)
-    console.print(f"vLLM capture engine start: {', '.join(f'{s:.0f} s' for s in starts)} (not in tok/s); "
-                  f"wrote {args.out}")
+    if starts:
+        console.print(f"vLLM capture engine start: {', '.join(f'{s:.0f} s' for s in starts)} (not in tok/s)")
+    console.print(f"{result['cpu']}; wrote {args.out}")
 
 
 if __name__ == "__main__":
