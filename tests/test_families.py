@@ -158,7 +158,7 @@ def test_info_lists_the_registered_families(tiny_target, toy_family):
 
     res = CliRunner().invoke(app, ["info", "--model", str(tiny_target), "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["drafter_families"] == ["dflash", "eagle3", "peagle", "toy"]
+    assert json.loads(res.output)["drafter_families"] == ["dflash", "dspark", "eagle3", "peagle", "toy"]
 
 
 def test_an_unknown_family_is_one_line_listing_the_registered_ones(ws, tmp_path):  # noqa: F811

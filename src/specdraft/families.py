@@ -23,6 +23,7 @@ BUILTIN = (
     "specdraft.model.eagle3",
     "specdraft.model.peagle",
     "specdraft.model.dflash",
+    "specdraft.model.dspark",
 )
 
 

@@ -31,7 +31,7 @@ def check_run(run) -> None:
         if getattr(run, name) != value:
             flag = "--" + name.replace("_", "-")
             raise SpecdraftError(f"{flag} {getattr(run, name)}: an EAGLE-3 option ({why}); train --family "
-                                 f"dflash without it")
+                                 f"{run.family} without it")
 
 
 def new_config(target_config, draft_vocab_size: int, aux_layer_ids: list[int], verifier: str = "", run=None):

@@ -70,6 +70,10 @@ class DFlashProposer:
 
     def block_logits(self, tokens: list[int], k: int) -> torch.Tensor:
         """Context catch-up, then the block [root, mask x k] -> the k slots' logits [k, Vd]."""
+        return self.drafter.compute_logits(self.block_out(tokens, k))[0]           # [k, Vd]
+
+    def block_out(self, tokens: list[int], k: int) -> torch.Tensor:
+        """Context catch-up, then the block [root, mask x k] -> the k slots' outputs [1, k, H] (pre-norm)."""
         start = len(self.cache)
         if self.pending:
             aux = (self.pending[0] if len(self.pending) == 1 else torch.cat(self.pending)).to(self.param.dtype)
@@ -79,7 +83,7 @@ class DFlashProposer:
         ids = torch.tensor([tokens[-1]] + [self.drafter.config.mask_token_id] * k,
                            device=self.param.device)[None]                         # [1, k+1]
         out = self.drafter.decode(ids, self.positions(root, k + 1), self.cache.kv(), None)   # [1, k+1, H]
-        return self.drafter.compute_logits(out[:, 1:])[0]                          # [k, Vd]
+        return out[:, 1:]
 
     @torch.no_grad()
     def propose(self, tokens: list[int], budget: int, sampling: Sampling, generator: torch.Generator) -> Draft:
