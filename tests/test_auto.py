@@ -14,7 +14,8 @@ from specdraft.cli import app
 from specdraft.errors import SpecdraftError
 from specdraft.infer import auto, timing
 from specdraft.infer.costmodel import chain_options, conditional, expected_tokens, stop_threshold
-from specdraft.model.eagle3.proposer import EagleProposer, GrowingKVCache
+from specdraft.model.common.cache import GrowingKVCache
+from specdraft.model.eagle3.proposer import EagleProposer
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import generate
 from specdraft.model.eagle3.module import KVCache

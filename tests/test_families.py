@@ -92,6 +92,16 @@ class ToyProposer:
         if aux is not None and len(aux):
             self.last_aux = aux[-1]                          # [n_aux, H] of position len(tokens) - 2
 
+    def draft_probe(self, context, k=1):
+        """-k auto's and plan's draft cost (infer.speculative.CostProbed): one draft from the last aux."""
+        cfg = self.drafter.config
+        aux, token = torch.randn(len(cfg.aux_layer_ids), cfg.hidden_size), torch.tensor([0])
+
+        def step():
+            with torch.no_grad():
+                self.drafter(aux[None], token)
+        return step
+
     def propose(self, tokens, budget, sampling, generator):
         if self.last_aux is None or budget < 1:
             return Draft([], [])
@@ -124,7 +134,7 @@ TOY = registry.Family(
     checkpoint_config=lambda cfg, dtype, k, archs: {"architectures": ["ToySpeculator"], "speculators_model_type": "toy",
                                                     "dtype": dtype, "specdraft": {"drafter_config": cfg.to_dict()}},
     parse_config=lambda config, where: ToyConfig.from_dict(config["specdraft"]["drafter_config"]),
-    validate=toy_validate)
+    validate=toy_validate, max_draft=lambda cfg: 1)
 
 
 @pytest.fixture
@@ -196,3 +206,20 @@ def test_a_store_with_four_aux_layers_trains_eagle3_exports_and_generates_lossle
                                     eos_token_id=None, pad_token_id=0)[0, 10:].tolist()
         out = generate(target.model, prompt[:10], EagleProposer(drafter, k=3), max_new_tokens=16, eos_token_ids=set())
         assert out.token_ids == ref
+
+
+def test_the_toy_family_runs_bench_with_k_auto(ws, toy_family, tmp_path):  # noqa: F811
+    """bench's default path, -k auto, asks the toy family only what the seam offers: its proposer's
+    draft_probe, drafts_in_one_forward and max_draft (1 here), never the EAGLE-3 proposer's internals."""
+    from specdraft.infer.bench import run_bench
+
+    run = tmp_path / "run"
+    train(config(ws, run, family="toy", epochs=1, ttt_steps=1))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"tell me about {w}"}) + "\n" for w in ("cats", "rain")))
+    report = run_bench(ws["model"], str(run / "best"), str(prompts), "greedy,toy", 12, None, None, 1, None, (1, 3),
+                       None, "cpu", "float32", False)
+    choice = report["config"]["k_auto"]
+    assert choice["k_auto"] is True and choice["k"] in (0, 1) and len(choice["rates"]) == 1
+    assert choice["draft_ms"] > 0 and report["config"]["k"] == choice["k"]
+    assert report["methods"]["toy"]["identical_to_greedy"] is True

@@ -15,7 +15,7 @@ from specdraft.model.dflash import checkpoint
 from specdraft.model.dflash.module import DFlashConfig, DFlashDrafter
 from specdraft.model.dflash.objective import DFlashObjective
 from specdraft.model.dflash.proposer import DFlashProposer
-from specdraft.model.peagle.module import mask_token_of
+from specdraft.model.common.mask import mask_token_of
 
 # EAGLE-3's options with no DFlash counterpart: (setting, the value DFlash trains with, why)
 EAGLE_ONLY = (("fc_norm", False, "vLLM's DFlash has no fc_norm"),

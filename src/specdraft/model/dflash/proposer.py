@@ -15,28 +15,9 @@ from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import Profile
 from specdraft.infer.tree import Draft
 from specdraft.model.dflash.module import DFlashDrafter
-from specdraft.model.eagle3.proposer import GrowingKVCache, draw_chain
-
-
-class ContextCache:
-    """One GrowingKVCache per layer; crop(n) keeps the first n context positions of each."""
-
-    def __init__(self, layers: int):
-        self.layers = [GrowingKVCache() for _ in range(layers)]
-
-    def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        for cache, (k, v) in zip(self.layers, kv):
-            cache.append(k, v)
-
-    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(cache.key, cache.value) for cache in self.layers]
-
-    def __len__(self) -> int:
-        return len(self.layers[0])
-
-    def crop(self, n: int) -> None:
-        for cache in self.layers:
-            cache.crop(n)
+from specdraft.model.common.cache import ContextCache
+from specdraft.model.common.chain import draw_chain
+from specdraft.model.common.probe import one_forward_probe
 
 
 class DFlashProposer:
@@ -61,6 +42,11 @@ class DFlashProposer:
         self.cache = ContextCache(len(self.drafter.layers))
         self.pending: list[torch.Tensor] = []     # aux [T, n_aux, H] chunks not yet in the context
         self.drafts_cut = 0
+
+    def draft_probe(self, context: int, k: int = 1):
+        """One forward drafts the round: its cost at K = k (model/common/probe.py)."""
+        cfg = self.drafter.config
+        return one_forward_probe(self, cfg.num_aux, cfg.hidden_size, context, k)
 
     def observe(self, aux: torch.Tensor | None) -> None:
         self.pending.append(aux)

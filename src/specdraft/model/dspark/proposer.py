@@ -18,7 +18,7 @@ from specdraft.infer.sampling import Sampling
 from specdraft.infer.tree import Draft
 from specdraft.model.dflash.proposer import DFlashProposer
 from specdraft.model.dspark.module import DSparkDrafter
-from specdraft.model.eagle3.proposer import draw_chain
+from specdraft.model.common.chain import draw_chain
 
 
 class DSparkProposer(DFlashProposer):
