@@ -208,9 +208,11 @@ def test_a_store_with_four_aux_layers_trains_eagle3_exports_and_generates_lossle
         assert out.token_ids == ref
 
 
-def test_the_toy_family_runs_bench_with_k_auto(ws, toy_family, tmp_path):  # noqa: F811
-    """bench's default path, -k auto, asks the toy family only what the seam offers: its proposer's
-    draft_probe, drafts_in_one_forward and max_draft (1 here), never the EAGLE-3 proposer's internals."""
+def test_the_toy_family_runs_bench_with_k_auto_and_plan(ws, toy_family, tmp_path):  # noqa: F811
+    """bench's default path, -k auto, and plan ask the toy family only what the seam offers: its
+    proposer's draft_probe, drafts_in_one_forward and max_draft (1 here), never the EAGLE-3 proposer's
+    internals."""
+    from specdraft.analysis import plan
     from specdraft.infer.bench import run_bench
 
     run = tmp_path / "run"
@@ -223,3 +225,5 @@ def test_the_toy_family_runs_bench_with_k_auto(ws, toy_family, tmp_path):  # noq
     assert choice["k_auto"] is True and choice["k"] in (0, 1) and len(choice["rates"]) == 1
     assert choice["draft_ms"] > 0 and report["config"]["k"] == choice["k"]
     assert report["methods"]["toy"]["identical_to_greedy"] is True
+    planned = plan.run(drafter=str(run / "best"), model=ws["model"], accept="0.6", context=16, rounds=1, k_max=2)
+    assert planned["draft_ms"] > 0 and "draft" in planned["measured"] and planned["draft_in_one_forward"] is False
