@@ -282,3 +282,29 @@ def test_vllms_dspark_model_class_loads_the_export_with_every_weight_ours(dspark
         finally:
             destroy_model_parallel()
             destroy_distributed_environment()
+
+
+def test_from_pretrained_remap_moves_the_markov_rows_with_lm_head(dspark_run, ws, tmp_path):  # noqa: F811
+    """markov_w2's rows are draft ids, as lm_head's: --remap carries each shared token's row to its new
+    draft id (new tokens start at zero bias), also when the draft vocab changes size."""
+    from specdraft import vocab as vocab_mod
+    from specdraft.train.drafters import pretrained_drafter
+
+    run, _ = dspark_run
+    va = vocab_mod.load(ws["root"] / "vocab.safetensors")
+    kept = va.draft_to_target.tolist()[5:]                                          # 43 of its 48 tokens
+    counts = torch.zeros(va.target_vocab_size)
+    counts[kept + [1, 2]] = 1
+    d2t, t2d = vocab_mod.mapping_from_counts(counts.numpy(), 45)
+    path = tmp_path / "vocab_b.safetensors"
+    vocab_mod.save(vocab_mod.Vocab(d2t, t2d, {}), path)
+    vb = vocab_mod.load(path)
+    cfg = config(ws, tmp_path / "dst", family="dspark", vocab=str(path), from_pretrained=str(run / "best"))
+    drafter, report = pretrained_drafter(cfg, ws["target"], vb, list(load_drafter(run / "best").config.aux_layer_ids),
+                                         lambda line: None)
+    assert report["remapped"] and drafter.markov_head.markov_w2.weight.shape[0] == 45
+    src = load_drafter(run / "best").markov_head.markov_w2.weight
+    col_a = {t: i for i, t in enumerate(va.draft_to_target.tolist())}
+    for i, t in enumerate(vb.draft_to_target.tolist()):
+        want = src[col_a[t]] if t in col_a else torch.zeros_like(src[0])
+        torch.testing.assert_close(drafter.markov_head.markov_w2.weight[i].detach(), want)
