@@ -308,3 +308,23 @@ def test_from_pretrained_remap_moves_the_markov_rows_with_lm_head(dspark_run, ws
     for i, t in enumerate(vb.draft_to_target.tolist()):
         want = src[col_a[t]] if t in col_a else torch.zeros_like(src[0])
         torch.testing.assert_close(drafter.markov_head.markov_w2.weight[i].detach(), want)
+
+
+def test_generate_with_a_dspark_drafter_on_the_default_paths(dspark_run, ws):  # noqa: F811
+    """`specdraft generate --method dspark`: -k auto (the default) and --draft-stop auto resolve through the
+    family (a one-forward round: "draft forward"), and the answer is the target's greedy one."""
+    from typer.testing import CliRunner
+
+    from specdraft.cli import app
+
+    run, _ = dspark_run
+    res = CliRunner().invoke(app, ["generate", "-p", "hello there", "-m", ws["model"], "--drafter", str(run / "best"),
+                                   "--method", "dspark", "--draft-stop", "auto", "--max-new-tokens", "12", "--json",
+                                   "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    assert "-k auto: K=" in res.output and ("draft forward" in res.output or "drafter forward" in res.output)
+    answer = json.loads(res.output.strip().splitlines()[-1])
+    from specdraft.infer.bench import prompt_ids
+
+    ids = prompt_ids(ws["target"].tokenizer, [{"role": "user", "content": "hello there"}])
+    assert answer["token_ids"] == greedy(ws["target"].model, ids, 12)
