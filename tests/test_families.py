@@ -227,3 +227,23 @@ def test_the_toy_family_runs_bench_with_k_auto_and_plan(ws, toy_family, tmp_path
     assert report["methods"]["toy"]["identical_to_greedy"] is True
     planned = plan.run(drafter=str(run / "best"), model=ws["model"], accept="0.6", context=16, rounds=1, k_max=2)
     assert planned["draft_ms"] > 0 and "draft" in planned["measured"] and planned["draft_in_one_forward"] is False
+
+
+def test_tree_drafting_is_a_family_capability(toy_family, monkeypatch):
+    """bench's FAMILY-tree methods and generate --tree ask the family (Family.tree), not the name eagle3."""
+    import dataclasses
+
+    from specdraft.infer import bench
+    from specdraft.infer.generate import generate_one
+    from specdraft.infer.sampling import Sampling
+
+    assert "eagle3-tree" in bench.all_methods() and "toy-tree" not in bench.all_methods()
+    assert "dspark-tree" not in bench.all_methods()
+    with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 and greedy"):
+        generate_one("hi", "default", None, "toy", None, None, "4,4,16", Sampling(), 8, (1, 3), "cpu", "float32",
+                     False, False)
+    monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(TOY, tree=True))
+    assert "toy-tree" in bench.all_methods()
+    with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 or toy and greedy"):
+        generate_one("hi", "default", None, "toy", None, None, "4,4,16", Sampling(temperature=0.5), 8, (1, 3),
+                     "cpu", "float32", False, False)

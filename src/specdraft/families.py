@@ -68,6 +68,8 @@ class Family:
     # True: one drafter forward drafts a round's K tokens (P-EAGLE, DFlash), so a round's draft cost is
     # one forward whatever K; False: K forwards, one per token (EAGLE-3's chain). -k auto's cost model
     drafts_in_one_forward: bool = False
+    # its proposer also drafts an EAGLE-2 style tree (--tree, bench's FAMILY-tree method): EAGLE-3
+    tree: bool = False
     # config -> the longest draft it was trained to serve (DFlash: its block's slots), or None for no limit
     max_draft: Callable[[Any], int | None] = lambda cfg: None
     # the keys of vLLM's --speculative-config that select this family (besides model and K)

@@ -37,7 +37,7 @@ TREE = "-tree"
 
 
 def all_methods() -> tuple[str, ...]:
-    return (*BASE_METHODS, *families.names(), "eagle3" + TREE)
+    return (*BASE_METHODS, *families.names(), *(n + TREE for n in families.names() if family(n).tree))
 
 
 def needs_drafter(name: str) -> bool:
