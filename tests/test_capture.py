@@ -208,6 +208,16 @@ def test_nonfinite_hidden_state_names_the_sample(tiny_target, tmp_path):
                     shard_tokens=12, target=target, progress=False)
 
 
+@pytest.mark.parametrize("layers", [[2], [1, 3], [1, 2, 4, 5]])
+def test_nonfinite_names_the_aux_layer_for_any_aux_count(layers):
+    """One, two or four aux layers: the line names the poisoned one (was an IndexError with fewer
+    than three, and a fourth was never named)."""
+    aux, last = torch.zeros(8, len(layers), 4), torch.zeros(8, 4)
+    aux[5, -1, 0] = float("nan")
+    with pytest.raises(SpecdraftError, match=rf"sample 1: .* at token 1 in aux layer {layers[-1]};"):
+        cap.check_finite(aux, last, torch.tensor([0, 4, 8]), layers, 0)
+
+
 def test_disk_preflight(tiny_target, prepared, tmp_path, monkeypatch):
     import shutil
     from collections import namedtuple

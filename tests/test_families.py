@@ -92,6 +92,16 @@ class ToyProposer:
         if aux is not None and len(aux):
             self.last_aux = aux[-1]                          # [n_aux, H] of position len(tokens) - 2
 
+    def draft_probe(self, context, k=1):
+        """-k auto's and plan's draft cost (infer.speculative.CostProbed): one draft from the last aux."""
+        cfg = self.drafter.config
+        aux, token = torch.randn(len(cfg.aux_layer_ids), cfg.hidden_size), torch.tensor([0])
+
+        def step():
+            with torch.no_grad():
+                self.drafter(aux[None], token)
+        return step
+
     def propose(self, tokens, budget, sampling, generator):
         if self.last_aux is None or budget < 1:
             return Draft([], [])
@@ -124,7 +134,7 @@ TOY = registry.Family(
     checkpoint_config=lambda cfg, dtype, k, archs: {"architectures": ["ToySpeculator"], "speculators_model_type": "toy",
                                                     "dtype": dtype, "specdraft": {"drafter_config": cfg.to_dict()}},
     parse_config=lambda config, where: ToyConfig.from_dict(config["specdraft"]["drafter_config"]),
-    validate=toy_validate)
+    validate=toy_validate, max_draft=lambda cfg: 1)
 
 
 @pytest.fixture
@@ -158,7 +168,7 @@ def test_info_lists_the_registered_families(tiny_target, toy_family):
 
     res = CliRunner().invoke(app, ["info", "--model", str(tiny_target), "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["drafter_families"] == ["dflash", "eagle3", "peagle", "toy"]
+    assert json.loads(res.output)["drafter_families"] == ["dflash", "dspark", "eagle3", "peagle", "toy"]
 
 
 def test_an_unknown_family_is_one_line_listing_the_registered_ones(ws, tmp_path):  # noqa: F811
@@ -196,3 +206,44 @@ def test_a_store_with_four_aux_layers_trains_eagle3_exports_and_generates_lossle
                                     eos_token_id=None, pad_token_id=0)[0, 10:].tolist()
         out = generate(target.model, prompt[:10], EagleProposer(drafter, k=3), max_new_tokens=16, eos_token_ids=set())
         assert out.token_ids == ref
+
+
+def test_the_toy_family_runs_bench_with_k_auto_and_plan(ws, toy_family, tmp_path):  # noqa: F811
+    """bench's default path, -k auto, and plan ask the toy family only what the seam offers: its
+    proposer's draft_probe, drafts_in_one_forward and max_draft (1 here), never the EAGLE-3 proposer's
+    internals."""
+    from specdraft.analysis import plan
+    from specdraft.infer.bench import run_bench
+
+    run = tmp_path / "run"
+    train(config(ws, run, family="toy", epochs=1, ttt_steps=1))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"tell me about {w}"}) + "\n" for w in ("cats", "rain")))
+    report = run_bench(ws["model"], str(run / "best"), str(prompts), "greedy,toy", 12, None, None, 1, None, (1, 3),
+                       None, "cpu", "float32", False)
+    choice = report["config"]["k_auto"]
+    assert choice["k_auto"] is True and choice["k"] in (0, 1) and len(choice["rates"]) == 1
+    assert choice["draft_ms"] > 0 and report["config"]["k"] == choice["k"]
+    assert report["methods"]["toy"]["identical_to_greedy"] is True
+    planned = plan.run(drafter=str(run / "best"), model=ws["model"], accept="0.6", context=16, rounds=1, k_max=2)
+    assert planned["draft_ms"] > 0 and "draft" in planned["measured"] and planned["draft_in_one_forward"] is False
+
+
+def test_tree_drafting_is_a_family_capability(toy_family, monkeypatch):
+    """bench's FAMILY-tree methods and generate --tree ask the family (Family.tree), not the name eagle3."""
+    import dataclasses
+
+    from specdraft.infer import bench
+    from specdraft.infer.generate import generate_one
+    from specdraft.infer.sampling import Sampling
+
+    assert "eagle3-tree" in bench.all_methods() and "toy-tree" not in bench.all_methods()
+    assert "dspark-tree" not in bench.all_methods()
+    with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 and greedy"):
+        generate_one("hi", "default", None, "toy", None, None, "4,4,16", Sampling(), 8, (1, 3), "cpu", "float32",
+                     False, False)
+    monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(TOY, tree=True))
+    assert "toy-tree" in bench.all_methods()
+    with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 or toy and greedy"):
+        generate_one("hi", "default", None, "toy", None, None, "4,4,16", Sampling(temperature=0.5), 8, (1, 3),
+                     "cpu", "float32", False, False)

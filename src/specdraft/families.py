@@ -23,6 +23,7 @@ BUILTIN = (
     "specdraft.model.eagle3",
     "specdraft.model.peagle",
     "specdraft.model.dflash",
+    "specdraft.model.dspark",
 )
 
 
@@ -61,9 +62,14 @@ class Family:
     # drafter -> the wide submodules FSDP2 shards as their own units
     fsdp_units: Callable[[torch.nn.Module], list[torch.nn.Module]] = lambda drafter: []
     layouts: tuple[Layout, ...] = ()                               # other engines' layouts (EAGLE-3: SGLang)
+    # the tensors whose rows are draft ids: `train --from-pretrained --remap` moves them to the run's vocab
+    # (lm_head's new rows start from the target's lm_head, any other's from zero)
+    draft_vocab_rows: tuple[str, ...] = ("lm_head.weight",)
     # True: one drafter forward drafts a round's K tokens (P-EAGLE, DFlash), so a round's draft cost is
     # one forward whatever K; False: K forwards, one per token (EAGLE-3's chain). -k auto's cost model
     drafts_in_one_forward: bool = False
+    # its proposer also drafts an EAGLE-2 style tree (--tree, bench's FAMILY-tree method): EAGLE-3
+    tree: bool = False
     # config -> the longest draft it was trained to serve (DFlash: its block's slots), or None for no limit
     max_draft: Callable[[Any], int | None] = lambda cfg: None
     # the keys of vLLM's --speculative-config that select this family (besides model and K)

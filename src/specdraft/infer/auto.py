@@ -23,7 +23,6 @@ from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, 
                                        stop_threshold)
 from specdraft.families import family_of
 from specdraft.infer.kernels import mm_flags
-from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import cache_kwarg, few_row_matmul, generate, per_position_accept, target_linears
 from specdraft.infer.timing import interleaved_ms
 from specdraft.io import read_json
@@ -64,32 +63,15 @@ def verify_timers(target_model, n_max: int, context: int) -> dict[str, Callable[
 
 
 def draft_timer(drafter, context: int, k: int = 1) -> Callable[[], None]:
-    """A drafter's cost on a cache of `context` positions, through the loop's own path: one chain draft
-    step (EagleProposer.step), or for a family that drafts a round in one forward, that forward at
-    K = k with one new position to catch up (the shortest round)."""
+    """A drafter's cost on a cache of `context` positions, timed through its family's proposer
+    (infer.speculative.CostProbed.draft_probe): one chain draft step, or for a family that drafts a
+    round in one forward, that forward at K = k with one new position to catch up."""
     fam = family_of(drafter)
     proposer = fam.proposer(drafter, k=k if fam.drafts_in_one_forward else 1)
-    H, dev = drafter.config.hidden_size, proposer.param.device
-    g = torch.Generator().manual_seed(0)
-    aux = torch.randn(context + 1, drafter.config.num_aux, H, generator=g).to(dev, proposer.param.dtype)
-    if fam.drafts_in_one_forward:
-        tokens = [0] * (context + 2)
-        proposer.observe(aux[:context])
-        proposer.propose(tokens[:context + 1], k, Sampling(), g)      # the context, into the drafter's cache
-
-        def round_():
-            proposer.observe(aux[context:])
-            proposer.propose(tokens, k, Sampling(), g)
-            proposer.cache.crop(context)
-        return round_
-    proposer.pending = [aux[:context]]
-    proposer.catch_up([0] * (context + 1))
-    token, hidden = torch.tensor(0, device=dev), torch.randn(1, H, generator=g).to(dev, proposer.param.dtype)
-
-    def step():
-        proposer.step(token, hidden, context)
-        proposer.cache.crop(context)
-    return step
+    if not hasattr(proposer, "draft_probe"):
+        raise SpecdraftError(f"-k auto / plan: the {fam.model_type} family's proposer has no draft_probe (the "
+                             "draft cost probe, infer.speculative.CostProbed); pass -k N")
+    return proposer.draft_probe(context, k)
 
 
 @torch.inference_mode()
@@ -205,6 +187,8 @@ def decide(rates: list[float], verify_ms: list[float], draft_ms: float, k: int |
 def choose(target_model, drafter, spec, ids: list[int], k: int | None, stop: float | None, stop_auto: bool,
            k_max: int = K_MAX) -> AutoChoice:
     """Measure what the model needs and decide; k None = auto."""
+    limit = family_of(drafter).max_draft(drafter.config)          # DFlash/DSpark: the block's draft slots
+    k_max = min(k_max, limit) if limit else k_max
     n_max = max(k_max, k or 0)
     rates, source = gather_accept(target_model, drafter, spec, ids, n_max)
     costs = measure_costs(target_model, drafter, n_max + 1, max(len(ids), 16), rounds=3, repeats=2,

@@ -39,7 +39,7 @@ TREE = "-tree"
 
 
 def all_methods() -> tuple[str, ...]:
-    return (*BASE_METHODS, *families.names(), "eagle3" + TREE, HYBRID)
+    return (*BASE_METHODS, *families.names(), *(n + TREE for n in families.names() if family(n).tree), HYBRID)
 
 
 def needs_drafter(name: str) -> bool:

@@ -6,7 +6,7 @@ For a chain of K drafts with conditional acceptance a_1..a_K (a_k = P(draft k ac
     tokens(K) = 1 + sum_{k=1..K} prod_{i<=k} a_i        (the target's own token included)
 and costs
     cycle(K)  = K * draft + verify(K+1)                 (verify K drafts + the bonus position)
-A family that drafts a round in one forward (P-EAGLE, DFlash: `one_forward`) pays its draft once:
+A family that drafts a round in one forward (P-EAGLE, DFlash, DSpark: `one_forward`) pays its draft once:
     cycle(K)  = draft + verify(K+1)   (K >= 1; `draft` then is one such forward, timed at the largest K)
 so throughput is tokens(K) / cycle(K). Why measure verify(n) per n: on one GPU verify is nearly
 flat in n, but on 8 GPUs with tensor parallelism (the seed: ~30 ms verify, ~25 ms of it all-reduce)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from specdraft import families
 from specdraft.errors import SpecdraftError
 from specdraft.infer import bench as B
 
@@ -30,8 +31,10 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_te
     if dtype not in DTYPES:
         raise SpecdraftError(f"--compute-dtype {dtype}: choose float32, bfloat16 or float16")
     shape = TreeShape.parse(tree) if tree else None
-    if shape is not None and (method != "eagle3" or not sampling.greedy):
-        raise SpecdraftError("--tree: only with --method eagle3 and greedy decoding (--temperature 0)")
+    tree_families = [n for n in families.names() if families.family(n).tree]    # the family says (eagle3)
+    if shape is not None and (method not in tree_families or not sampling.greedy):
+        raise SpecdraftError(f"--tree: only with --method {' or '.join(tree_families)} and greedy decoding "
+                             "(--temperature 0)")
     name = method + B.TREE if shape else method
     if drafter is None:
         B.check_drafter_methods([name], None)

@@ -82,6 +82,16 @@ class Proposer(Protocol):
         """Draft at most `budget` tokens (depth) after `tokens` (whose last is the root)."""
 
 
+class CostProbed(Protocol):
+    """What `-k auto` and `plan` need from a proposer besides the loop's calls (with the family's
+    `drafts_in_one_forward` and `max_draft`): its draft cost, measured through its own path."""
+
+    def draft_probe(self, context: int, k: int) -> Callable[[], None]:
+        """A callable that runs one round's unit of drafting on a drafter cache of `context` positions
+        and leaves the cache as it found it: one draft step of a chain (a round costs K of them), or
+        the one forward of a family that drafts a round at once, at K = k."""
+
+
 @dataclass
 class Generation:
     token_ids: list[int]                   # new tokens only

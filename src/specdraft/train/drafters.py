@@ -59,6 +59,9 @@ def pretrained_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int], log)
         target_rows = target.model.get_output_embeddings().weight.detach().float()
         weight, counts = vocab_mod.remap_lm_head(src.lm_head.weight.detach(), src_vocab, vocab, target_rows)
         tensors["lm_head.weight"] = weight
+        for name in fam.draft_vocab_rows:          # a family's other draft-id rows (DSpark's Markov bias)
+            if name != "lm_head.weight":
+                tensors[name] = vocab_mod.remap_lm_head(tensors[name], src_vocab, vocab)[0]
         report.update(remapped=True, overlap=d["overlap"]["count"],
                       positional_matches=d["positional_matches"]["count"], **counts)
         log(f"remapped lm_head to {cfg.vocab}: {numbers}; rows carried {counts['carried']}, "

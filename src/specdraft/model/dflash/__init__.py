@@ -15,7 +15,7 @@ from specdraft.model.dflash import checkpoint
 from specdraft.model.dflash.module import DFlashConfig, DFlashDrafter
 from specdraft.model.dflash.objective import DFlashObjective
 from specdraft.model.dflash.proposer import DFlashProposer
-from specdraft.model.peagle.module import mask_token_of
+from specdraft.model.common.mask import mask_token_of
 
 # EAGLE-3's options with no DFlash counterpart: (setting, the value DFlash trains with, why)
 EAGLE_ONLY = (("fc_norm", False, "vLLM's DFlash has no fc_norm"),
@@ -31,7 +31,7 @@ def check_run(run) -> None:
         if getattr(run, name) != value:
             flag = "--" + name.replace("_", "-")
             raise SpecdraftError(f"{flag} {getattr(run, name)}: an EAGLE-3 option ({why}); train --family "
-                                 f"dflash without it")
+                                 f"{run.family} without it")
 
 
 def new_config(target_config, draft_vocab_size: int, aux_layer_ids: list[int], verifier: str = "", run=None):

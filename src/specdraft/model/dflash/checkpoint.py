@@ -106,6 +106,11 @@ def validate(tensors: dict, cfg: DFlashConfig, where: str) -> None:
     shapes = expected_shapes(cfg)
     check_tensors(tensors, shapes, [k for k in shapes if k not in OPTIONAL], cfg, where,
                   f"{cfg.num_layers}-layer DFlash drafter")
+    check_block_config(cfg, where)
+
+
+def check_block_config(cfg: DFlashConfig, where: str) -> None:
+    """The mask token inside the target vocab, and aux ids inside the target's layers (DSpark's too)."""
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
         raise SpecdraftError(f"{where}: mask_token_id {cfg.mask_token_id} outside the target vocab "
                              f"(0..{cfg.vocab_size - 1}); re-export the drafter")

@@ -115,6 +115,11 @@ class DFlashDrafter(nn.Module):
         normed = self.norm(out)
         return self.lm_head(normed if rows is None else normed.flatten(0, 1)[rows])
 
+    def slot_logits(self, out: torch.Tensor, rows: torch.Tensor | None, prev_ids: torch.Tensor) -> torch.Tensor:
+        """A block slot's draft-vocab logits given the token before it (`prev_ids`, target ids, one per
+        row): DFlash's do not depend on it (DSpark adds its Markov bias here)."""
+        return self.compute_logits(out, rows)
+
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 

@@ -55,9 +55,13 @@ def block_mask(doc_ids: torch.Tensor, anchors: torch.Tensor, block: int) -> torc
 
 def dflash_forward(drafter: DFlashDrafter, teacher: TeacherHead, batch: dict[str, torch.Tensor], slots: int = 3,
                    step_decay: float = 1.0, loss: str = "kl", aux_noise: float = 0.0,
-                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   generator: torch.Generator | None = None,
+                   on_slot=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Blocks of `slots` drafts over a packed batch -> (loss, metric sums); loss = sum_k step_decay**k *
-    mean position_loss of slot k+1 over its trained predictions."""
+    mean position_loss of slot k+1 over its trained predictions. Slot k+1's logits come from
+    `drafter.slot_logits` given token a+k (teacher forcing: the token before the one it drafts).
+    `on_slot(k, out, out_rows, prev_ids, correct, is_trained, sums)` -> an extra loss term (DSpark's
+    confidence head), or None."""
     input_ids, doc_ids, loss_mask = batch["input_ids"], batch["doc_ids"], batch["loss_mask"].bool()
     position_ids = batch["position_ids"]
     B, T = input_ids.shape
@@ -96,12 +100,17 @@ def dflash_forward(drafter: DFlashDrafter, teacher: TeacherHead, batch: dict[str
         anchor_rows = defined.nonzero().squeeze(1)                                # [R] into the B*N anchors
         is_trained = trained[anchor_rows]
         out_rows = (anchor_rows // N) * N * block + (anchor_rows % N) * block + k + 1   # flat rows of out
-        logp = torch.log_softmax(drafter.compute_logits(out, out_rows).float(), dim=-1)   # [R, Vd]
+        prev_ids = input_ids.flatten()[flat_anchor[anchor_rows] + k]             # [R] token a+k
+        logp = torch.log_softmax(drafter.slot_logits(out, out_rows, prev_ids).float(), dim=-1)   # [R, Vd]
         t_rows = compact_index[flat_anchor[anchor_rows] + k]                      # teacher at a+k
         t_top = teacher_top[t_rows]
         per_pos = position_loss(logp, teacher_logp[t_rows], t_top, loss)[is_trained]
         total = total + (step_decay ** k) * per_pos.sum() / max(per_pos.numel(), 1)
-        add_step_sums(sums, k, per_pos, logp.argmax(-1) == t_top, through, anchor_rows, is_trained)
+        correct = logp.argmax(-1) == t_top
+        add_step_sums(sums, k, per_pos, correct, through, anchor_rows, is_trained)
+        extra = on_slot(k, out, out_rows, prev_ids, correct, is_trained, sums) if on_slot is not None else None
+        if extra is not None:
+            total = total + extra
     return total, sums
 
 

@@ -15,28 +15,9 @@ from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import Profile
 from specdraft.infer.tree import Draft
 from specdraft.model.dflash.module import DFlashDrafter
-from specdraft.model.eagle3.proposer import GrowingKVCache, draw_chain
-
-
-class ContextCache:
-    """One GrowingKVCache per layer; crop(n) keeps the first n context positions of each."""
-
-    def __init__(self, layers: int):
-        self.layers = [GrowingKVCache() for _ in range(layers)]
-
-    def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        for cache, (k, v) in zip(self.layers, kv):
-            cache.append(k, v)
-
-    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(cache.key, cache.value) for cache in self.layers]
-
-    def __len__(self) -> int:
-        return len(self.layers[0])
-
-    def crop(self, n: int) -> None:
-        for cache in self.layers:
-            cache.crop(n)
+from specdraft.model.common.cache import ContextCache
+from specdraft.model.common.chain import draw_chain
+from specdraft.model.common.probe import one_forward_probe
 
 
 class DFlashProposer:
@@ -62,6 +43,11 @@ class DFlashProposer:
         self.pending: list[torch.Tensor] = []     # aux [T, n_aux, H] chunks not yet in the context
         self.drafts_cut = 0
 
+    def draft_probe(self, context: int, k: int = 1):
+        """One forward drafts the round: its cost at K = k (model/common/probe.py)."""
+        cfg = self.drafter.config
+        return one_forward_probe(self, cfg.num_aux, cfg.hidden_size, context, k)
+
     def observe(self, aux: torch.Tensor | None) -> None:
         self.pending.append(aux)
 
@@ -70,6 +56,10 @@ class DFlashProposer:
 
     def block_logits(self, tokens: list[int], k: int) -> torch.Tensor:
         """Context catch-up, then the block [root, mask x k] -> the k slots' logits [k, Vd]."""
+        return self.drafter.compute_logits(self.block_out(tokens, k))[0]           # [k, Vd]
+
+    def block_out(self, tokens: list[int], k: int) -> torch.Tensor:
+        """Context catch-up, then the block [root, mask x k] -> the k slots' outputs [1, k, H] (pre-norm)."""
         start = len(self.cache)
         if self.pending:
             aux = (self.pending[0] if len(self.pending) == 1 else torch.cat(self.pending)).to(self.param.dtype)
@@ -79,7 +69,7 @@ class DFlashProposer:
         ids = torch.tensor([tokens[-1]] + [self.drafter.config.mask_token_id] * k,
                            device=self.param.device)[None]                         # [1, k+1]
         out = self.drafter.decode(ids, self.positions(root, k + 1), self.cache.kv(), None)   # [1, k+1, H]
-        return self.drafter.compute_logits(out[:, 1:])[0]                          # [k, Vd]
+        return out[:, 1:]
 
     @torch.no_grad()
     def propose(self, tokens: list[int], budget: int, sampling: Sampling, generator: torch.Generator) -> Draft:

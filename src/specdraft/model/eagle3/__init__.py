@@ -68,4 +68,4 @@ SGLANG = Layout("sglang", sglang_detect, sglang_read, sglang_write, sglang.unsup
 FAMILY = register(Family(model_type="eagle3", config_type=DrafterConfig, new_config=new_config, build=Eagle3Drafter,
                          init_from_target=init_from_target, objective=training_objective, proposer=EagleProposer,
                          checkpoint_config=checkpoint.build_config, parse_config=checkpoint.parse_config,
-                         validate=tensors.validate, fsdp_units=fsdp_units, layouts=(SGLANG,)))
+                         validate=tensors.validate, fsdp_units=fsdp_units, layouts=(SGLANG,), tree=True))

@@ -17,8 +17,6 @@ flex_attention: compiled on CUDA, eager (a slow reference that materialises the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,28 +24,9 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
+from specdraft.model.common.cache import KVCache
 from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.targets import final_norm
-
-
-@dataclass
-class KVCache:
-    """Keys/values seen so far: [B, kv_heads, S, head_dim]. `crop(n)` drops everything after n."""
-
-    key: torch.Tensor | None = None
-    value: torch.Tensor | None = None
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.key = k if self.key is None else torch.cat([self.key, k], dim=2)
-        self.value = v if self.value is None else torch.cat([self.value, v], dim=2)
-        return self.key, self.value
-
-    def __len__(self) -> int:
-        return 0 if self.key is None else self.key.shape[2]
-
-    def crop(self, n: int) -> None:
-        if self.key is not None:
-            self.key, self.value = self.key[:, :, :n], self.value[:, :, :n]
 
 
 _compiled_flex = None

@@ -13,82 +13,13 @@ from contextlib import nullcontext
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.infer.sampling import Sampling, probabilities, sample
+from specdraft.infer.sampling import Sampling
 from specdraft.infer.kernels import mm_flags
 from specdraft.infer.speculative import Profile, few_row_matmul, target_linears
 from specdraft.infer.tree import Draft, TreeShape
-from specdraft.model.eagle3.module import Eagle3Drafter, KVCache
-
-
-def causal_chunk_mask(cached: int, new: int, device) -> torch.Tensor | None:
-    """bool [1,1,new,cached+new]: new queries see every cached key and the new keys up to their own."""
-    if new == 1:
-        return None
-    return torch.cat([torch.ones(new, cached, dtype=torch.bool, device=device),
-                      torch.ones(new, new, dtype=torch.bool, device=device).tril()], dim=1)[None, None]
-
-
-def draw_chain(logits: torch.Tensor, advance, k: int, sampling: Sampling, generator: torch.Generator,
-               stop: float | None, draft_target_ids: torch.Tensor, vocab_size: int) -> tuple[Draft, bool]:
-    """A chain of up to k drafts read off draft-vocab logits [Vd]: `advance(step, target id)` gives the
-    next position's logits. Greedy takes the argmax; sampling draws from the drafter's distribution and
-    keeps it (q, over target ids) for the rejection rule. `stop` P ends the chain once the product of
-    the drafted tokens' probabilities falls below P (the token that crossed it is not drafted).
-    -> (the chain, whether the stop cut it)."""
-    ids, qs = [], [] if not sampling.greedy else None
-    confidence = 1.0
-    for step in range(k):
-        if sampling.greedy and stop is None:
-            draft_id = logits.argmax()
-        elif sampling.greedy:
-            p, draft_id = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-            confidence *= float(p)
-        else:
-            q_draft = probabilities(logits, sampling)                              # [Vd]
-            draft_id = sample(q_draft, generator)
-            confidence *= float(q_draft[draft_id])
-        if stop is not None and confidence < stop:
-            return Draft.chain(torch.stack(ids).tolist() if ids else [], qs), True
-        if qs is not None:
-            q = torch.zeros(vocab_size, device=q_draft.device)
-            qs.append(q.index_copy_(0, draft_target_ids, q_draft))                # [V] target ids
-        ids.append(draft_target_ids[draft_id])
-        if step + 1 < k:
-            logits = advance(step, ids[-1])
-    return Draft.chain(torch.stack(ids).tolist() if ids else [], qs), False
-
-
-class GrowingKVCache(KVCache):
-    """The drafter's KVCache over preallocated buffers: append writes in place (capacity doubles when
-    full) and crop moves the end, instead of a torch.cat of the whole cache at every draft step."""
-
-    def __init__(self):
-        super().__init__()
-        self.length = 0
-        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        need = self.length + k.shape[2]
-        if self.buffers is None or need > self.buffers[0].shape[2]:
-            capacity = max(need, 256, 2 * (self.buffers[0].shape[2] if self.buffers else 0))
-            grown = tuple(x.new_empty(*x.shape[:2], capacity, x.shape[3]) for x in (k, v))
-            if self.buffers is not None:
-                for new, old in zip(grown, self.buffers):
-                    new[:, :, :self.length] = old[:, :, :self.length]
-            self.buffers = grown
-        self.buffers[0][:, :, self.length:need] = k
-        self.buffers[1][:, :, self.length:need] = v
-        self.length = need
-        self.key, self.value = (x[:, :, :need] for x in self.buffers)
-        return self.key, self.value
-
-    def __len__(self) -> int:
-        return self.length
-
-    def crop(self, n: int) -> None:
-        if self.buffers is not None and n < self.length:
-            self.length = max(n, 0)
-            self.key, self.value = (x[:, :, :self.length] for x in self.buffers)
+from specdraft.model.common.cache import GrowingKVCache
+from specdraft.model.common.chain import causal_chunk_mask, draw_chain
+from specdraft.model.eagle3.module import Eagle3Drafter
 
 
 class EagleProposer:
@@ -163,6 +94,21 @@ class EagleProposer:
             logits = self.drafter.compute_logits(out)                              # [1, 1, Vd]
             hidden_out = self.drafter.feedback(out)
         return logits[0, -1], hidden_out[0]
+
+    def draft_probe(self, context: int, k: int = 1):
+        """-k auto's and plan's draft cost (infer.speculative.CostProbed): one chain draft step on a cache
+        of `context` positions, cropped back after each call. K steps cost K of these."""
+        cfg, dev, dtype = self.drafter.config, self.param.device, self.param.dtype
+        g = torch.Generator().manual_seed(0)
+        self.reset()
+        self.pending = [torch.randn(context, cfg.num_aux, cfg.hidden_size, generator=g).to(dev, dtype)]
+        self.catch_up([0] * (context + 1))
+        token, hidden = torch.tensor(0, device=dev), torch.randn(1, cfg.hidden_size, generator=g).to(dev, dtype)
+
+        def step():
+            self.step(token, hidden, context)
+            self.cache.crop(context)
+        return step
 
     @torch.no_grad()
     def propose(self, tokens: list[int], budget: int, sampling: Sampling,

@@ -14,7 +14,8 @@ from specdraft.errors import SpecdraftError
 from specdraft.families import Family, register
 from specdraft.model import eagle3
 from specdraft.model.peagle import checkpoint
-from specdraft.model.peagle.module import PeagleConfig, PeagleDrafter, mask_token_of
+from specdraft.model.common.mask import mask_token_of
+from specdraft.model.peagle.module import PeagleConfig, PeagleDrafter
 from specdraft.model.peagle.proposer import PeagleProposer
 
 

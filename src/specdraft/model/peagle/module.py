@@ -17,17 +17,6 @@ class PeagleConfig(DrafterConfig):
     mask_token_id: int = 0                # target token id in every mask slot (vLLM's pard_token)
 
 
-def mask_token_of(target_config) -> int:
-    """The mask slots' token: the target's pad token, else its (first) EOS, else 0. Its embedding is
-    the target's, frozen; the learned part of a mask slot is mask_hidden."""
-    for name in ("pad_token_id", "eos_token_id"):
-        value = getattr(target_config, name, None)
-        value = value[0] if isinstance(value, (list, tuple)) and value else value
-        if isinstance(value, int) and 0 <= value < target_config.vocab_size:
-            return value
-    return 0
-
-
 class PeagleDrafter(Eagle3Drafter):
     def __init__(self, cfg: PeagleConfig):
         super().__init__(cfg)

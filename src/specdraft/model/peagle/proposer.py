@@ -10,7 +10,9 @@ from specdraft.errors import SpecdraftError
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import few_row_matmul
 from specdraft.infer.tree import Draft
-from specdraft.model.eagle3.proposer import EagleProposer, causal_chunk_mask
+from specdraft.model.common.chain import causal_chunk_mask
+from specdraft.model.common.probe import one_forward_probe
+from specdraft.model.eagle3.proposer import EagleProposer
 
 
 class PeagleProposer(EagleProposer):
@@ -25,6 +27,11 @@ class PeagleProposer(EagleProposer):
         super().__init__(drafter, k=k, stop=stop)
         self.rows: torch.Tensor | None = None     # [K, Vd] this round's logits, row j drafts token j+1
         self.root = 0                             # the last accepted position
+
+    def draft_probe(self, context: int, k: int = 1):
+        """One forward drafts the round: its cost at K = k (model/common/probe.py)."""
+        cfg = self.drafter.config
+        return one_forward_probe(self, cfg.num_aux, cfg.hidden_size, context, k)
 
     def step(self, target_id: torch.Tensor, hidden: torch.Tensor, position: int):
         return self.rows[position - self.root], hidden
