@@ -22,8 +22,8 @@ from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from, conditional,
                                        stop_threshold)
 from specdraft.families import family_of
-from specdraft.infer.kernels import mm_flags
-from specdraft.infer.speculative import cache_kwarg, few_row_matmul, generate, per_position_accept, target_linears
+from specdraft.infer.kernels import mm_flags, target_linears
+from specdraft.infer.speculative import cache_kwarg, few_row_matmul, generate, per_position_accept
 from specdraft.infer.timing import interleaved_ms
 from specdraft.io import read_json
 from specdraft.metrics import load_run

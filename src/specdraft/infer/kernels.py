@@ -214,10 +214,13 @@ def measured_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return linear_rows(self.weight, self.bias, x, rows < len(flags) and flags[rows])
 
 
+def target_linears(model) -> list[torch.nn.Linear]:
+    """A model's plain nn.Linear layers (not yet patched by few_row_matmul): the shapes timed here."""
+    return [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
+
+
 def describe(model) -> dict | None:
     """The chosen paths for a CPU model's Linear shapes (what `plan` prints); None off the CPU."""
-    from specdraft.infer.speculative import target_linears
-
     linears = target_linears(model)
     if not linears or linears[0].weight.device.type != "cpu":
         return None

@@ -23,7 +23,7 @@ from typing import Callable, Protocol
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.infer.kernels import measured_linear, mm_flags
+from specdraft.infer.kernels import measured_linear, mm_flags, target_linears
 from specdraft.infer.sampling import Sampling, accept_draft, probabilities, sample
 from specdraft.infer.tree import Draft, greedy_path, tree_attention_mask
 from specdraft.targets import decoder_layers, tap_hidden_states
@@ -159,10 +159,6 @@ def cache_kwarg(model) -> str:
     import inspect
 
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def target_linears(model) -> list[torch.nn.Linear]:
-    return [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
 
 
 class TargetRunner:
