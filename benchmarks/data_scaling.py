@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -35,12 +34,11 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            flags = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
-            kind = ("avx512_bf16" if "avx512_bf16" in flags else "avx512" if "avx512f" in flags else "avx2")
-            return f"{line.split(':', 1)[1].strip()} ({kind})"
-    return platform.processor() or "unknown"
+    """The CPU's model name and its widest vector kind, for every timing this script reports."""
+    from specdraft.infer.kernels import cpu_info
+
+    info = cpu_info()
+    return f"{info['cpu']} ({'avx512_bf16' if info['avx512_bf16'] else 'avx512' if info['avx512'] else 'avx2'})"
 
 
 def stage(args: list[str], times: dict, name: str) -> None:

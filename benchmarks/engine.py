@@ -82,10 +82,11 @@ def child_capture(job: dict) -> dict:
 
 
 def cpu_name() -> str:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "unknown")
-    flags = next((l for l in info.splitlines() if l.startswith("flags")), "")
-    return f"{name} ({'avx512_bf16' if 'avx512_bf16' in flags else 'avx512' if 'avx512f' in flags else 'avx2'})"
+    """The CPU's model name and its widest vector kind, for every timing this script reports."""
+    from specdraft.infer.kernels import cpu_info
+
+    info = cpu_info()
+    return f"{info['cpu']} ({'avx512_bf16' if info['avx512_bf16'] else 'avx512' if info['avx512'] else 'avx2'})"
 
 
 def run_child(kind: str, job: dict, work: Path) -> dict:
