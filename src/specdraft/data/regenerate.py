@@ -162,11 +162,12 @@ def regenerate(answer, conversations: list[list[dict]], out: Path, settings: Reg
 
     start = time.perf_counter()
     with progress_of("regenerating", missing, 0, "samples", console=console) as tracker:
-        def on_step(step: int, rows: int) -> None:
+        def on_step(step: int, new_tokens: int) -> None:
             """Inside a batch: tokens and a fractional position, so tok/s and the ETA move before
-            the first batch ends (a turn's rows are counted as done at step/max_new_tokens)."""
-            tracker.set(partial=batch_missing * step / max(settings.max_new_tokens, 1), tokens=rows,
-                        turn=f"token {step}/{settings.max_new_tokens}, {rows} rows")
+            the first batch ends (a turn's rows are counted as done at step/max_new_tokens; under
+            continuous batching `step` is the share of answers finished, in tokens)."""
+            tracker.set(partial=batch_missing * step / max(settings.max_new_tokens, 1), tokens=new_tokens,
+                        turn=f"token {step}/{settings.max_new_tokens}")
 
         for batch_keys in todo:
             pending = [Pending(key=k, skeleton=skeleton(unique[k], keep_answers)) for k in batch_keys]
@@ -253,7 +254,8 @@ def seed_batch(settings: RegenSettings, batch_keys: list[str]) -> None:
 
 
 class ReportEachStep(StoppingCriteria):
-    """Never stops generation; calls on_step(new tokens so far, rows) so the bar moves mid-batch."""
+    """Never stops generation; calls on_step(new tokens per row so far, rows = tokens this step) so the
+    bar moves mid-batch."""
 
     def __init__(self, on_step, prompt_width: int):
         self.on_step, self.prompt_width = on_step, prompt_width
@@ -300,7 +302,7 @@ def generate_continuous(target, prompts: list[list[dict]], settings: RegenSettin
                         raise RuntimeError(f"continuous batching: {out.error}")
                     results[out.request_id] = out.generated_tokens
                     if on_step:
-                        on_step(len(results) * settings.max_new_tokens // len(ids), rows)
+                        on_step(len(results) * settings.max_new_tokens // len(ids), len(out.generated_tokens))
                 elif out is None and not manager.is_running():
                     raise RuntimeError("continuous batching stopped before every answer was written")
     finally:
