@@ -33,7 +33,7 @@ from specdraft.formats.checkpoints import load_checkpoint, resolve_checkpoint
 from specdraft.infer.bench import PROMPT_SETS, hf_greedy, prompt_ids, read_prompts
 from specdraft.infer.costmodel import best_option, chain_options
 from specdraft.io import read_json, write_json
-from specdraft.metrics import load_run
+from specdraft.metrics import load_run, tau_text
 from specdraft.targets import final_norm, load_target
 from specdraft.train.batches import split_samples
 from specdraft.train.config import MAX_TTT_STEPS, load_yaml
@@ -418,7 +418,8 @@ def check_prompt_shift(d: Doctor) -> Finding:
     return Finding("prompt_shift", gap > TAU_GAP, evidence, gap if gap > TAU_GAP else None,
                    f"specdraft prepare --model {command_model(d)} --conversations {d.prompts} --regenerate --out "
                    "WS/data-prompts (then capture it and train on data like both)",
-                   f"τ {on_prompts:.2f} on your prompts vs {d.tau:.2f} on the store's held-out samples")
+                   f"{tau_text(on_prompts, d.steps, d.prompts, len(ids))} vs "
+                   f"{tau_text(d.tau, d.steps, 'held-out', len(d.held_out))}")
 
 
 def val_curve(d: Doctor, metric: str) -> tuple[np.ndarray, np.ndarray]:
@@ -676,6 +677,7 @@ def diagnose(run: str | Path, model: str | None = None, store: str | Path | None
             fine.append({"id": name, "evidence": finding.evidence})
     found.sort(key=lambda f: (f.estimated_tau_loss is None, -(f.estimated_tau_loss or 0.0)))
     result = {"run": str(run), "checkpoint": str(d.checkpoint), "tau_held_out": fmt(d.tau), "steps": d.steps,
+              "samples": len(d.held_out),
               "causes": [{"id": f.id, "evidence": f.evidence,
                           "estimated_tau_loss": None if f.estimated_tau_loss is None else fmt(f.estimated_tau_loss),
                           "fix": f.fix, "summary": f.summary} for f in found],
@@ -693,8 +695,8 @@ def skip_reason(d: Doctor, name: str) -> str | None:
 
 
 def format_result(result: dict) -> str:
-    lines = [f"doctor {result['run']}: τ {result['tau_held_out']:.2f} on held-out store samples "
-             f"(simulated, {result['steps']} draft positions, {result['checkpoint']})"]
+    lines = [f"doctor {result['run']}: {tau_text(result['tau_held_out'], result['steps'], 'held-out', result.get('samples'))} "
+             f"(simulated, {result['checkpoint']})"]
     if not result["causes"]:
         lines.append("no cause found")
     for i, c in enumerate(result["causes"], 1):

@@ -56,4 +56,5 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_te
                       show if stream else None, sync_cuda=dev.startswith("cuda"))
     return ({"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
              "tokens_per_s": result.tokens_per_s, "accept_len": result.accept_len,
-             "new_tokens": len(result.token_ids)}, m.name)
+             "new_tokens": len(result.token_ids), "k": k if B.needs_drafter(method) or method == "ngram" else 0},
+            m.name)
