@@ -371,13 +371,29 @@ def edit_config(folder, **fields):
     path.write_text(json.dumps(cfg))
 
 
-def test_demo_prints_the_top_cause_when_tau_is_below_2(ws, tmp_path, tiny_target):
+def test_demo_runs_the_doctor_as_a_logged_timed_stage_against_the_ceiling_of_its_k(ws, tmp_path, tiny_target):
+    """Issue 36: the demo ran the doctor on τ 1.47 at K=1, where τ can never reach 2.0, for ~95 s
+    without a line, and neither recipe.log nor stages.json recorded it. τ is judged against the
+    ceiling of the K bench measured it at (K+1), and the doctor runs as a stage."""
     from specdraft import pipeline
 
+    def bench(tau, k):
+        return {"methods": {"eagle3": {"accept_len": tau}}, "config": {"k": k}}
+
     run = copy_run(ws, tmp_path)
-    assert pipeline.diagnose_low_tau(str(tiny_target), ws, run, {"methods": {"eagle3": {"accept_len": 2.5}}}) is None
-    line = pipeline.diagnose_low_tau(str(tiny_target), ws, run, {"methods": {"eagle3": {"accept_len": 1.5}}})
+    log = tmp_path / "recipe.log"
+    assert pipeline.low_tau_threshold(3) == 2.0 and pipeline.low_tau_threshold(1) < 1.5
+    assert pipeline.diagnose_low_tau(str(tiny_target), ws, run, bench(2.5, 3), log) is None
+    assert pipeline.diagnose_low_tau(str(tiny_target), ws, run, bench(1.47, 1), log) is None   # good for K=1
+    assert not log.exists()
+    line = pipeline.diagnose_low_tau(str(tiny_target), ws, run, bench(1.5, 3), log)
     saved = json.loads((run / doctor.REPORT_FILE).read_text())
     assert line == (doctor.top_cause_line(saved) or line) and line.startswith("doctor: ")
     if saved["causes"]:
         assert saved["causes"][0]["fix"] in line
+    else:
+        assert "at K=3 is under 2.00 (ceiling 4)" in line
+    text = log.read_text()
+    assert f"$ specdraft doctor {run}" in text and "doctor: 11/11 checks" in text and "exit 0 after" in text
+    stages = json.loads((tmp_path / pipeline.STAGES_FILE).read_text())
+    assert stages["doctor"]["exit"] == 0 and stages["doctor"]["seconds"] > 0

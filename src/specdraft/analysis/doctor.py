@@ -34,6 +34,7 @@ from specdraft.infer.bench import PROMPT_SETS, hf_greedy, prompt_ids, read_promp
 from specdraft.infer.costmodel import best_option, chain_options
 from specdraft.io import read_json, write_json
 from specdraft.metrics import load_run, tau_text
+from specdraft.progress import progress
 from specdraft.targets import final_norm, load_target
 from specdraft.train.batches import split_samples
 from specdraft.train.config import MAX_TTT_STEPS, load_yaml
@@ -662,19 +663,20 @@ def diagnose(run: str | Path, model: str | None = None, store: str | Path | None
         raise SpecdraftError(f"--prompts {prompts}: not found; pass a jsonl file of conversations or builtin-holdout")
     d = Doctor(run, model, str(store) if store is not None else None, prompts)
     found, fine, skipped = [], [], []
-    for name, check in CHECKS.items():
-        if only and name not in only:
-            continue
-        why = skip_reason(d, name)
-        finding = None if why else check(d)
-        if finding is not None and "skipped" in finding.evidence:
-            why = finding.evidence["skipped"]
-        if why:
-            skipped.append(asdict(Skipped(name, why)))
-        elif finding.holds:
-            found.append(finding)
-        else:
-            fine.append({"id": name, "evidence": finding.evidence})
+    chosen = [(name, check) for name, check in CHECKS.items() if not only or name in only]
+    with progress("doctor", len(chosen), 0, "checks") as tracker:   # a minute and more: say where it is
+        for name, check in chosen:
+            why = skip_reason(d, name)
+            finding = None if why else check(d)
+            if finding is not None and "skipped" in finding.evidence:
+                why = finding.evidence["skipped"]
+            if why:
+                skipped.append(asdict(Skipped(name, why)))
+            elif finding.holds:
+                found.append(finding)
+            else:
+                fine.append({"id": name, "evidence": finding.evidence})
+            tracker.advance(1, check=name)
     found.sort(key=lambda f: (f.estimated_tau_loss is None, -(f.estimated_tau_loss or 0.0)))
     result = {"run": str(run), "checkpoint": str(d.checkpoint), "tau_held_out": fmt(d.tau), "steps": d.steps,
               "samples": len(d.held_out),
@@ -696,7 +698,7 @@ def skip_reason(d: Doctor, name: str) -> str | None:
 
 def format_result(result: dict) -> str:
     lines = [f"doctor {result['run']}: {tau_text(result['tau_held_out'], result['steps'], 'held-out', result.get('samples'))} "
-             f"(simulated, {result['checkpoint']})"]
+             f"of a ceiling of {result['steps'] + 1} (simulated, {result['checkpoint']})"]
     if not result["causes"]:
         lines.append("no cause found")
     for i, c in enumerate(result["causes"], 1):

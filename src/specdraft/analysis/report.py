@@ -337,9 +337,16 @@ def stages_html(run: Path) -> str:
             if isinstance(s, dict) and isinstance(s.get("seconds"), (int, float))]
     if not rows:
         return ""
-    total = sum(s["seconds"] for s in stages.values() if isinstance(s, dict) and isinstance(s.get("seconds"), (int, float)))
-    return (f"<h3>Recipe stages</h3><p class=meta>total {esc(duration(total))} (latest run of each stage, "
-            f"from stages.json beside recipe.log)</p>" + table_html(["stage", "time", "command"], rows))
+    return (f"<h3>Recipe stages</h3><p class=meta>total {esc(duration(stages_total(stages)))} (latest run of each "
+            f"stage before this report, from stages.json beside recipe.log)</p>"
+            + table_html(["stage", "time", "command"], rows))
+
+
+def stages_total(stages: dict) -> float:
+    """Seconds of the recipe's stages (stages.json, the latest run of each) up to the report: the
+    total the report and the recipe's closing lines both print."""
+    return sum(s["seconds"] for name, s in stages.items()
+               if name != "report" and isinstance(s, dict) and isinstance(s.get("seconds"), (int, float)))
 
 
 def journal_html(run: Path) -> str:
