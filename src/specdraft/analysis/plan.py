@@ -113,7 +113,7 @@ def run(drafter=None, model: str = "default", accept: str | None = None, data=No
     load_start = machine_load()
     verify_ms, draft_ms, measured, timing = measure(drafter, model, verify_ms, draft_ms, k_max, context, rounds,
                                                     trust_remote_code)
-    warnings = [busy_warning("plan", load_start, machine_load()) if timing else None,
+    warnings = [busy_warning("plan", load_start, machine_load(), torch.get_num_threads()) if timing else None,
                 monotonic_warning(verify_ms) if "verify" in measured else None]
     one_forward = drafter is not None and drafter_family(drafter).drafts_in_one_forward
     options = chain_options(rates, verify_ms, draft_ms, k_max, one_forward)

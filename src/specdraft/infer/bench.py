@@ -334,7 +334,7 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
         plain = results["plain"]["tokens_per_s"]
         for r in results.values():
             r["speedup_over_plain"] = r["tokens_per_s"] / plain if plain else 0.0
-    warnings = [w for w in [busy_warning("bench", load_start, load_end)] if w]
+    warnings = [w for w in [busy_warning("bench", load_start, load_end, torch.get_num_threads())] if w]
     warnings += [divergence_line(n, r, len(prompts), str(next(model.parameters()).dtype).replace("torch.", ""))
                  for n, r in results.items() if r.get("divergences")]
     warnings += [f"warning: bench: {n} gave different tokens or acceptance in different rounds (greedy decoding "
