@@ -83,7 +83,8 @@ def doctor_cmd(run: Path = typer.Argument(..., help="Run folder (specdraft train
                                                    "config.yaml model."),
                store: Optional[Path] = typer.Option(None, "--store", help=STORE_HELP + " Here: default the run's."),
                prompts: Optional[str] = typer.Option(None, "--prompts", help="jsonl with `messages` (user turns = "
-                                                     "prompt), builtin-holdout, or natural. Here: the prompts you serve; τ on "
+                                                     "prompt), builtin-holdout, or natural (hand-written, shipped). Here: the "
+                                                     "prompts you serve; τ on "
                                                      "them against τ on the store."),
                as_json: bool = AS_JSON):
     """Why is the acceptance low? Measured causes, ranked by the τ they cost, each with its evidence

@@ -45,15 +45,17 @@ def needs_drafter(name: str) -> bool:
     return name.removesuffix(TREE) in families.names()
 
 
-def check_drafter_methods(names: list[str], drafter) -> None:
-    """A drafter method names the drafter's family: --methods peagle runs a P-EAGLE checkpoint."""
+def check_drafter_methods(names: list[str], drafter, flag: str = "--methods") -> None:
+    """A drafter method names the drafter's family: --methods peagle runs a P-EAGLE checkpoint.
+    `flag`: the option the user typed (bench's --methods, generate's --method)."""
     wanted = [n for n in names if needs_drafter(n)]
     if wanted and drafter is None:
-        raise SpecdraftError(f"--methods {wanted[0]}: needs --drafter (a checkpoint, a run folder, or untrained)")
+        raise SpecdraftError(f"{flag} {wanted[0]}: needs --drafter (a checkpoint, a run folder, or untrained)")
     for name in wanted:
         have = family_of(drafter).model_type
         if name.removesuffix(TREE) != have:
-            raise SpecdraftError(f"--methods {name}: the --drafter is a {have} drafter; name it --methods {have}")
+            tree = TREE if name.endswith(TREE) else ""
+            raise SpecdraftError(f"{flag} {name}: the --drafter is a {have} drafter; name it {flag} {have}{tree}")
 DEFAULT_TREE = "4,4,16"
 UNTRAINED = "untrained"
 

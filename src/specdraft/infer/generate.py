@@ -34,11 +34,11 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_te
         raise SpecdraftError("--tree: only with --method eagle3 and greedy decoding (--temperature 0)")
     name = method + B.TREE if shape else method
     if drafter is None:
-        B.check_drafter_methods([name], None)
+        B.check_drafter_methods([name], None, "--method")
     dev = B.resolve_device(device)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     draft_model = B.load_drafter_for(drafter, target, dev, DTYPES[dtype]) if B.needs_drafter(method) else None
-    B.check_drafter_methods([name], draft_model)
+    B.check_drafter_methods([name], draft_model, "--method")
     tok = target.tokenizer
     ids = B.prompt_ids(tok, [{"role": "user", "content": prompt}])
     k, stop, _ = resolve(target, draft_model, drafter, ids, k, stop)
