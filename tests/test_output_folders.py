@@ -104,6 +104,24 @@ def test_train_into_an_existing_run_without_resume_is_refused(ws, run, monkeypat
     assert "metrics.jsonl" in line and "checkpoints/" in line and "--resume" in line and "--overwrite" in line
 
 
+def test_a_run_that_died_before_its_first_checkpoint_is_told_to_overwrite_both_ways(ws, run, monkeypatch, capsys):
+    """Issue 36: a run killed in its first epoch (--save-every 0) looped: --resume said "no checkpoint,
+    start without --resume", and without it "already holds a run ... pass --resume or --overwrite".
+    Both now say --overwrite, the one way forward."""
+    import shutil
+
+    died = ws["root"] / "died-early"
+    died.mkdir(exist_ok=True)
+    for name in ("config.yaml", "metrics.jsonl"):
+        shutil.copy(run / name, died / name)
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (train_args(ws, died, "--resume"), died),
+                         "no checkpoint to resume from: the run stopped before its first one")
+    assert "--overwrite" in line and "start without --resume" not in line
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (train_args(ws, died, "--epochs", "1"), died),
+                         "already holds a run that stopped before its first checkpoint")
+    assert "pass --overwrite" in line and "pass --resume" not in line
+
+
 def test_resume_and_overwrite_together_are_refused(ws, run, monkeypatch, capsys):
     check_refusal(ws, monkeypatch, capsys, lambda ws: (train_args(ws, run, "--resume", "--overwrite"), run),
                   "--resume and --overwrite")

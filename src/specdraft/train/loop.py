@@ -95,6 +95,10 @@ def start(cfg: RunConfig, runtime: Runtime, data: TrainData | None, target) -> T
 def resume_checkpoint(cfg: RunConfig) -> Path:
     """--resume: the run's latest checkpoint (epoch-N or step-N)."""
     found = ckpt.latest_checkpoint(Path(cfg.out))
+    if found is None and run_layout.holds_run(Path(cfg.out)):   # without --resume it is refused too: no loop
+        raise SpecdraftError(f"{cfg.out}: no checkpoint to resume from: the run stopped before its first one "
+                             "(one per epoch; --save-every N adds one every N steps), so there is nothing to "
+                             "continue; start it over with --overwrite instead of --resume")
     if found is None:
         raise SpecdraftError(f"{cfg.out}: no checkpoint to resume from (checkpoints/epoch-N or step-N "
                              "with trainer_state.pt); start without --resume")

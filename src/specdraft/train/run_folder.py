@@ -42,6 +42,10 @@ def check_run_folder(cfg: RunConfig) -> None:
     run_dir = Path(cfg.out)
     held = [name + ("/" if (run_dir / name).is_dir() else "") for name in RUN_FILES[:4] if (run_dir / name).exists()]
     if held and not (cfg.resume or cfg.overwrite):
+        if not any((run_dir / run_layout.CHECKPOINTS).glob("*/trainer_state.pt")):
+            raise SpecdraftError(f"{run_dir}: already holds a run that stopped before its first checkpoint "
+                                 f"({', '.join(held)}; --resume has nothing to continue); pass --overwrite to "
+                                 "start over, or choose another --out")
         raise SpecdraftError(f"{run_dir}: already holds a run ({', '.join(held)}); pass --resume to continue it, "
                              "--overwrite to start over, or choose another --out")
 
