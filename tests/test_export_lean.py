@@ -244,10 +244,10 @@ def test_the_card_leads_with_tau_on_natural_prompts_at_the_served_k(made, tmp_pa
     (run / "bench_natural.json").write_text(json.dumps(natural))
     taus = card.tau_measurements(run)
     assert [(t["k"], t["prompts"]) for t in taus[:2]] == [(3, "natural"), (3, "builtin-holdout")]
-    assert card.headline_text(taus, 3) == ("τ 1.87 at K=3 on 6 natural prompt set (bench eagle3 "
+    assert card.headline_text(taus, 3) == ("τ 1.87 at K=3 on 6 natural prompts (bench eagle3 "
                                            "(bench_natural.json), 1.50x vs greedy)")
     assert card.headline_text(taus, 2).endswith("; served at K=2, which no measurement here ran")
     text = card.render(card.facts(run / "best", made["cfg"]), made["cfg"], out=tmp_path / "e", layout="speculators",
                        dtype="bfloat16", embeddings=True, speculative_tokens=3, weight_bytes=1000)
-    assert "| τ at K=3 (what it serves) | τ 1.87 at K=3 on 6 natural prompt set" in text
+    assert "| τ at K=3 (what it serves) | τ 1.87 at K=3 on 6 natural prompts" in text
     assert "| 2.35 | 3 | 8 builtin hold-out prompts | bench eagle3 (bench.json) |" in text

@@ -16,7 +16,7 @@ TAU = re.compile(r"τ \d+\.\d+ at K=\d+ on \S")
 def test_tau_text_names_k_and_the_prompt_set():
     assert tau_text(1.8149, 3, "held-out", 26) == "τ 1.81 at K=3 on 26 held-out store samples"
     assert tau_text(1.47, 1, "builtin-holdout", 6) == "τ 1.47 at K=1 on 6 builtin hold-out prompts"
-    assert tau_text(2.04, 3, "natural") == "τ 2.04 at K=3 on natural prompt set"
+    assert tau_text(2.04, 3, "natural") == "τ 2.04 at K=3 on natural prompts"
     assert tau_text(2.0, 2, "mine.jsonl", 4) == "τ 2.00 at K=2 on 4 of your prompts (mine.jsonl)"
     assert tau_text(None, None, None) == "τ unknown at K=? on unknown prompts (they may include training data)"
     assert tau_source("all", 256) == "256 all store samples (training data included)"

@@ -66,7 +66,7 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
     assert json.loads((run / "exports.json").read_text())["exports"][-1]["num_speculative_tokens"] == k
     page = (run / "report.html").read_text()
     head = page[:page.index("<h2>Run tiny</h2>")]
-    tau = f"τ {natural['methods']['eagle3']['accept_len']:.2f} at K={k} on 2 natural prompt set"
+    tau = f"τ {natural['methods']['eagle3']['accept_len']:.2f} at K={k} on 2 natural prompts"
     assert tau in head and "(recipe&#x27;s train stage)" in head and "Every τ measured" in head
     assert "Recipe stages" in page and str(export.resolve()) in page
     # the closing lines: the headline τ, a verdict, one next step, the export and its serve command;

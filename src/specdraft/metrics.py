@@ -28,14 +28,14 @@ METRICS_FILE = "metrics.jsonl"
 
 # What a τ was measured on, in the words every printer uses (the report's table, the card, the
 # console): a bench prompt set (bench.PROMPT_SETS), a file of your prompts, or store samples.
-TAU_SOURCES = {"builtin-holdout": "builtin hold-out prompts", "natural": "natural prompt set",
+TAU_SOURCES = {"builtin-holdout": "builtin hold-out prompts", "natural": "natural prompts",
                "held-out": "held-out store samples", "all": "all store samples (training data included)",
                "val": "held-out store samples", "train": "training samples", "prompt": "your prompt",
                "unknown-origin": "store samples (may include the drafter's training data)"}
 
 
 def tau_source(prompts: str | None, count: int | None = None) -> str:
-    """The prompt set of a τ as people read it: "26 held-out store samples", "natural prompt set",
+    """The prompt set of a τ as people read it: "26 held-out store samples", "natural prompts",
     "your prompts (FILE)"; an unknown source says so."""
     counted = isinstance(count, int) and not isinstance(count, bool)
     if not prompts:

@@ -50,6 +50,17 @@ def check_run_folder(cfg: RunConfig) -> None:
                              "--overwrite to start over, or choose another --out")
 
 
+def nothing_to_resume(run_dir: Path) -> SpecdraftError:
+    """--resume without a checkpoint. A started run is refused without --resume too (check_run_folder),
+    so that one is sent to --overwrite, not back (issue 36: the two messages sent the user in a loop)."""
+    if run_layout.holds_run(run_dir):
+        return SpecdraftError(f"{run_dir}: no checkpoint to resume from: the run stopped before its first one "
+                              "(one per epoch; --save-every N adds one every N steps), so there is nothing to "
+                              "continue; start it over with --overwrite instead of --resume")
+    return SpecdraftError(f"{run_dir}: no checkpoint to resume from (checkpoints/epoch-N or step-N with "
+                          "trainer_state.pt); start without --resume")
+
+
 # --overwrite sets the old run aside here (one rename per file) while the new run's trackers start:
 # a tracker that refuses (wandb without a login) puts it back; once they started, it is deleted.
 SET_ASIDE = ".overwritten"
