@@ -52,3 +52,12 @@ def test_eval_and_doctor_print_tau_with_k_and_samples():
     assert doctor.format_result(found).startswith("doctor ws/runs/quick: τ 1.86 at K=4 on 32 held-out store samples")
     for text in (evaluate.format_result(ev), doctor.format_result(found)):
         assert all(TAU.match(m.group(0)) for m in re.finditer(r"τ \d[^\n]{0,20}", text))
+
+
+def test_the_recipe_summary_table_names_k_and_prompts(tmp_path, capsys):
+    from specdraft.pipeline import print_summary, summarize
+
+    summary = summarize(bench_report(), 60.0)
+    print_summary(Console(width=200), {**summary, "speedup_over_plain": {}}, tmp_path / "report.html")
+    text = " ".join(capsys.readouterr().out.split())     # the table goes to stdout
+    assert "6 builtin hold-out prompts" in text and "1.47 (K=1)" in text and "1.30 (K=3)" in text

@@ -29,6 +29,7 @@ from rich.table import Table
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder, write_json
+from specdraft.metrics import tau_source
 from specdraft.train.config import resolve_config
 
 RECIPES = Path(__file__).with_name("recipes")       # the shipped recipe files (package data)
@@ -295,9 +296,13 @@ def closing(model: str, recipe: Recipe, run: Path, export: Path, bench: dict, k:
 
 
 def summarize(bench: dict, seconds: float) -> dict:
+    from specdraft.infer.bench import method_k     # torch: not at the CLI's start
+
     methods = bench["methods"]
     eagle = methods.get("eagle3", {})
     return {"accept_len": eagle.get("accept_len"),
+            "k_by_method": {name: method_k(name, bench.get("config") or {}) for name in methods},
+            "prompts": tau_source((bench.get("config") or {}).get("prompts"), (bench.get("config") or {}).get("num_prompts")),
             "accept_lens": {name: m.get("accept_len") for name, m in methods.items()},
             "tokens_per_s": {name: m["tokens_per_s"] for name, m in methods.items()},
             "speedup": {name: m["speedup"] for name, m in methods.items()},
@@ -307,13 +312,15 @@ def summarize(bench: dict, seconds: float) -> dict:
 
 
 def print_summary(console: Console, summary: dict, report: Path) -> None:
-    table = Table(title="specdraft: lossless speculative decoding on this machine")
+    table = Table(title="specdraft: lossless speculative decoding on this machine, "
+                        f"{summary.get('prompts', 'bench prompts')}")
     over_plain = summary.get("speedup_over_plain") or {}
-    for col in ("method", "tokens/s", "speedup", "x plain", "τ", "identical to greedy"):
+    for col in ("method", "tokens/s", "speedup", "x plain", "τ (K)", "identical to greedy"):
         table.add_column(col)
     for name, tps in summary["tokens_per_s"].items():
         accept_len = summary["accept_lens"].get(name)
-        accept = f"{accept_len:.2f}" if accept_len and name not in ("greedy", "plain") else "-"
+        k = (summary.get("k_by_method") or {}).get(name, "?")
+        accept = f"{accept_len:.2f} (K={k})" if accept_len and name not in ("greedy", "plain") else "-"
         plain = f"{over_plain[name]:.2f}x" if over_plain.get(name) is not None else "-"
         table.add_row(name, f"{tps:.1f}", f"{summary['speedup'][name]:.2f}x", plain, accept,
                       "yes" if summary["identical_to_greedy"][name] else "NO")
