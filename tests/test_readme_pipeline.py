@@ -69,7 +69,9 @@ def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target
     assert "(eval," in tau_line, tau_line
     assert f"vllm serve {(tmp_path / 'ws' / 'export' / 'vllm').resolve()}\n" in card   # speculators' short form
     report = (run_dir / "report.html").read_text()
-    assert f"sim τ <b>{eval_result['accept_len']:.2f}</b>" in report, "the eval τ is missing from the report"
+    shown = (f"<b>τ {eval_result['accept_len']:.2f} at K={eval_result['k']} on {eval_result['samples']} held-out "
+             "store samples</b>")                                # τ with its K and its samples (issue 36)
+    assert shown in report, "the eval τ is missing from the report"
     assert f"{int(samples.group(1)):,} samples, {int(samples.group(2)):,} tokens" in report
     # --split all measures on the samples the drafter trained on too, and says so
     every = subprocess.run([sys.executable, "-m", "specdraft.cli", "eval", "--model", str(tiny_target), "--drafter",
