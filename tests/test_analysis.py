@@ -123,6 +123,42 @@ def test_compare_table_markdown_and_curves(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
 
+def test_compare_says_when_tau_is_at_other_k_and_which_settings_differ(tmp_path):
+    """Issue 36: compare put a TTT-2 run's τ (2 positions) beside a TTT-3 run's with no note and no
+    config diff."""
+    a, b = fake_run(tmp_path / "a", 0.7), fake_run(tmp_path / "b", 0.6)
+    (a / "config.yaml").write_text("ttt_steps: 2\nlr: 0.001\nout: a\n")
+    (b / "config.yaml").write_text("ttt_steps: 3\nlr: 0.001\nout: b\n")
+    res = compare.compare([a, b], out=tmp_path / "cmp")
+    assert any("τ at different K (a: K=2, b: K=3)" in n for n in res["notes"]), res["notes"]
+    assert "settings that differ: ttt_steps a=2 vs b=3" in res["notes"][1] and "lr" not in res["notes"][1]
+    assert "τ at different K" in (tmp_path / "cmp" / "compare.md").read_text()
+    (b / "config.yaml").write_text("ttt_steps: 2\nlr: 0.001\n")
+    assert compare.compare([a, b])["notes"] == []
+
+
+def test_curve_ticks_do_not_run_together(tmp_path):
+    """The curves' x labels printed 75000100000125000...: short labels, at most a few per axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    assert [compare.tokens_label(x) for x in (0, 950, 75000, 125000, 1_250_000)] == ["0", "950", "75k", "125k",
+                                                                                   "1.25M"]
+    captured = {}
+    real_close = plt.close
+    plt.close = lambda fig: captured.setdefault("fig", fig)
+    try:
+        compare.plot_curves([metrics.load_run(fake_run(tmp_path / "a", 0.7))], tmp_path / "c.png")
+    finally:
+        plt.close = real_close
+    ax = captured["fig"].axes[0]
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert labels and len(labels) <= 6 and all(len(t) <= 5 for t in labels), labels
+    real_close(captured["fig"])
+
+
 def test_compare_missing_metrics_and_damaged_lines(tmp_path):
     run = tmp_path / "r"
     run.mkdir()

@@ -178,3 +178,20 @@ def test_rates_from_a_bench_json():
     bench = {"methods": {"greedy": {"per_position_accept": []},
                          "eagle3": {"per_position_accept": [0.5, 0.25, 0.1]}}}
     assert cond_rates_from(bench) == [0.5, 0.5, 0.4]
+
+
+def test_plan_of_a_run_reads_the_acceptance_the_run_recorded(tmp_path, drafter_dir):
+    """Issue 36: plan --drafter RUN refused without --accept although the run held eval.json."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(drafter_dir, run / "best")
+    (run / "config.yaml").write_text("ttt_steps: 2\n")
+    (run / "eval.json").write_text(json.dumps({"cond_acc": [0.7, 0.5], "accept_len": 2.05}))
+    result = plan.run(drafter=run, verify_ms=[30.0], draft_ms=2.0, k_max=3)
+    assert result["accept"]["cond_acc"][:2] == [0.7, 0.5] and "eval.json" in result["accept"]["source"]
+    (run / "eval.json").unlink()
+    (run / "metrics.jsonl").write_text(json.dumps({"split": "val", "epoch": 0, "step": 1,
+                                                   "metrics": {"cond_acc_0": 0.6, "cond_acc_1": 0.4}}) + "\n")
+    result = plan.run(drafter=run, verify_ms=[30.0], draft_ms=2.0, k_max=3)
+    assert result["accept"]["cond_acc"][:2] == [0.6, 0.4] and "metrics.jsonl" in result["accept"]["source"]

@@ -219,6 +219,29 @@ def test_choose_with_warmup_and_checkpoint_metrics(target, drafter, tmp_path, mo
     assert auto.checkpoint_accept("untrained:64") is None
 
 
+def test_positions_the_warm_up_never_reached_are_not_zero_acceptance(target, drafter, monkeypatch, capsys):
+    """Issue 36: 38 warm-up rounds, 2 reaching position 3 and none position 4, printed acceptance
+    0.00 there (eval measures 0.45). A position reached in fewer than MIN_REACHED rounds is unknown:
+    the last measured rate is carried forward, marked ~, and the line says so."""
+    accepted = [0] * 20 + [1] * 16 + [2] * 2           # 38 rounds of a 4-draft chain
+    rates = auto.rates_from_rounds(accepted, [4] * 38, 4)
+    assert rates[0] == pytest.approx(18 / 38) and rates[1] == pytest.approx(2 / 18)
+    assert rates[2:] == [None, None]                    # 2 rounds reached position 3: not measured
+    monkeypatch.setattr(auto, "warmup_accept", lambda *a, **k: [0.48, 0.47, None, None])
+    monkeypatch.setattr(auto, "measure_costs", lambda *a, **k: {"verify_ms": [2.0, 2.02, 2.04, 2.06, 2.08],
+                                                                "draft_ms": 0.01})
+    choice = auto.choose(target, drafter, None, [5, 6, 7, 8, 9], None, None, stop_auto=False, k_max=4)
+    assert choice.rates == [0.48, 0.47, 0.47, 0.47] and choice.measured == 2
+    line = choice.line()
+    assert "0.48 0.47 0.47~ 0.47~" in line and "0.00" not in line
+    assert "positions 3..4 (~) not reached in 5 rounds: position 2's rate carried forward" in line
+    # a non-monotonic verify curve is said, as plan says it
+    monkeypatch.setattr(auto, "measure_costs", lambda *a, **k: {"verify_ms": [2.0, 3.0, 2.0, 3.1, 3.2],
+                                                                "draft_ms": 0.01})
+    auto.resolve(type("T", (), {"model": target})(), drafter, None, [5, 6, 7, 8, 9], None, None)
+    assert "verify cost is not monotonic" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- honest timing
 
 def test_rotation_interleaving_and_warnings(monkeypatch):
@@ -233,6 +256,10 @@ def test_rotation_interleaving_and_warnings(monkeypatch):
     assert timing.busy_warning("bench", 1.0, 1.9) is None
     line = timing.busy_warning("bench", 3.5, 1.0)
     assert line.startswith("warning: bench: the machine was busy") and "\n" not in line
+    # issue 36: a 2-core bench's own 2 threads are the load (2.04) of a quiet 2-core machine
+    assert timing.busy_warning("bench", 0.3, 2.04, own_threads=2) is None
+    assert "2 of it this command's own threads" in timing.busy_warning("bench", 0.3, 3.1, own_threads=2)
+    assert timing.busy_warning("bench", 2.04, 2.04) is None                       # within the slack
     assert timing.monotonic_warning([10.0, 10.2, 10.1, 11.0]) is None          # within noise
     assert "n=3" in timing.monotonic_warning([10.0, 12.0, 11.0, 13.0])
 

@@ -196,6 +196,47 @@ def test_vocab_mapping_a_shuffled_d2t(ws, tmp_path):
     assert cause["estimated_tau_loss"] > doctor.TAU_GAP and "disagree" in cause["evidence"]["convention"]
 
 
+def test_a_scrambled_d2t_leads_even_unestimated_and_behind_an_export(ws, tmp_path):
+    """Issue 36: a scrambled d2t planted in a copy of the demo run (its vocab file not at hand, so no
+    τ loss could be estimated) came second, under export_mismatch (estimated loss 0.0), whose fix
+    would have shipped the broken mapping. A mapping that makes every draft wrong leads."""
+    from safetensors.torch import load_file, save_file
+
+    from specdraft.formats.checkpoints import export
+
+    run = copy_run(ws, tmp_path)
+    export(run, tmp_path / "export", "speculators", speculative_tokens=3)          # the good mapping, shipped
+    tensors = load_file(run / "best" / "model.safetensors")
+    targets = torch.arange(tensors["d2t"].numel()) + tensors["d2t"]
+    shuffled = targets[torch.randperm(targets.numel(), generator=torch.Generator().manual_seed(0))]
+    tensors["d2t"] = shuffled - torch.arange(targets.numel())                      # sizes intact
+    save_file(tensors, run / "best" / "model.safetensors")
+    config = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text("\n".join(line for line in config.splitlines() if not line.startswith("vocab:")))
+    result = doctor.diagnose(run, only=["vocab_mapping", "export_mismatch"])
+    assert ids(result) == ["vocab_mapping", "export_mismatch"], doctor.format_result(result)
+    assert result["causes"][0]["estimated_tau_loss"] is None and "disagree" in result["causes"][0]["summary"]
+
+
+def test_overfit_is_the_plain_documented_rule(tmp_path):
+    """Issue 36: train acc_0 0.754 vs val 0.485 (gap 0.27, threshold 0.15) was suppressed because the
+    run trains on prompts and val still rose, and the report called overfit "checked and fine" above
+    curves showing the gap. The documented rule decides; the two facts are said beside it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("train_on_prompts: true\nepochs: 3\n")
+    records = [{"split": "train", "epoch": e, "step": e + 1, "tokens_seen": 100 * (e + 1),
+                "metrics": {"full_acc_0": 0.754, "loss_0": 1.0, "accept_len": 2.6}} for e in range(3)]
+    records += [{"split": "val", "epoch": e, "step": e + 1, "tokens_seen": 100 * (e + 1),
+                 "metrics": {"full_acc_0": acc, "loss_0": loss, "accept_len": 1.7}}
+                for e, (acc, loss) in enumerate([(0.40, 3.0), (0.45, 2.8), (0.485, 2.7)])]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    finding = doctor.check_overfit(doctor.Doctor(run))
+    assert finding.holds and finding.evidence["gap"] == pytest.approx(0.269)
+    assert "train_on_prompts" in finding.summary and "still rising" in finding.summary
+    assert finding.estimated_tau_loss is None                       # part of the gap is prompt tokens
+
+
 def test_aux_layers_wrong_ids_in_the_checkpoint_config(ws, tmp_path):
     run = copy_run(ws, tmp_path)
     edit_config(run / "best", aux_layer_ids=[1, 3, 6])
@@ -371,13 +412,29 @@ def edit_config(folder, **fields):
     path.write_text(json.dumps(cfg))
 
 
-def test_demo_prints_the_top_cause_when_tau_is_below_2(ws, tmp_path, tiny_target):
+def test_demo_runs_the_doctor_as_a_logged_timed_stage_against_the_ceiling_of_its_k(ws, tmp_path, tiny_target):
+    """Issue 36: the demo ran the doctor on τ 1.47 at K=1, where τ can never reach 2.0, for ~95 s
+    without a line, and neither recipe.log nor stages.json recorded it. τ is judged against the
+    ceiling of the K bench measured it at (K+1), and the doctor runs as a stage."""
     from specdraft import pipeline
 
+    def bench(tau, k):
+        return {"methods": {"eagle3": {"accept_len": tau}}, "config": {"k": k}}
+
     run = copy_run(ws, tmp_path)
-    assert pipeline.diagnose_low_tau(str(tiny_target), ws, run, {"methods": {"eagle3": {"accept_len": 2.5}}}) is None
-    line = pipeline.diagnose_low_tau(str(tiny_target), ws, run, {"methods": {"eagle3": {"accept_len": 1.5}}})
+    log = tmp_path / "recipe.log"
+    assert pipeline.low_tau_threshold(3) == 2.0 and pipeline.low_tau_threshold(1) < 1.5
+    assert pipeline.diagnose_low_tau(str(tiny_target), ws, run, bench(2.5, 3), log) is None
+    assert pipeline.diagnose_low_tau(str(tiny_target), ws, run, bench(1.47, 1), log) is None   # good for K=1
+    assert not log.exists()
+    line = pipeline.diagnose_low_tau(str(tiny_target), ws, run, bench(1.5, 3), log)
     saved = json.loads((run / doctor.REPORT_FILE).read_text())
     assert line == (doctor.top_cause_line(saved) or line) and line.startswith("doctor: ")
     if saved["causes"]:
         assert saved["causes"][0]["fix"] in line
+    else:
+        assert "at K=3 is under 2.00 (ceiling 4)" in line
+    text = log.read_text()
+    assert f"$ specdraft doctor {run}" in text and "doctor: 11/11 checks" in text and "exit 0 after" in text
+    stages = json.loads((tmp_path / pipeline.STAGES_FILE).read_text())
+    assert stages["doctor"]["exit"] == 0 and stages["doctor"]["seconds"] > 0

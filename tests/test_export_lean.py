@@ -147,7 +147,8 @@ def test_model_card_and_re_export_over_it(made, tmp_path, monkeypatch, capsys):
     assert str(AUX) in text                                           # aux layer ids
     assert "| draft vocab size | 16 " in text
     assert "| TTT steps | 3 |" in text and "123 samples, 4567 tokens" in text and "9134 tokens trained" in text
-    assert "| τ at K=3 (what it serves) | 2.35 (bench, 8 prompts of builtin-holdout, 1.90x vs greedy) |" in text
+    assert ("| τ at K=3 (what it serves) | τ 2.35 at K=3 on 8 builtin hold-out prompts (bench eagle3 (bench.json), "
+            "1.90x vs greedy) |") in text
     fingerprint = json.loads((made["ckpt"] / "inputs.json").read_text())["target"]["fingerprint"]
     assert fingerprint in text
     spec = json.dumps({"method": "eagle3", "model": str(out.resolve()), "num_speculative_tokens": 3})
@@ -226,5 +227,27 @@ def test_the_card_reads_the_runs_records_when_best_has_no_inputs_and_quotes_tau_
     text = card.render(facts, made["cfg"], out=tmp_path / "e", layout="speculators", dtype="bfloat16",
                        embeddings=True, speculative_tokens=2, weight_bytes=1000)
     assert "| training data | 123 samples, 4567 tokens" in text
-    assert ("| τ at K=2 (what it serves) | 2.10 (eval, val (3 held-out samples)); 2.35 at K=3 (bench, 8 prompts "
-            "of builtin-holdout, 1.90x vs greedy) |") in text
+    assert "| τ at K=2 (what it serves) | τ 2.10 at K=2 on held-out store samples (eval, simulated (eval.json)) |" in text
+    assert "| 2.35 | 3 | 8 builtin hold-out prompts | bench eagle3 (bench.json) |" in text   # the others, one table
+
+
+def test_the_card_leads_with_tau_on_natural_prompts_at_the_served_k(made, tmp_path):
+    """Issue 36: one headline τ, on the natural prompt set at the K the export serves, every τ named
+    with its K and prompts; a served K no measurement ran is said, not hidden."""
+    from specdraft.formats import card
+
+    run = tmp_path / "run"
+    shutil.copytree(made["run"], run)
+    natural = {"methods": {"greedy": {"tokens_per_s": 10.0, "speedup": 1.0},
+                           "eagle3": {"accept_len": 1.87, "tokens_per_s": 15.0, "speedup": 1.5}},
+               "config": {"k": 3, "num_prompts": 6, "prompts": "natural"}}
+    (run / "bench_natural.json").write_text(json.dumps(natural))
+    taus = card.tau_measurements(run)
+    assert [(t["k"], t["prompts"]) for t in taus[:2]] == [(3, "natural"), (3, "builtin-holdout")]
+    assert card.headline_text(taus, 3) == ("τ 1.87 at K=3 on 6 natural prompts (bench eagle3 "
+                                           "(bench_natural.json), 1.50x vs greedy)")
+    assert card.headline_text(taus, 2).endswith("; served at K=2, which no measurement here ran")
+    text = card.render(card.facts(run / "best", made["cfg"]), made["cfg"], out=tmp_path / "e", layout="speculators",
+                       dtype="bfloat16", embeddings=True, speculative_tokens=3, weight_bytes=1000)
+    assert "| τ at K=3 (what it serves) | τ 1.87 at K=3 on 6 natural prompts" in text
+    assert "| 2.35 | 3 | 8 builtin hold-out prompts | bench eagle3 (bench.json) |" in text

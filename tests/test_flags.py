@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from specdraft import __version__
 from specdraft.cli import app
 from specdraft.defaults import DRAFT_LENGTH
+from specdraft.errors import SpecdraftError
 
 
 @pytest.fixture
@@ -117,12 +118,41 @@ def test_old_names_are_gone_and_neighbouring_tools_names_get_ours(calls, tmp_pat
     assert not calls
 
 
+def test_flags_that_live_elsewhere_name_where_not_a_lookalike(calls, tmp_path):
+    """Issue 36: train --draft-vocab-size suggested --draft-layers and prepare --chat-template
+    suggested --temperature. A neighbouring tool's flag whose setting lives in another command says
+    where it lives."""
+    ws = tmp_path / "ws"
+    res = invoke("train", "--draft-vocab-size", "8192", "--out", ws / "r")
+    assert res.exit_code == 2 and "specdraft vocab build --size N" in res.output, res.output
+    assert "--draft-layers" not in res.output
+    res = invoke("prepare", "--chat-template", "t.jinja", "--out", ws / "d")
+    assert res.exit_code == 2 and "the target's own chat template" in res.output, res.output
+    assert "--temperature" not in res.output
+    assert not calls
+
+
+def test_generate_errors_name_its_own_method_flag(tiny_target, tmp_path):
+    """generate's flag is --method; its errors said --methods (bench's)."""
+    from specdraft.infer.bench import check_drafter_methods, untrained_drafter
+    from specdraft.targets import load_target
+
+    with pytest.raises(SpecdraftError, match=r"^--method eagle3: needs --drafter"):
+        check_drafter_methods(["eagle3"], None, "--method")
+    drafter = untrained_drafter(load_target(str(tiny_target)).model, draft_vocab_size=16)
+    with pytest.raises(SpecdraftError, match=r"^--method peagle: the --drafter is a eagle3 drafter; name it "
+                                             r"--method eagle3$"):
+        check_drafter_methods(["peagle"], drafter, "--method")
+    res = invoke("generate", "--prompt", "hi", "--model", tiny_target)       # the CLI itself (main: exit 2)
+    assert isinstance(res.exception, SpecdraftError) and str(res.exception).startswith("--method eagle3: needs")
+
+
 def test_json_prints_and_out_writes(calls, tmp_path):
     res = invoke("eval", "--drafter", "d", "--store", tmp_path, "--json")
     assert res.exit_code == 0 and json.loads(res.stdout)["accept_len"] == 1.5, res.output
     res = invoke("eval", "--drafter", "d", "--store", tmp_path, "--out", tmp_path / "e.json")
     assert res.exit_code == 0 and json.loads((tmp_path / "e.json").read_text())["accept_len"] == 1.5
-    assert "τ (K=1)    1.500" in res.stdout
+    assert "τ 1.500 at K=1 on" in res.stdout
     res = invoke("eval", "--drafter", "d", "--store", tmp_path, "--json", tmp_path / "old.json")
     assert res.exit_code != 0 and not (tmp_path / "old.json").exists(), res.output
 

@@ -104,6 +104,24 @@ def test_train_into_an_existing_run_without_resume_is_refused(ws, run, monkeypat
     assert "metrics.jsonl" in line and "checkpoints/" in line and "--resume" in line and "--overwrite" in line
 
 
+def test_a_run_that_died_before_its_first_checkpoint_is_told_to_overwrite_both_ways(ws, run, monkeypatch, capsys):
+    """Issue 36: a run killed in its first epoch (--save-every 0) looped: --resume said "no checkpoint,
+    start without --resume", and without it "already holds a run ... pass --resume or --overwrite".
+    Both now say --overwrite, the one way forward."""
+    import shutil
+
+    died = ws["root"] / "died-early"
+    died.mkdir(exist_ok=True)
+    for name in ("config.yaml", "metrics.jsonl"):
+        shutil.copy(run / name, died / name)
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (train_args(ws, died, "--resume"), died),
+                         "no checkpoint to resume from: the run stopped before its first one")
+    assert "--overwrite" in line and "start without --resume" not in line
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (train_args(ws, died, "--epochs", "1"), died),
+                         "already holds a run that stopped before its first checkpoint")
+    assert "pass --overwrite" in line and "pass --resume" not in line
+
+
 def test_resume_and_overwrite_together_are_refused(ws, run, monkeypatch, capsys):
     check_refusal(ws, monkeypatch, capsys, lambda ws: (train_args(ws, run, "--resume", "--overwrite"), run),
                   "--resume and --overwrite")
@@ -371,3 +389,35 @@ def test_eval_val_split_on_another_store_is_refused(ws, run, monkeypatch, capsys
     # the run's own store keeps its held-out split; another store is fine with --split all
     assert "held-out samples of the run" in evaluate(run, root / "hidden", model=ws["target"], steps=2)["split"]
     assert evaluate(run, other, model=ws["target"], split="all", steps=2)["split"] == "all (6 samples)"
+
+
+def test_eval_of_an_export_leaves_out_its_training_samples(ws, run, tmp_path):
+    """Issue 36: the folder a user ships was scored on all the store's samples, its own training data
+    included, with no word. The export carries the run's inputs.json and split, so eval of it uses the
+    run's held-out samples; --split all says loudly that it includes them; a drafter of unknown origin
+    gets a line that the samples may include its training data."""
+    import shutil
+
+    from specdraft.analysis.evaluate import evaluate, format_result
+    from specdraft.data.store import HiddenStore
+    from specdraft.formats.checkpoints import export
+
+    export(run, tmp_path / "export", "speculators")
+    inputs = json.loads((tmp_path / "export" / "inputs.json").read_text())
+    assert inputs["val_fraction"] == 0.2 and inputs["seed"] == 0
+    of_run = evaluate(run, ws["root"] / "hidden", model=ws["target"], steps=2)
+    of_export = evaluate(tmp_path / "export", ws["root"] / "hidden", model=ws["target"], steps=2)
+    assert of_export["split"] == of_run["split"] and "held-out samples of the run" in of_export["split"]
+    total = len(HiddenStore(ws["root"] / "hidden"))
+    assert of_export["samples"] == of_run["samples"] < total
+    assert not any("trained on" in w or "may include" in w for w in of_export["warnings"])
+    assert f"on {of_run['samples']} held-out store samples" in format_result(of_export)
+    every = evaluate(tmp_path / "export", ws["root"] / "hidden", model=ws["target"], split="all", steps=2)
+    assert "includes the samples the drafter trained on" in every["warnings"][0]
+    assert "all store samples (training data included)" in format_result(every)
+    bare = tmp_path / "bare"
+    shutil.copytree(tmp_path / "export", bare)
+    (bare / "inputs.json").unlink()
+    unknown = evaluate(bare, ws["root"] / "hidden", model=ws["target"], steps=2)
+    assert unknown["samples"] == total and "may include them" in unknown["warnings"][0]
+    assert "may include the drafter's training data" in format_result(unknown)

@@ -224,6 +224,8 @@ def bad_inputs(tmp_path, tiny_target):
     bad_role = write_jsonl(tmp_path / "role.jsonl", [{"messages": [{"role": "robot", "content": "x"}]}])
     empty_answer = write_jsonl(tmp_path / "empty.jsonl", [{"messages": [{"role": "user", "content": "Q"},
                                                                          {"role": "assistant", "content": ""}]}])
+    prompts_only = write_jsonl(tmp_path / "prompts.jsonl", [{"messages": [{"role": "user", "content": f"Q{i}"}]}
+                                                            for i in range(3)])
     from specdraft.testing import save_tiny_target
 
     no_template = save_tiny_target(tmp_path / "no_template", template="none", num_layers=1)
@@ -240,6 +242,9 @@ def bad_inputs(tmp_path, tiny_target):
          "no samples left after filtering 1 conversations (1 longer than --max-length 5)"),
         ("no template", ["--model", no_template, "--conversations", good, "--out", out], "has no chat template"),
         ("builtin needs --regenerate", [*model, "--conversations", "builtin", "--out", out], "pass --regenerate"),
+        # issue 36: was told to relax --min-assistant-tokens
+        ("prompts only need --regenerate", [*model, "--conversations", prompts_only, "--out", out],
+         "the 3 conversations hold prompts only (no assistant turn to train on); pass --regenerate"),
     ]
 
 

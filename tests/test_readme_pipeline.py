@@ -19,7 +19,7 @@ EXTRA = {"prepare": ["--max-new-tokens", "12", "--batch-size", "8"],
          "capture": ["--store-dtype", "float32", "--batch-tokens", "256"],
          "train": ["--max-tokens", "128", "--precision", "fp32", "--val-fraction", "0.25", "--warmup-steps", "1"],
          "bench": ["--limit", "1", "--max-new-tokens", "8", "--rounds", "1", "-k", "2"]}
-SKIP = {"info", "generate"}       # they print, and leave nothing the report reads
+SKIP = {"info", "generate", "doctor"}   # they print (doctor: its own tests, tests/test_doctor.py)
 
 
 def readme_commands() -> list[list[str]]:
@@ -69,10 +69,27 @@ def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target
     assert "(eval," in tau_line, tau_line
     assert f"vllm serve {(tmp_path / 'ws' / 'export' / 'vllm').resolve()}\n" in card   # speculators' short form
     report = (run_dir / "report.html").read_text()
-    assert f"sim τ <b>{eval_result['accept_len']:.2f}</b>" in report, "the eval τ is missing from the report"
+    shown = (f"<b>τ {eval_result['accept_len']:.2f} at K={eval_result['k']} on {eval_result['samples']} held-out "
+             "store samples</b>")                                # τ with its K and its samples (issue 36)
+    assert shown in report, "the eval τ is missing from the report"
     assert f"{int(samples.group(1)):,} samples, {int(samples.group(2)):,} tokens" in report
     # --split all measures on the samples the drafter trained on too, and says so
     every = subprocess.run([sys.executable, "-m", "specdraft.cli", "eval", "--model", str(tiny_target), "--drafter",
                             "ws/runs/a", "--store", "ws/hidden", "--split", "all"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=600)
     assert every.returncode == 0 and "warning: --split all includes the samples the drafter trained on" in every.stderr
+
+
+def test_readme_first_screen_names_the_recipe_the_doctor_and_benchs_time():
+    """Issue 36: the first screen explained the test internals but not how to train a drafter for
+    your own model; `doctor` was never mentioned; the bench line gave no time expectation; SGLang was
+    presented as an equal target for the quick recipe's drafter, which it cannot serve."""
+    text = (ROOT / "README.md").read_text()
+    first_screen = "\n".join(text.splitlines()[:15])
+    assert "specdraft recipe MODEL" in first_screen
+    commands = [argv[1] for argv in readme_commands()]
+    assert "doctor" in commands and commands.index("doctor") > commands.index("bench")
+    bench = next(line for line in text.splitlines() if line.startswith("specdraft bench"))
+    assert "min on 2 CPU cores" in bench
+    serve = text[text.index("## Serve it"):]
+    assert "fc_norm" in serve[:800] and "SGLang cannot" in serve[:800]

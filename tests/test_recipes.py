@@ -49,16 +49,34 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
     assert summary["tokens_per_s"]["eagle3"] == bench["methods"]["eagle3"]["tokens_per_s"] > 0
     log = (ws / "recipe.log").read_text()
     stages = [line.split()[2] for line in log.splitlines() if line.startswith("$ specdraft")]
-    assert stages == ["prepare", "capture", "vocab", "train", "eval", "bench", "export", "report"]
-    assert log.count("exit 0") == 8
-    # each stage's time is kept in WS/stages.json; the report (RUN/report.html) leads with the
-    # bench's τ and shows the stage timings and the export the recipe made
+    # the doctor runs (as a stage) when τ is low for the K bench measured
+    doctor = ["doctor"] if summary["accept_len"] < 1 + bench["config"]["k"] / 3 else []
+    assert stages == ["prepare", "capture", "vocab", "train", "eval", "bench", "bench", "export", *doctor, "report"]
+    assert log.count("exit 0") == len(stages)
+    # each stage's time is kept in WS/stages.json; the report (RUN/report.html) leads with τ on the
+    # natural prompt set at the K the export serves, and shows the stage timings and the export
     timings = json.loads((ws / "stages.json").read_text())
-    assert list(timings) == stages and all(t["exit"] == 0 and t["seconds"] >= 0 for t in timings.values())
+    assert list(timings) == ["prepare", "capture", "vocab", "train", "eval", "bench", "bench-natural", "export",
+                             *doctor, "report"]
+    assert all(t["exit"] == 0 and t["seconds"] >= 0 for t in timings.values())
+    natural = json.loads((run / "bench_natural.json").read_text())
+    k = bench["config"]["k"]
+    assert natural["config"]["prompts"] == "natural" and natural["config"]["k"] == k
+    export = ws / "export" / "speculators"
+    assert json.loads((run / "exports.json").read_text())["exports"][-1]["num_speculative_tokens"] == k
     page = (run / "report.html").read_text()
     head = page[:page.index("<h2>Run tiny</h2>")]
-    assert f"{bench['methods']['eagle3']['accept_len']:.2f}" in head and "(recipe&#x27;s train stage)" in head
-    assert "Recipe stages" in page and str((ws / "export" / "speculators").resolve()) in page
+    tau = f"τ {natural['methods']['eagle3']['accept_len']:.2f} at K={k} on 2 natural prompts"
+    assert tau in head and "(recipe&#x27;s train stage)" in head and "Every τ measured" in head
+    assert "Recipe stages" in page and str(export.resolve()) in page
+    # the closing lines: the headline τ, a verdict, one next step, the export and its serve command;
+    # the total is the report's
+    assert summary["headline"].startswith(tau) and summary["verdict"] and summary["next_step"]
+    assert summary["export"] == str(export.resolve()) and summary["serve"] == f"vllm serve {export.resolve()}"
+    from specdraft.analysis.report import duration, stages_total
+
+    assert f"total {duration(stages_total(timings))}" in page
+    assert summary["stages_seconds"] == stages_total(timings)
     # the train stage reads the recipe file's training settings with --config
     assert f"train --config {tiny_recipe}" in log
     saved = (run / "config.yaml").read_text()
@@ -70,7 +88,8 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
     run_recipe(str(tiny_target), ws, recipe=tiny_recipe)
     log = (ws / "recipe.log").read_text()
     stages = [line.split()[2] for line in log.splitlines() if line.startswith("$ specdraft")]
-    assert stages[8:] == ["eval", "bench", "export", "report"]
+    assert stages[len(timings):] in (["eval", "bench", "bench", "export", "report"],
+                                     ["eval", "bench", "bench", "export", "doctor", "report"])
     assert set(json.loads((run / "bench.json").read_text())["methods"]) == {"greedy", "plain", "ngram", "eagle3"}
 
 

@@ -121,14 +121,16 @@ def test_report_in_chromium_leads_with_the_answer(run):
     text = rendered_text(out)
     eagle = BENCH["methods"]["eagle3"]
     head = text[:text.index("Run quick")]                    # the headline comes before every section
-    assert f"τ (mean acceptance length) {eagle['accept_len']:.2f}" in head
+    assert (f"τ (tokens per target forward, at most K+1) τ {eagle['accept_len']:.2f} at K=4 on 8 builtin hold-out "
+            "prompts (bench eagle3 (bench.json), 1.87x vs greedy)") in head
+    assert "Every τ measured (ceiling K+1) τ K prompts from 2.44 4 8 builtin hold-out prompts" in head
     assert f"speedup vs greedy {eagle['speedup']:.2f}x" in head
     assert "identical to greedy yes 8/8 prompts" in head
     assert "training data 1,234 samples, 456,789 tokens" in head
     assert "training time 3.5 min (metrics.jsonl timestamps)" in head
     # bench and eval as tables, per-position acceptance, the export's serve commands, stage timings
     assert "eagle3 40.1 1.87x 2.44 0.71 0.48 0.33 0.21 yes" in text
-    assert "1 0.702 0.702 1.70" in text and "sim τ 2.44" in text
+    assert "1 0.702 0.702 1.70" in text and "τ 2.44 at K=3 on held-out store samples (simulated)" in text
     export = str(run.parent.parent / "export" / "speculators")
     assert f"vllm serve HuggingFaceTB/SmolLM2-135M-Instruct \\ --speculative-config" in text
     assert f'"model": "{export}", "num_speculative_tokens": 4' in text
@@ -146,6 +148,7 @@ def test_headline_falls_back_to_eval_and_recipe_timings(run):
     (run / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "time"}) + "\n"
                                                for r in lines))   # no timestamps: the recipe's train stage
     text = rendered_text(report.build([run], run.parent / "other.html"))
-    assert "τ (mean acceptance length) 2.44 simulated from stored hidden states (eval sim τ" in text
+    assert ("τ (tokens per target forward, at most K+1) τ 2.44 at K=3 on held-out store samples (eval, simulated "
+            "(eval.json)); served at K=4, which no measurement here ran") in text
     assert "speedup vs greedy unknown" in text and "identical to greedy unknown" in text
     assert "training time 4.2 min (recipe's train stage)" in text

@@ -309,7 +309,10 @@ def generate(
     if as_json:
         return print(json.dumps(result))
     sys.stdout.write("\n")
-    say(f"{result['new_tokens']} tokens, {result['tokens_per_s']:.1f} tokens/s, τ {result['accept_len']:.2f} ({name})")
+    from specdraft.metrics import tau_text
+
+    say(f"{result['new_tokens']} tokens, {result['tokens_per_s']:.1f} tokens/s, "
+        f"{tau_text(result['accept_len'], result.get('k'), 'prompt')} ({name})")
 
 
 @command(app, "export")

@@ -194,6 +194,23 @@ FOREIGN_FLAGS = {
 }
 
 
+# Flags of neighbouring tools whose setting lives in another specdraft command (or nowhere): said, instead
+# of click's nearest spelling (train --draft-vocab-size once suggested --draft-layers)
+ELSEWHERE = {
+    "--draft-vocab-size": "the draft vocab size is set when the vocab is built: specdraft vocab build --size N "
+                          "--out WS/vocab.safetensors, then pass --vocab WS/vocab.safetensors",
+    "--size": "the draft vocab size is set when the vocab is built: specdraft vocab build --size N",
+    "--chat-template": "specdraft renders with the target's own chat template (--model's tokenizer), the one "
+                       "it serves with; a model folder whose tokenizer_config.json holds another renders with that",
+}
+
+
+def elsewhere(name: str, known: list[str]) -> Optional[str]:
+    """Where a neighbouring tool's `name` lives when this command does not have it."""
+    flag = name.split("=")[0]
+    return ELSEWHERE.get(flag) if flag not in known else None
+
+
 def suggestion(name: str, known: list[str]) -> Optional[str]:
     """Our flag for a neighbouring tool's `name`, when this command has it."""
     return next((ours for ours in FOREIGN_FLAGS.get(name.split("=")[0], []) if ours in known), None)
@@ -235,6 +252,9 @@ class PlainCommand(TyperCommand):
                 hint = suggestion(e.option_name, known)
                 if hint:
                     e.possibilities = [hint]
+                elif elsewhere(e.option_name, known):
+                    e.possibilities = []
+                    e.message = f"No such option: {e.option_name}; {elsewhere(e.option_name, known)}"
             raise
 
 

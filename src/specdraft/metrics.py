@@ -24,6 +24,37 @@ from specdraft.trackers import open_trackers, scalars
 METRICS_FILE = "metrics.jsonl"
 
 
+# ----------------------------------------------------------------------------- τ, named one way
+
+# What a τ was measured on, in the words every printer uses (the report's table, the card, the
+# console): a bench prompt set (bench.PROMPT_SETS), a file of your prompts, or store samples.
+TAU_SOURCES = {"builtin-holdout": "builtin hold-out prompts", "natural": "natural prompts",
+               "held-out": "held-out store samples", "all": "all store samples (training data included)",
+               "val": "held-out store samples", "train": "training samples", "prompt": "your prompt",
+               "unknown-origin": "store samples (may include the drafter's training data)"}
+
+
+def tau_source(prompts: str | None, count: int | None = None) -> str:
+    """The prompt set of a τ as people read it: "26 held-out store samples", "natural prompts",
+    "your prompts (FILE)"; an unknown source says so."""
+    counted = isinstance(count, int) and not isinstance(count, bool)
+    if not prompts:
+        text = "unknown prompts (they may include training data)"
+    elif str(prompts) in TAU_SOURCES:
+        text = TAU_SOURCES[str(prompts)]
+    else:
+        return f"{count} of your prompts ({prompts})" if counted else f"your prompts ({prompts})"
+    return f"{count} {text}" if counted else text
+
+
+def tau_text(tau: float | None, k, prompts: str | None, count: int | None = None, digits: int = 2) -> str:
+    """Every τ the tool prints, one format: "τ 1.82 at K=3 on 26 held-out store samples". τ is
+    tokens per target forward; its ceiling is K+1, so a τ without its K (and its prompts) cannot be
+    judged or compared."""
+    value = f"{tau:.{digits}f}" if isinstance(tau, (int, float)) and not isinstance(tau, bool) else "unknown"
+    return f"τ {value} at K={k if k is not None else '?'} on {tau_source(prompts, count)}"
+
+
 # ----------------------------------------------------------------------------- writing
 
 class MetricsLog:

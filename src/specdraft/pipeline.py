@@ -29,6 +29,7 @@ from rich.table import Table
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder, write_json
+from specdraft.metrics import tau_source
 from specdraft.train.config import resolve_config
 
 RECIPES = Path(__file__).with_name("recipes")       # the shipped recipe files (package data)
@@ -98,9 +99,10 @@ def is_draft_stop(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
 
 
-def run_stage(console: Console, args: list[str], log: Path) -> None:
+def run_stage(console: Console, args: list[str], log: Path, name: str | None = None) -> None:
     """Run one `specdraft` command in a child process; what it prints goes to the console and into
-    `log` (recipe.log), so a recipe's log holds each stage's own progress and errors."""
+    `log` (recipe.log), so a recipe's log holds each stage's own progress and errors. `name` keys
+    stages.json where one command runs twice (bench, bench-natural)."""
     shown = "specdraft " + " ".join(shlex.quote(a) for a in args)
     console.print(f"\n[bold cyan]$ {shown}[/]", highlight=False)
     with log.open("a") as f:
@@ -110,7 +112,7 @@ def run_stage(console: Console, args: list[str], log: Path) -> None:
     seconds = time.perf_counter() - started
     with log.open("a") as f:
         f.write(f"  exit {returncode} after {seconds:.1f} s\n")
-    record_stage(log.parent / STAGES_FILE, args, shown, returncode, seconds)
+    record_stage(log.parent / STAGES_FILE, [name or args[0]], shown, returncode, seconds)
     if returncode != 0:
         raise SpecdraftError(f"recipe stopped: `{shown}` exited {returncode}; fix the problem above "
                              "and re-run the recipe (finished stages are skipped)")
@@ -201,39 +203,106 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
                         "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(recipe.k),
                         "--rounds", str(recipe.bench_rounds), "--out", str(run / "bench.json"),
                         *([] if recipe.draft_stop == "off" else ["--draft-stop", str(recipe.draft_stop)])], log)
-    run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(ws / "export" / "speculators")], log)
-    bench = json.loads((run / "bench.json").read_text())
-    doctor_line = diagnose_low_tau(model, ws, run, bench)     # before the report, which shows it
+    bench = json.loads((run / run_layout.BENCH).read_text())
+    k = served_k(bench)
+    bench_natural(console, model, drafter, run, recipe, k, log)
+    export = ws / "export" / "speculators"
+    run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(export),
+                        *(["--num-speculative-tokens", str(k)] if k else [])], log)   # serves the K bench measured
+    doctor_line = diagnose_low_tau(model, ws, run, bench, log)     # before the report, which shows it
     run_stage(console, ["report", str(run)], log)     # -> RUN/report.html
 
-    from specdraft.infer.bench import why_not_faster     # torch: not at the CLI's start
+    from specdraft.analysis.report import stages_total     # torch: not at the CLI's start
+    from specdraft.infer.bench import why_not_faster
 
     summary = summarize(bench, time.perf_counter() - started)
-    summary["why_not_faster"] = why_not_faster(bench)
-    summary["doctor"] = doctor_line
+    summary.update(why_not_faster=why_not_faster(bench), doctor=doctor_line, k=k,
+                   stages_seconds=stages_total(json.loads((ws / STAGES_FILE).read_text())),
+                   **closing(model, recipe, run, export, bench, k, doctor_line))
     print_summary(console, summary, run / "report.html")
     return summary
 
 
-LOW_TAU = 2.0   # below 2 tokens per round the drafter barely pays for its own step: say why
+def served_k(bench: dict) -> int | None:
+    """The K bench measured the drafter's chain at (what -k auto chose), None where it chose none
+    (K=0: no chain pays on this machine); the export then keeps its default."""
+    k = (bench.get("config") or {}).get("k")
+    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else None
 
 
-def diagnose_low_tau(model: str, ws: Path, run: Path, bench: dict) -> str | None:
-    """When the bench's τ is below LOW_TAU, the doctor's top cause with its fix (RUN/doctor.json
-    keeps the whole diagnosis for the report); None otherwise."""
+def bench_natural(console: Console, model: str, drafter: Path, run: Path, recipe: Recipe, k: int | None,
+                  log: Path) -> None:
+    """τ on the natural prompt set at the K the export serves (RUN/bench_natural.json): the report's,
+    the card's and the summary's headline. One round: τ is deterministic under greedy."""
+    run_stage(console, ["bench", "--model", model, "--drafter", str(drafter), "--prompts", "natural",
+                        "--methods", "ngram,eagle3,hybrid", "--limit", str(recipe.bench_prompts),
+                        "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(k or "auto"),
+                        "--rounds", "1", "--out", str(run / run_layout.BENCH_NATURAL)], log, name="bench-natural")
+
+
+LOW_ACCEPT = 1 / 3   # τ below 1 + K/3 (a third of the K drafts accepted per round): the drafter barely pays
+
+
+def low_tau_threshold(k) -> float | None:
+    """The τ under which a chain of K drafts is low, measured against its ceiling K+1 (at K=3: 2.0;
+    at K=1, where τ cannot exceed 2, 1.33); None for no K."""
+    return 1 + LOW_ACCEPT * k if isinstance(k, int) and k >= 1 else None
+
+
+def diagnose_low_tau(model: str, ws: Path, run: Path, bench: dict, log: Path | None = None) -> str | None:
+    """When the bench's τ is low for the K it was measured at, `specdraft doctor` as a stage of the
+    recipe (logged, timed in stages.json, its progress shown) and its top cause with the fix
+    (RUN/doctor.json keeps the whole diagnosis for the report); None otherwise."""
     tau = (bench.get("methods") or {}).get("eagle3", {}).get("accept_len")
-    if not isinstance(tau, (int, float)) or tau >= LOW_TAU:
+    k = (bench.get("config") or {}).get("k")
+    threshold = low_tau_threshold(k)
+    if not isinstance(tau, (int, float)) or threshold is None or tau >= threshold:
         return None
+    run_stage(Console(stderr=True), ["doctor", str(run), "--model", model, "--store", str(ws / "hidden"),
+                                     "--prompts", "builtin-holdout"], log or ws / "recipe.log")
     from specdraft.analysis import doctor     # torch: not at the CLI's start
 
-    result = doctor.diagnose(run, model=model, store=ws / "hidden", prompts="builtin-holdout")
-    return doctor.top_cause_line(result) or f"doctor: τ {tau:.2f} < {LOW_TAU}, and no measured cause holds"
+    result = json.loads((run / doctor.REPORT_FILE).read_text())
+    return doctor.top_cause_line(result) or (
+        f"doctor: τ {tau:.2f} at K={k} is under {threshold:.2f} (ceiling {k + 1}), and no measured cause holds")
+
+
+def closing(model: str, recipe: Recipe, run: Path, export: Path, bench: dict, k: int | None,
+            doctor_line: str | None) -> dict:
+    """What the person at the end of the recipe is told: the headline τ, a verdict for this machine
+    and data, the one next step (a command), the export folder and the command that serves it."""
+    from specdraft.formats import card
+
+    eagle = (bench.get("methods") or {}).get("eagle3") or {}
+    speedup, tau = eagle.get("speedup"), eagle.get("accept_len")
+    exports = json.loads((run / card.EXPORTS_FILE).read_text()).get("exports") or []
+    served = next((e.get("num_speculative_tokens") for e in exports if e.get("out") == str(export.resolve())), k)
+    headline = card.headline_text(card.tau_measurements(run), served)
+    threshold = low_tau_threshold((bench.get("config") or {}).get("k"))
+    serve = f"vllm serve {export.resolve()}"
+    if isinstance(tau, (int, float)) and threshold is not None and tau < threshold:
+        verdict = f"low: τ is under {threshold:.2f} at K={k} (ceiling {k + 1}); the drafter barely pays for its step"
+        fix = doctor_line.split("; fix: ", 1)[1] if doctor_line and "; fix: " in doctor_line else None
+        step = fix or f"specdraft recipe {model} --profile full (more data and training)"
+    elif isinstance(speedup, (int, float)) and speedup >= 1.05:
+        verdict = f"good: {speedup:.2f}x faster than greedy on this machine, output identical to greedy"
+        step = serve if recipe.name != "quick" else f"specdraft recipe {model} --profile full (a stronger drafter)"
+    else:
+        verdict = ("τ is fine but this machine does not turn it into speed (see above); a GPU serving engine "
+                   "does")
+        step = serve
+    return {"headline": headline, "verdict": verdict, "next_step": step, "export": str(export.resolve()),
+            "serve": serve}
 
 
 def summarize(bench: dict, seconds: float) -> dict:
+    from specdraft.infer.bench import method_k     # torch: not at the CLI's start
+
     methods = bench["methods"]
     eagle = methods.get("eagle3", {})
     return {"accept_len": eagle.get("accept_len"),
+            "k_by_method": {name: method_k(name, bench.get("config") or {}) for name in methods},
+            "prompts": tau_source((bench.get("config") or {}).get("prompts"), (bench.get("config") or {}).get("num_prompts")),
             "accept_lens": {name: m.get("accept_len") for name, m in methods.items()},
             "tokens_per_s": {name: m["tokens_per_s"] for name, m in methods.items()},
             "speedup": {name: m["speedup"] for name, m in methods.items()},
@@ -243,13 +312,15 @@ def summarize(bench: dict, seconds: float) -> dict:
 
 
 def print_summary(console: Console, summary: dict, report: Path) -> None:
-    table = Table(title="specdraft: lossless speculative decoding on this machine")
+    table = Table(title="specdraft: lossless speculative decoding on this machine, "
+                        f"{summary.get('prompts', 'bench prompts')}")
     over_plain = summary.get("speedup_over_plain") or {}
-    for col in ("method", "tokens/s", "speedup", "x plain", "τ", "identical to greedy"):
+    for col in ("method", "tokens/s", "speedup", "x plain", "τ (K)", "identical to greedy"):
         table.add_column(col)
     for name, tps in summary["tokens_per_s"].items():
         accept_len = summary["accept_lens"].get(name)
-        accept = f"{accept_len:.2f}" if accept_len and name not in ("greedy", "plain") else "-"
+        k = (summary.get("k_by_method") or {}).get(name, "?")
+        accept = f"{accept_len:.2f} (K={k})" if accept_len and name not in ("greedy", "plain") else "-"
         plain = f"{over_plain[name]:.2f}x" if over_plain.get(name) is not None else "-"
         table.add_row(name, f"{tps:.1f}", f"{summary['speedup'][name]:.2f}x", plain, accept,
                       "yes" if summary["identical_to_greedy"][name] else "NO")
@@ -258,7 +329,14 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
         console.print(summary["why_not_faster"], highlight=False, soft_wrap=True)
     if summary.get("doctor"):
         console.print(summary["doctor"], highlight=False, soft_wrap=True)
-    console.print(f"total {summary['seconds'] / 60:.1f} min · report: [bold]{report}[/]", highlight=False)
+    for label in ("headline", "verdict", "next_step", "export", "serve"):
+        if summary.get(label):
+            console.print(f"[bold]{label.replace('_', ' ') + ':':11s}[/] {summary[label]}", highlight=False,
+                          soft_wrap=True)
+    stages = summary.get("stages_seconds")
+    total = (f"total {stages / 60:.1f} min over the stages (as in the report), {summary['seconds'] / 60:.1f} min "
+             "wall" if stages is not None else f"total {summary['seconds'] / 60:.1f} min")
+    console.print(f"{total} · report: [bold]{report}[/]", highlight=False)
 
 
 def _continue_run(run: Path) -> list[str]:

@@ -5,6 +5,9 @@
     RUN/best/                 the checkpoint with the best validation (a drafter folder)
     RUN/checkpoints/epoch-N/  the checkpoint after epoch N; step-N/ within an epoch
     RUN/journal.md, remap.json, provenance.json, tensorboard/, wandb/
+    RUN/bench.json            bench on the builtin hold-out prompts (the recipe's bench stage)
+    RUN/bench_natural.json    bench on the natural prompt set at the served K (the report's headline τ)
+    RUN/eval.json             eval: simulated τ on the run's held-out store samples
 
 train writes it (train/loop.py, train/run_folder.py); eval, bench, export, report, compare and the
 recipe read it through these names.
@@ -21,6 +24,9 @@ BEST = "best"
 CHECKPOINTS = "checkpoints"
 # what `train` writes in RUN: --overwrite deletes these; the first four mean "RUN already holds a run"
 RUN_FILES = (METRICS, CONFIG, CHECKPOINTS, BEST, "remap.json", "journal.md", "tensorboard", "wandb", "provenance.json")
+BENCH = "bench.json"
+BENCH_NATURAL = "bench_natural.json"
+EVAL = "eval.json"
 CHECKPOINT_NAME = re.compile(r"^(epoch|step)-(\d+)$")
 
 

@@ -7,12 +7,15 @@ Runs are read with specdraft.metrics (the one reader of metrics.jsonl).
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_path, ensure_writable_dir
 from specdraft.metrics import Run, curve, load_run
+from specdraft.train.config import load_yaml
 from specdraft.watch import WatchConfig, baseline_without_number, replay
 
 DEFAULT_TABLE_METRICS = ("full_acc_0", "cond_acc_1", "accept_len", "loss_0")
@@ -66,6 +69,38 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tokens_label(x: float, _pos=None) -> str:
+    """An x tick in words that do not run together: 0, 75k, 1.25M (matplotlib printed 75000100000125000)."""
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+# config.yaml settings that name files or how a run is logged, not how it trains
+NOT_SETTINGS = {"out", "store", "vocab", "data", "baseline", "progress", "overwrite", "resume", "report_to",
+                "log_every", "val_every", "save_every", "keep_step_checkpoints", "stop_after"}
+
+
+def settings_notes(runs: list[Run]) -> list[str]:
+    """What makes the runs' numbers unlike: τ (accept_len) is over each run's own TTT steps, so runs
+    of other --ttt-steps put τ at other K side by side; and the training settings that differ."""
+    configs = {r.name: load_yaml(run_layout.config_file(r.path)) if run_layout.config_file(r.path).is_file() else {}
+               for r in runs}
+    notes = []
+    steps = {name: cfg.get("ttt_steps") for name, cfg in configs.items()}
+    if len(set(steps.values())) > 1:
+        notes.append("τ (accept_len) is over each run's own TTT steps, so these are τ at different K ("
+                     + ", ".join(f"{n}: K={k}" for n, k in steps.items())
+                     + "); compare at one K: specdraft eval --drafter RUN --store WS/hidden -k K")
+    keys = sorted({k for cfg in configs.values() for k in cfg} - NOT_SETTINGS)
+    differ = [k for k in keys if len({json.dumps(cfg.get(k), default=str) for cfg in configs.values()}) > 1]
+    if len(configs) > 1 and differ:
+        notes.append("settings that differ: " + "; ".join(
+            f"{k} " + " vs ".join(f"{n}={configs[n].get(k)}" for n in configs) for k in differ))
+    return notes
+
+
 def plot_curves(runs: list[Run], out: str | Path, max_steps: int = 6, smooth: float = 0.9) -> Path | None:
     """curves.png: rows loss_k and cond_acc_k, one column per step k; train (EMA) lines and
     validation markers per run, x = tokens_seen. None when no run has any curve."""
@@ -73,6 +108,7 @@ def plot_curves(runs: list[Run], out: str | Path, max_steps: int = 6, smooth: fl
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     ks = sorted(set(steps_in(runs, "loss")) | set(steps_in(runs, "cond_acc")))[:max_steps]
     if not ks:
@@ -92,6 +128,8 @@ def plot_curves(runs: list[Run], out: str | Path, max_steps: int = 6, smooth: fl
                     ax.plot(x, y, "o--", color=c, ms=4, label=f"{r.name} val")
             ax.set_title(metric, fontsize=9)
             ax.set_xlabel("tokens seen", fontsize=8)
+            ax.xaxis.set_major_locator(MaxNLocator(4))
+            ax.xaxis.set_major_formatter(FuncFormatter(tokens_label))
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -116,7 +154,8 @@ def compare(paths: list[str | Path], out: str | Path | None = None,
         raise SpecdraftError("compare: pass at least one run folder")
     runs = unique_names([load_run(p) for p in paths])
     header, rows = epoch_table(runs, metrics)
-    result = {"runs": [r.name for r in runs], "header": header, "rows": rows, "files": {}, "watch": {}}
+    result = {"runs": [r.name for r in runs], "header": header, "rows": rows, "files": {}, "watch": {},
+              "notes": settings_notes(runs)}
     if baseline is not None:
         base = load_run(baseline)
         config = WatchConfig(margin=margin)
@@ -132,6 +171,7 @@ def compare(paths: list[str | Path], out: str | Path | None = None,
         out = ensure_writable_dir(out)
         md = out / "compare.md"
         text = f"# Validation per epoch\n\n{markdown_table(header, rows)}"
+        text += "".join(f"\n- {note}\n" for note in result["notes"])
         if result["watch"]:
             text += "\n## Against the baseline\n\n" + "".join(f"- {k}: {v}\n" for k, v in result["watch"].items())
         with atomic_path(md) as tmp:
@@ -155,6 +195,8 @@ def print_result(result: dict) -> None:
         table.add_row(*row)
     console = Console()
     console.print(table)
+    for note in result.get("notes", []):
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     for name, text in result["watch"].items():
         console.print(f"{name}: {text}", highlight=False)
     for kind, path in result["files"].items():

@@ -17,6 +17,7 @@ from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer.bench import load_drafter_for
+from specdraft.metrics import tau_text
 from specdraft.progress import track
 from specdraft.targets import load_target
 from specdraft.train.batches import StoreBatches, split_samples
@@ -36,7 +37,8 @@ def run_config_of(drafter: Path) -> dict:
 
 # The fields eval reads from a run's config.yaml and a checkpoint's inputs.json, and their types.
 RUN_CONFIG_FIELDS = {"val_fraction": (int, float), "seed": int, "store": (str, list)}   # a list: a run over parts
-INPUTS_FIELDS = {"data_fingerprint": str, "num_samples": int, "num_tokens": int, "store": str}
+INPUTS_FIELDS = {"data_fingerprint": str, "num_samples": int, "num_tokens": int, "store": str,
+                 "val_fraction": (int, float), "seed": int}   # the split: an export's inputs.json carries it
 
 
 def trained_store_of(checkpoint: Path) -> tuple[dict, Path | None]:
@@ -78,6 +80,40 @@ def check_trained_store(checkpoint: Path, hidden: HiddenStore, store, run_cfg: d
                              f"not the store its config.yaml names ({trained}); {fix}")
 
 
+def training_split_of(checkpoint: Path) -> dict:
+    """How the drafter's run split the store ({"val_fraction", "seed"}): its run's config.yaml, else
+    the inputs.json an export carries ({} where neither says: a drafter of unknown origin)."""
+    run_cfg = run_config_of(checkpoint)
+    if run_cfg:
+        return {"val_fraction": run_cfg.get("val_fraction", 0.05), "seed": run_cfg.get("seed", 0), "run": run_cfg}
+    saved, _ = trained_store_of(checkpoint)
+    if isinstance(saved.get("val_fraction"), (int, float)) and isinstance(saved.get("seed"), int):
+        return {"val_fraction": saved["val_fraction"], "seed": saved["seed"], "run": {}}
+    return {}
+
+
+def eval_samples(checkpoint: Path, hidden: HiddenStore, store, split: str) -> tuple[list[int], str, str, list[str]]:
+    """(sample ids, the split as printed, its τ source name, warnings). A drafter whose training
+    samples can be identified (a run, an export carrying its run's inputs.json) is evaluated on its
+    held-out samples; --split all on it says loudly that τ includes training data; a drafter of
+    unknown origin gets a line that the samples may include its training data."""
+    ids = list(range(len(hidden)))
+    origin = training_split_of(checkpoint)
+    if origin and split == "val":
+        check_trained_store(checkpoint, hidden, store, origin["run"])
+        _, ids = split_samples(len(hidden), origin["val_fraction"], origin["seed"])
+        return ids, f"val ({len(ids)} held-out samples of the run)", "held-out", []
+    if origin:
+        return ids, f"all ({len(ids)} samples)", "all", [
+            f"warning: --split all includes the samples the drafter trained on: τ reads higher than on unseen "
+            f"data; use --split val for the {len(split_samples(len(hidden), origin['val_fraction'], origin['seed'])[1])} "
+            "held-out samples"]
+    return ids, f"all ({len(ids)} samples; the drafter's training samples are unknown)", "unknown-origin", [
+        f"warning: --drafter {checkpoint}: no run folder and no inputs.json name its training samples, so "
+        f"these {len(ids)} samples may include them and τ may read high; evaluate the run folder, or an export "
+        "made by `specdraft export` (it carries the run's inputs.json)"]
+
+
 def chain_accept_lengths(cond_acc: list[float]) -> list[float]:
     """Expected tokens per target forward for chains of K = 0..len(cond_acc) draft tokens."""
     lengths, prod, total = [1.0], 1.0, 1.0
@@ -105,18 +141,7 @@ def evaluate(drafter: str | Path, store: str | Path, model: str = "default", spl
     if list(net.config.aux_layer_ids) != list(hidden.layer_ids):
         raise SpecdraftError(f"--drafter {drafter}: aux layers {net.config.aux_layer_ids} but {store} holds "
                              f"{hidden.layer_ids}; capture with --layers {','.join(map(str, net.config.aux_layer_ids))}")
-    run_cfg = run_config_of(Path(checkpoint))
-    ids = list(range(len(hidden)))
-    warnings = []
-    if split == "val" and run_cfg:
-        check_trained_store(Path(checkpoint), hidden, store, run_cfg)
-        _, ids = split_samples(len(hidden), run_cfg.get("val_fraction", 0.05), run_cfg.get("seed", 0))
-        split_used = f"val ({len(ids)} held-out samples of the run)"
-    else:
-        split_used = f"all ({len(ids)} samples)"
-        if run_cfg:
-            warnings.append("warning: --split all includes the samples the drafter trained on: τ reads higher "
-                            "than on unseen data; use --split val for the held-out samples")
+    ids, split_used, split_name, warnings = eval_samples(Path(checkpoint), hidden, store, split)
     if 0 < len(ids) < FEW_SAMPLES:
         warnings.append(f"warning: τ from {len(ids)} sample(s) is noisy (under {FEW_SAMPLES}); hold out more "
                         "(train --val-fraction, more prepared samples) before comparing drafters")
@@ -128,7 +153,7 @@ def evaluate(drafter: str | Path, store: str | Path, model: str = "default", spl
     metrics = drafter_metrics(net, target.model, shown, steps)
     cond = [metrics[f"cond_acc_{k}"] for k in range(steps)]
     return {"drafter": str(checkpoint), "store": str(store), "model": target.name, "split": split_used,
-            "k": steps, "cond_acc": cond, "full_acc": [metrics[f"full_acc_{k}"] for k in range(steps)],
+            "k": steps, "samples": len(ids), "split_name": split_name, "cond_acc": cond, "full_acc": [metrics[f"full_acc_{k}"] for k in range(steps)],
             "accept_len": metrics["accept_len"], "accept_len_by_k": chain_accept_lengths(cond),
             "metrics": metrics, "warnings": warnings}
 
@@ -137,5 +162,6 @@ def format_result(result: dict) -> str:
     """eval's summary for people: τ under its one name, then the per-position rates."""
     rates = " ".join(f"{a:.3f}" for a in result["cond_acc"])
     by_k = " ".join(f"K={k}:{a:.2f}" for k, a in enumerate(result["accept_len_by_k"]) if k)
-    return (f"split        {result['split']}\nτ (K={result.get('k')})    {result['accept_len']:.3f}   "
-            f"(accept_len: tokens per target forward)\ncond_acc     {rates}\nτ by K       {by_k}")
+    source = result.get("split_name", "held-out" if str(result["split"]).startswith("val") else "all")
+    return (f"split        {result['split']}\n{tau_text(result['accept_len'], result.get('k'), source, result.get('samples'), 3)}"
+            f"   (accept_len: tokens per target forward)\ncond_acc     {rates}\nτ by K       {by_k}")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from specdraft import journal
+from specdraft import journal, run_layout
 from specdraft.analysis.probe import drafter_metrics, sample_batch
 from specdraft.data.store import HiddenStore
 from specdraft.defaults import LONGEST_CHAIN
@@ -21,7 +21,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.families import Family, family
 from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer import kernels
-from specdraft.infer.auto import draft_timer, measure_costs
+from specdraft.infer.auto import checkpoint_accept, draft_timer, measure_costs
 from specdraft.infer.bench import load_drafter_for
 from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from,  # noqa: F401
                                        expected_tokens, extend)
@@ -90,6 +90,17 @@ def store_sample_batch(sample: dict) -> dict:
 
 # ----------------------------------------------------------------------------- command
 
+def recorded_accept(drafter) -> tuple[list[float], str] | None:
+    """The acceptance a run already measured for `drafter` (a run folder or one of its checkpoints):
+    its eval.json (held-out store samples, every position), else the checkpoint's val.json or the
+    run's last validation (what -k auto reads); None when it records none."""
+    folder = Path(drafter)
+    for run in (folder, folder.parent, folder.parent.parent):
+        if (run / "eval.json").is_file() and run_layout.config_file(run).is_file():
+            return load_accept(str(run / "eval.json"))
+    return checkpoint_accept(drafter) if folder.exists() else None
+
+
 def run(drafter=None, model: str = "default", accept: str | None = None, data=None,
         verify_ms: list[float] | None = None, draft_ms: float | None = None, k_max: int = LONGEST_CHAIN,
         context: int = 512, run: str | Path | None = None, out: str | Path | None = None,
@@ -108,12 +119,14 @@ def run(drafter=None, model: str = "default", accept: str | None = None, data=No
             raise SpecdraftError("plan --store WS/hidden: pass --drafter D to measure its acceptance")
         rates = accept_from_store(drafter, model, data, trust_remote_code=trust_remote_code)
         accept_source = f"{data} (simulated with train.objective)"
+    elif drafter is not None and (recorded := recorded_accept(drafter)) is not None:
+        rates, accept_source = recorded          # the run's eval.json or validation: no --accept needed
     else:
         raise SpecdraftError("plan: pass --accept (rates, eval/bench JSON or metrics.jsonl) or --store WS/hidden")
     load_start = machine_load()
     verify_ms, draft_ms, measured, timing = measure(drafter, model, verify_ms, draft_ms, k_max, context, rounds,
                                                     trust_remote_code)
-    warnings = [busy_warning("plan", load_start, machine_load()) if timing else None,
+    warnings = [busy_warning("plan", load_start, machine_load(), torch.get_num_threads()) if timing else None,
                 monotonic_warning(verify_ms) if "verify" in measured else None]
     one_forward = drafter is not None and drafter_family(drafter).drafts_in_one_forward
     options = chain_options(rates, verify_ms, draft_ms, k_max, one_forward)

@@ -24,6 +24,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.families import family_of
 from specdraft.infer.bench import load_drafter_for
 from specdraft.io import write_json
+from specdraft.metrics import tau_text
 from specdraft.progress import progress, track
 from specdraft.targets import default_aux_layers, load_target
 from specdraft.train.config import RunConfig
@@ -190,7 +191,7 @@ def probe_drafter(drafter: str | Path, model: str, data: str | Path, samples: in
     shown = track(batches(), "probe", len(ids), "samples", tokens=lambda b: int(b["loss_mask"].numel()))
     metrics = drafter_metrics(net, target.model, shown, steps)
     accept = metrics["accept_len"]
-    verdict = (f"simulated τ {accept:.2f}: "
+    verdict = (f"simulated {tau_text(accept, steps, str(data), len(ids))}: "
                + ("the drafter already helps on this target" if accept >= 2.0 else
                   "weak start (the seed's K2 drafter on K2.5 gave ~1.5); probe the hidden states before "
                   "fine-tuning and keep a from-scratch baseline"))

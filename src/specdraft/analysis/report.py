@@ -187,16 +187,14 @@ def duration(seconds: float) -> str:
 
 def headline_html(run: Path) -> str:
     """The answer first: τ, speedup, lossless or not, how much data, how long."""
-    bench, ev = read_json(run / "bench.json", BENCH_FIELDS), read_json(run / "eval.json", EVAL_FIELDS)
+    bench = read_json(run / run_layout.BENCH, BENCH_FIELDS)
+    for name in (run_layout.BENCH_NATURAL, run_layout.EVAL):
+        read_json(run / name, BENCH_FIELDS if name == run_layout.BENCH_NATURAL else EVAL_FIELDS)   # types checked
     eagle, cfg = eagle3_of(bench), (bench.get("config") or {}) if isinstance(bench, dict) else {}
-    if isinstance(eagle.get("accept_len"), (int, float)):
-        tau = (number(eagle["accept_len"]), f"on {cfg.get('num_prompts', '?')} held-out prompts "
-               f"({cfg.get('prompts', '?')}), k={cfg.get('k', '?')}, bench.json")
-    elif isinstance(ev, dict) and isinstance(ev.get("accept_len"), (int, float)):
-        tau = (number(ev["accept_len"]), f"simulated from stored hidden states (eval sim τ, {ev.get('split')}); "
-               "no bench.json with eagle3")
-    else:
-        tau = ("unknown", "no bench.json or eval.json in the run folder")
+    taus, served = card.tau_measurements(run), served_k(run)
+    tau = (card.headline_text(taus, served), "the headline: the natural prompt set at the K the export serves "
+           "where measured; every τ is in the table below") if taus else \
+        ("unknown", "no bench.json, eval.json or validation in the run folder")
     if isinstance(eagle.get("speedup"), (int, float)):
         greedy = (bench.get("methods") or {}).get("greedy") or {}
         over_plain = eagle.get("speedup_over_plain")
@@ -210,13 +208,29 @@ def headline_html(run: Path) -> str:
     identical = (("yes" if same else "NO") if isinstance(same, bool) else "unknown",
                  f"{eagle.get('prompts_identical', '?')}/{cfg.get('num_prompts', '?')} prompts" if isinstance(same, bool)
                  else "")
-    rows = [["τ (mean acceptance length)", *tau], ["speedup vs greedy", *speedup],
+    rows = [["τ (tokens per target forward, at most K+1)", *tau], ["speedup vs greedy", *speedup],
             ["identical to greedy", *identical], ["training data", data_size(run), ""],
             ["training time", training_time(run), ""]]
     why = why_not_faster(bench) if isinstance(bench, dict) and isinstance(bench.get("methods"), dict) else None
     if why:
         rows.insert(2, ["why not faster", why, ""])
-    return f"<div class=headline><h2>{esc(run.name)}</h2>{table_html([], rows)}{doctor_html(run)}</div>"
+    return (f"<div class=headline><h2>{esc(run.name)}</h2>{table_html([], rows)}{tau_table_html(taus)}"
+            f"{doctor_html(run)}</div>")
+
+
+def served_k(run: Path) -> int | None:
+    """The K the run's latest export serves (RUN/exports.json), None when not exported."""
+    data = read_json(run / card.EXPORTS_FILE, EXPORTS_FIELDS)
+    exports = [e for e in (data.get("exports") or []) if isinstance(e, dict)] if isinstance(data, dict) else []
+    return exports[-1].get("num_speculative_tokens") if exports else None
+
+
+def tau_table_html(taus: list[dict]) -> str:
+    """Every τ the run holds, each with its K and prompts (card.tau_measurements), in one table."""
+    if len(taus) < 2:
+        return ""
+    rows = [[number(t["tau"]), str(t["k"]), metrics.tau_source(t["prompts"], t["count"]), t["source"]] for t in taus]
+    return "<h3>Every τ measured (ceiling K+1)</h3>" + table_html(["τ", "K", "prompts", "from"], rows)
 
 
 def doctor_html(run: Path) -> str:
@@ -266,11 +280,19 @@ def eval_html(run: Path) -> str:
         rows = [[str(i + 1), number(c, ".3f"), number((ev.get("full_acc") or [None] * (i + 1))[i], ".3f"),
                  number(by_k[i + 1]) if i + 1 < len(by_k) else "-"] for i, c in enumerate(ev["cond_acc"])]
         parts.append(f"<h3>Eval ({esc(f.name)}): acceptance from stored hidden states</h3>"
-                     f"<p>sim τ <b>{esc(number(ev.get('accept_len')))}</b> <span class=meta>split {esc(ev.get('split'))}"
+                     f"<p><b>{esc(eval_tau(ev))}</b> (simulated) <span class=meta>split {esc(ev.get('split'))}"
                      f" · drafter {esc(ev.get('drafter'))}</span></p>"
                      + table_html(["draft position", "conditional acceptance", "full acceptance",
                                    "τ with k = position"], rows))
     return "".join(parts)
+
+
+def eval_tau(ev: dict) -> str:
+    """eval.json's τ in the shared format (its K, its samples)."""
+    k = ev.get("k") if isinstance(ev.get("k"), int) else len(ev.get("cond_acc") or [])
+    source = "all" if str(ev.get("split", "")).startswith("all") else "held-out"
+    count = ev.get("samples") if isinstance(ev.get("samples"), int) else None
+    return metrics.tau_text(ev.get("accept_len"), k, ev.get("split_name") or source, count)
 
 
 def export_html(run: Path) -> str:
@@ -315,9 +337,16 @@ def stages_html(run: Path) -> str:
             if isinstance(s, dict) and isinstance(s.get("seconds"), (int, float))]
     if not rows:
         return ""
-    total = sum(s["seconds"] for s in stages.values() if isinstance(s, dict) and isinstance(s.get("seconds"), (int, float)))
-    return (f"<h3>Recipe stages</h3><p class=meta>total {esc(duration(total))} (latest run of each stage, "
-            f"from stages.json beside recipe.log)</p>" + table_html(["stage", "time", "command"], rows))
+    return (f"<h3>Recipe stages</h3><p class=meta>total {esc(duration(stages_total(stages)))} (latest run of each "
+            f"stage before this report, from stages.json beside recipe.log)</p>"
+            + table_html(["stage", "time", "command"], rows))
+
+
+def stages_total(stages: dict) -> float:
+    """Seconds of the recipe's stages (stages.json, the latest run of each) up to the report: the
+    total the report and the recipe's closing lines both print."""
+    return sum(s["seconds"] for name, s in stages.items()
+               if name != "report" and isinstance(s, dict) and isinstance(s.get("seconds"), (int, float)))
 
 
 def journal_html(run: Path) -> str:

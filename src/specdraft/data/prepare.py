@@ -152,6 +152,10 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     if part is not None and not regenerate:
         keep = part_indices(len(rows["input_ids"]), part)
         rows = {key: [column[i] for i in keep] for key, column in rows.items()}
+    if not rows["input_ids"] and not regenerate and not any(
+            m.get("role") == "assistant" for c in conversations for m in c.messages):
+        raise SpecdraftError(f"--conversations {source}: the {records} conversations hold prompts only (no "
+                             "assistant turn to train on); pass --regenerate so the target writes the answers")
     if not rows["input_ids"]:
         raise SpecdraftError(f"--conversations {source}: no samples left after filtering {records} conversations "
                              f"({describe_drops(dropped, max_length, min_assistant_tokens)}); relax that filter")

@@ -13,6 +13,7 @@ from pathlib import Path
 from specdraft import run_layout
 from specdraft.families import family_of, layout
 from specdraft.io import write_json
+from specdraft.metrics import tau_source, tau_text
 
 UNKNOWN = "unknown"
 
@@ -68,6 +69,19 @@ def _newest_epoch_inputs(run: Path) -> dict:
     return _json(max(epochs)[1] / "inputs.json") if epochs else {}
 
 
+def training_inputs(ckpt: Path) -> dict:
+    """What an export carries of its run's data (its inputs.json): the checkpoint's inputs.json and
+    the run's split (val_fraction, seed from config.yaml), so that `eval` of the export folder can
+    leave out the samples it trained on. {} for a checkpoint outside any run with no inputs.json."""
+    run = run_folder_of(ckpt)
+    inputs = _json(ckpt / "inputs.json") or (_newest_epoch_inputs(run) if run else {})
+    config = _yaml(run_layout.config_file(run)) if run else {}
+    if not inputs:
+        return {}
+    split = {k: config[k] for k in ("val_fraction", "seed") if k in config}
+    return {**inputs, **split}
+
+
 def facts(ckpt: Path, cfg, target_identity: dict | None = None) -> dict:
     """What the card says about the drafter's origin, from the run around `ckpt` when there is one."""
     run = run_folder_of(ckpt)
@@ -84,21 +98,108 @@ def facts(ckpt: Path, cfg, target_identity: dict | None = None) -> dict:
         "samples": inputs.get("num_samples", UNKNOWN),
         "tokens": inputs.get("num_tokens", UNKNOWN),
         "tokens_trained": (_tokens_trained(run_layout.metrics_file(run)) if run else None) or UNKNOWN,
-        "tau_bench": None, "tau_eval": None,
+        "taus": tau_measurements(run) if run else [],
     }
-    if run:
-        bench = _json(run / "bench.json")
-        eagle = (bench.get("methods") or {}).get("eagle3") or {}
-        if isinstance(eagle.get("accept_len"), (int, float)):
-            bc = bench.get("config") or {}
-            out["tau_bench"] = {"accept_len": eagle["accept_len"], "speedup": eagle.get("speedup"),
-                                "k": bc.get("k"), "prompts": bc.get("num_prompts"),
-                                "source": bc.get("prompts")}
-        ev = _json(run / "eval.json")
-        if isinstance(ev.get("accept_len"), (int, float)):
-            out["tau_eval"] = {"accept_len": ev["accept_len"], "split": ev.get("split"), "k": ev.get("k"),
-                               "by_k": ev.get("accept_len_by_k") if isinstance(ev.get("accept_len_by_k"), list) else []}
     return out
+
+
+# ----------------------------------------------------------------------------- τ: one headline, the rest in a table
+
+NOT_DRAFTERS = ("greedy", "plain", "ngram")
+
+
+def drafter_method(bench: dict) -> tuple[str, dict]:
+    """(name, result) of the drafter's chain in a bench.json: eagle3, else the first drafter family
+    measured (peagle, dflash, ...); ("", {}) when bench measured none."""
+    methods = bench.get("methods") if isinstance(bench.get("methods"), dict) else {}
+    names = [n for n, m in methods.items() if isinstance(m, dict) and n not in NOT_DRAFTERS and "-" not in n]
+    name = "eagle3" if "eagle3" in names else (names[0] if names else "")
+    return name, (methods.get(name) or {}) if name else {}
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _last_val_tau(metrics: Path) -> float | None:
+    """accept_len of the last val record of metrics.jsonl (training's own validation)."""
+    last = None
+    try:
+        with open(metrics) as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("split") == "val":
+                    value = (rec.get("metrics") or {}).get("accept_len", rec.get("accept_len"))
+                    last = value if _number(value) else last
+    except OSError:
+        return None
+    return last
+
+
+def tau_measurements(run: Path) -> list[dict]:
+    """Every τ the run's files hold, each with its K and its prompts ({"tau", "k", "prompts",
+    "count", "source", "speedup"}): bench on the natural set and on the builtin hold-out, eval at
+    every K it measured, the doctor's, training's last validation. The report's τ table and the
+    card's headline read this one list."""
+    out = []
+    for name in (run_layout.BENCH_NATURAL, run_layout.BENCH):
+        bench = _json(run / name)
+        method, m = drafter_method(bench)
+        cfg = bench.get("config") if isinstance(bench.get("config"), dict) else {}
+        if _number(m.get("accept_len")) and isinstance(cfg.get("k"), int):
+            out.append({"tau": m["accept_len"], "k": cfg["k"], "prompts": cfg.get("prompts"),
+                        "count": cfg.get("num_prompts"), "source": f"bench {method} ({name})",
+                        "speedup": m.get("speedup") if _number(m.get("speedup")) else None})
+    ev = _json(run / run_layout.EVAL)
+    by_k = ev.get("accept_len_by_k") if isinstance(ev.get("accept_len_by_k"), list) else []
+    split = "all" if str(ev.get("split", "")).startswith("all") else "held-out"
+    count = ev.get("samples") if isinstance(ev.get("samples"), int) else None
+    for k, tau in enumerate(by_k):
+        if k and _number(tau):
+            out.append({"tau": tau, "k": k, "prompts": split, "count": count,
+                        "source": f"eval, simulated ({run_layout.EVAL})", "speedup": None})
+    doctor = _json(run / "doctor.json")
+    if _number(doctor.get("tau_held_out")) and isinstance(doctor.get("steps"), int):
+        out.append({"tau": doctor["tau_held_out"], "k": doctor["steps"], "prompts": "held-out", "count": None,
+                    "source": "doctor, simulated (doctor.json)", "speedup": None})
+    val = _last_val_tau(run_layout.metrics_file(run))
+    steps = _yaml(run_layout.config_file(run)).get("ttt_steps")
+    if val is not None and isinstance(steps, int):
+        out.append({"tau": val, "k": steps, "prompts": "held-out", "count": None,
+                    "source": "training's last validation (metrics.jsonl)", "speedup": None})
+    return out
+
+
+def headline_tau(taus: list[dict], k: int | None) -> dict | None:
+    """The one τ to lead with: on the natural prompt set at the K the export serves, else bench's at
+    that K, else eval's at that K; failing those, the natural set's or bench's at the K they ran,
+    else eval's at its own (longest) K."""
+    def first(pred):
+        return next((t for t in taus if pred(t)), None)
+
+    bench = [t for t in taus if t["source"].startswith("bench")]
+    return (first(lambda t: t in bench and t["prompts"] == "natural" and t["k"] == k)
+            or first(lambda t: t in bench and t["k"] == k)
+            or first(lambda t: t["source"].startswith("eval") and t["k"] == k)
+            or first(lambda t: t in bench and t["prompts"] == "natural")
+            or (bench[0] if bench else None)
+            or max((t for t in taus if t["source"].startswith("eval")), key=lambda t: t["k"], default=None)
+            or (taus[0] if taus else None))
+
+
+def headline_text(taus: list[dict], k: int | None) -> str:
+    """The headline τ in the shared format, its source, and why its K differs from the served one."""
+    best = headline_tau(taus, k)
+    if best is None:
+        return UNKNOWN
+    speed = f", {best['speedup']:.2f}x vs greedy" if best.get("speedup") is not None else ""
+    text = f"{tau_text(best['tau'], best['k'], best['prompts'], best['count'])} ({best['source']}{speed})"
+    if k is not None and best["k"] != k:
+        text += f"; served at K={k}, which no measurement here ran"
+    return text
 
 
 def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: bool,
@@ -122,14 +223,18 @@ def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: 
         f"| TTT steps | {facts['ttt_steps']} |",
         f"| epochs | {facts['epochs']} |",
         f"| training data | {_data_size(facts)} |",
-        f"| τ at K={speculative_tokens} (what it serves) | {_tau(facts, speculative_tokens)} |",
+        f"| τ at K={speculative_tokens} (what it serves) | {headline_text(facts['taus'], speculative_tokens)} |",
         f"| weights | {weight_bytes / 1e6:.1f} MB, {dtype} |",
         f"| embeddings | {emb} |",
         f"| run | {facts['run'] or UNKNOWN} |",
         "",
-        "τ is the mean number of tokens accepted per target forward pass (1 = no speedup).",
+        "τ is the mean number of tokens accepted per target forward pass (1 = no speedup; at most K+1).",
         "",
     ]
+    if len(facts["taus"]) > 1:
+        lines += ["## Every τ measured", "", "| τ | K | prompts | from |", "|---|---|---|---|"]
+        lines += [f"| {t['tau']:.2f} | {t['k']} | {tau_source(t['prompts'], t['count'])} | {t['source']} |"
+                  for t in facts["taus"]] + [""]
     for engine, note, command in serve_commands(target, export, speculative_tokens, layout, sglang_missing(cfg),
                                                 dict(family_of(cfg).vllm_speculative)):
         lines += [f"## Serve with {engine}", ""] + ([note, ""] if note else []) + (
@@ -196,22 +301,3 @@ def _data_size(f: dict) -> str:
     if f["tokens_trained"] != UNKNOWN:
         text += f" ({f['tokens_trained']} tokens trained over all epochs)"
     return text
-
-
-def _tau(f: dict, k: int) -> str:
-    """τ measured at the K the export serves: eval's τ at that K (it measures every K up to its own),
-    bench's only when bench ran that K; a τ at another K is named with its K."""
-    parts = []
-    if f["tau_eval"]:
-        e = f["tau_eval"]
-        by_k = e.get("by_k") or []
-        if k < len(by_k) and isinstance(by_k[k], (int, float)):
-            parts.append(f"{by_k[k]:.2f} (eval, {e.get('split')})")
-        else:
-            parts.append(f"{e['accept_len']:.2f} at K={e.get('k')} (eval, {e.get('split')}; K={k} not measured)")
-    if f["tau_bench"]:
-        b = f["tau_bench"]
-        speed = f", {b['speedup']:.2f}x vs greedy" if isinstance(b.get("speedup"), (int, float)) else ""
-        at = "" if b.get("k") == k else f" at K={b.get('k')}"
-        parts.append(f"{b['accept_len']:.2f}{at} (bench, {b.get('prompts')} prompts of {b.get('source')}{speed})")
-    return "; ".join(parts) or UNKNOWN

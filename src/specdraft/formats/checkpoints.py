@@ -246,7 +246,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
                          f"{path}/checkpoints/epoch-N/)")
 
 
-EXPORT_FILES = ("config.json", "model.safetensors", "README.md")   # everything export and import write
+EXPORT_FILES = ("config.json", "model.safetensors", "README.md", "inputs.json")   # everything export and import write
 
 
 def check_replaceable(out: Path, command: str) -> None:
@@ -333,8 +333,11 @@ def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: in
     text = card.render(card.facts(ckpt, cfg, target.identity if target else None), cfg, out=out, layout=layout,
                        dtype=dtype_name, embeddings="embed_tokens.weight" in tensors,
                        speculative_tokens=speculative_tokens, weight_bytes=weight_bytes)
-    save_checkpoint(out, tensors, cfg, layout=layout, speculative_tokens=speculative_tokens,
-                    extra_files={"README.md": lambda p: p.write_text(text)})
+    extra = {"README.md": lambda p: p.write_text(text)}
+    inputs = card.training_inputs(ckpt)     # eval of the export leaves out the samples it trained on
+    if inputs:
+        extra["inputs.json"] = lambda p: write_json(p, inputs)
+    save_checkpoint(out, tensors, cfg, layout=layout, speculative_tokens=speculative_tokens, extra_files=extra)
     card.record_export(ckpt, out, layout, dtype_name, speculative_tokens)
     return {"source": str(ckpt), "source_layout": src_layout, "layout": layout, "out": str(out),
             "dtype": dtype_name, "tensors": len(tensors), "has_embed_tokens": "embed_tokens.weight" in tensors,

@@ -19,18 +19,19 @@ import torch
 from specdraft.defaults import LONGEST_CHAIN
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
-from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from, conditional,
+from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from,
                                        stop_threshold)
 from specdraft.families import family_of
 from specdraft.infer.kernels import mm_flags, target_linears
-from specdraft.infer.speculative import cache_kwarg, few_row_matmul, generate, per_position_accept
-from specdraft.infer.timing import interleaved_ms
+from specdraft.infer.speculative import cache_kwarg, few_row_matmul, generate
+from specdraft.infer.timing import interleaved_ms, monotonic_warning
 from specdraft.io import read_json
 from specdraft.metrics import load_run
 from specdraft.progress import progress
 
 K_MAX = LONGEST_CHAIN      # the longest chain -k auto considers (specdraft.defaults)
 WARMUP_TOKENS = 48         # new tokens of the warm-up generation that measures acceptance
+MIN_REACHED = 5            # rounds that must reach a position for its acceptance to be measured, not guessed
 
 
 # ----------------------------------------------------------------------------- costs
@@ -114,26 +115,48 @@ def checkpoint_accept(spec: str | Path | None) -> tuple[list[float], str] | None
     return None
 
 
-def warmup_accept(target_model, drafter, ids: list[int], k_max: int, max_new_tokens: int = WARMUP_TOKENS) -> list[float]:
+def warmup_accept(target_model, drafter, ids: list[int], k_max: int,
+                  max_new_tokens: int = WARMUP_TOKENS) -> list[float | None]:
     """Conditional acceptance per position 1..k_max from one greedy generation with a k_max chain."""
     out = generate(target_model, ids, family_of(drafter).proposer(drafter, k=k_max), max_new_tokens)
-    return conditional(per_position_accept(out.accepted, out.proposed))
+    return rates_from_rounds(out.accepted, out.proposed, k_max)
 
 
-def gather_accept(target_model, drafter, spec, ids: list[int], k_max: int) -> tuple[list[float], str]:
-    """Validation rates for the positions they cover; the warm-up's for the rest (or all)."""
+def rates_from_rounds(accepted: list[int], proposed: list[int], k_max: int) -> list[float | None]:
+    """Conditional acceptance a_i: of the rounds that accepted i-1 drafts and offered an i-th, the
+    share that accepted it. None where fewer than MIN_REACHED rounds got there: a position the
+    warm-up (nearly) never reached is unknown, not 0.00 (38 rounds, 2 reaching position 3, once
+    printed "0.00" where eval measures 0.45)."""
+    rates = []
+    for i in range(1, k_max + 1):
+        reached = [a >= i - 1 and p >= i for a, p in zip(accepted, proposed)]
+        n = sum(reached)
+        rates.append(sum(r and a >= i for r, a in zip(reached, accepted)) / n if n >= MIN_REACHED else None)
+    return rates
+
+
+def gather_accept(target_model, drafter, spec, ids: list[int], k_max: int) -> tuple[list[float], str, int]:
+    """Validation rates for the positions they cover; the warm-up's for the rest (or all); positions
+    neither reached carry the last measured rate forward, and the source says from where.
+    -> (rates, source, positions measured)."""
     found = checkpoint_accept(spec)
     rates, source = found if found else ([], "")
     if len(rates) < k_max:
         measured = warmup_accept(target_model, drafter, ids, k_max)
-        if len(measured) > len(rates):
+        known = next((i for i, a in enumerate(measured) if a is None), len(measured))
+        if known > len(rates):
             warm = f"a {WARMUP_TOKENS}-token warm-up generation"
             source = f"{source} + positions {len(rates) + 1}.. from {warm}" if rates else warm
-            rates = rates + measured[len(rates):]
+            rates = rates + list(measured[len(rates):known])
     if not rates:
-        raise SpecdraftError("-k auto: no acceptance measured (the warm-up generation drafted nothing); "
-                             "pass -k N")
-    return rates[:k_max], source
+        raise SpecdraftError("-k auto: no acceptance measured (the warm-up generation reached no draft position "
+                             f"in {MIN_REACHED} rounds); pass -k N")
+    measured_positions = min(len(rates), k_max)
+    if len(rates) < k_max:
+        source += (f"; positions {len(rates) + 1}..{k_max} (~) not reached in {MIN_REACHED} rounds: "
+                   f"position {len(rates)}'s rate carried forward")
+        rates = rates + [rates[-1]] * (k_max - len(rates))
+    return rates[:k_max], source, measured_positions
 
 
 # ----------------------------------------------------------------------------- the choice
@@ -150,6 +173,7 @@ class AutoChoice:
     k_auto: bool
     stop_auto: bool
     one_forward: bool = False    # the family drafts a round in one forward: draft_ms is that forward
+    measured: int | None = None  # positions whose acceptance was measured; the rest carry the last one (~)
 
     def line(self) -> str:
         o = self.option
@@ -158,9 +182,14 @@ class AutoChoice:
         what = (f"-k auto: K={self.k}" if self.k_auto else f"K={self.k}")
         stop = f"; --draft-stop auto: {self.stop:.2f}" if self.stop_auto else ""
         return (f"{what} (expected {o.tokens_per_cycle:.2f} tokens/round, predicted {o.speedup:.2f}x over plain "
-                f"decoding; acceptance {' '.join(f'{a:.2f}' for a in self.rates)} from {self.source}; "
+                f"decoding; acceptance {self.rates_text()} from {self.source}; "
                 f"{'draft forward' if self.one_forward else 'draft step'} {self.draft_ms:.1f} ms, verify 1..{len(self.verify_ms)} tokens {self.verify_ms[0]:.1f}.."
                 f"{self.verify_ms[-1]:.1f} ms){stop}")
+
+    def rates_text(self) -> str:
+        """The rates per position, those carried forward (not measured) marked ~."""
+        shown = self.measured if self.measured is not None else len(self.rates)
+        return " ".join(f"{a:.2f}{'~' if i >= shown else ''}" for i, a in enumerate(self.rates))
 
     def plain_line(self) -> str:
         """Why -k auto decodes plainly here, in one sentence with the measured costs."""
@@ -190,14 +219,14 @@ def choose(target_model, drafter, spec, ids: list[int], k: int | None, stop: flo
     limit = family_of(drafter).max_draft(drafter.config)          # DFlash/DSpark: the block's draft slots
     k_max = min(k_max, limit) if limit else k_max
     n_max = max(k_max, k or 0)
-    rates, source = gather_accept(target_model, drafter, spec, ids, n_max)
+    rates, source, measured = gather_accept(target_model, drafter, spec, ids, n_max)
     costs = measure_costs(target_model, drafter, n_max + 1, max(len(ids), 16), rounds=3, repeats=2,
                           label="-k auto: timing")
     one_forward = family_of(drafter).drafts_in_one_forward
     option, threshold = decide(rates, costs["verify_ms"], costs["draft_ms"], k, stop_auto, k_max, one_forward)
     stop = None if option.k == 0 else threshold if stop_auto else stop     # K=0 drafts nothing to stop
     return AutoChoice(option.k, stop, option, rates, source, costs["verify_ms"],
-                      costs["draft_ms"], k is None, stop_auto, one_forward)
+                      costs["draft_ms"], k is None, stop_auto, one_forward, measured)
 
 
 def resolve(target, draft_model, drafter: str | None, ids: list[int], k: int | None, stop):
@@ -209,5 +238,9 @@ def resolve(target, draft_model, drafter: str | None, ids: list[int], k: int | N
 
     choice = choose(target.model, draft_model, drafter, ids, k, None if stop == "auto" else stop,
                     stop_auto=stop == "auto")
-    Console(stderr=True).print(choice.line(), highlight=False, soft_wrap=True)
+    console = Console(stderr=True)
+    console.print(choice.line(), highlight=False, soft_wrap=True)
+    noisy = monotonic_warning(choice.verify_ms)        # as plan does: a K chosen on noise says so
+    if noisy:
+        console.print(noisy, highlight=False, soft_wrap=True)
     return choice.k, choice.stop, choice

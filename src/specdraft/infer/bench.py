@@ -25,6 +25,7 @@ from specdraft.infer.tree import TreeShape
 from specdraft.infer.speculative import Generation, Profile, eos_ids_of, generate, per_position_accept
 from specdraft.infer.timing import busy_warning, machine_load, rotated, spread
 from specdraft.io import atomic_path
+from specdraft.metrics import tau_source
 from specdraft import families
 from specdraft.families import family, family_of
 from specdraft.targets import default_aux_layers
@@ -46,16 +47,18 @@ def needs_drafter(name: str) -> bool:
     return name == HYBRID or name.removesuffix(TREE) in families.names()
 
 
-def check_drafter_methods(names: list[str], drafter) -> None:
+def check_drafter_methods(names: list[str], drafter, flag: str = "--methods") -> None:
     """A drafter method names the drafter's family: --methods peagle runs a P-EAGLE checkpoint
-    (hybrid takes a drafter of any family)."""
+    (hybrid takes a drafter of any family). `flag`: the option the user typed (bench's --methods,
+    generate's --method)."""
     wanted = [n for n in names if needs_drafter(n)]
     if wanted and drafter is None:
-        raise SpecdraftError(f"--methods {wanted[0]}: needs --drafter (a checkpoint, a run folder, or untrained)")
+        raise SpecdraftError(f"{flag} {wanted[0]}: needs --drafter (a checkpoint, a run folder, or untrained)")
     for name in (n for n in wanted if n != HYBRID):
         have = family_of(drafter).model_type
         if name.removesuffix(TREE) != have:
-            raise SpecdraftError(f"--methods {name}: the --drafter is a {have} drafter; name it --methods {have}")
+            tree = TREE if name.endswith(TREE) else ""
+            raise SpecdraftError(f"{flag} {name}: the --drafter is a {have} drafter; name it {flag} {have}{tree}")
 DEFAULT_TREE = "4,4,16"
 UNTRAINED = "untrained"
 
@@ -366,7 +369,7 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
         plain = results["plain"]["tokens_per_s"]
         for r in results.values():
             r["speedup_over_plain"] = r["tokens_per_s"] / plain if plain else 0.0
-    warnings = [w for w in [busy_warning("bench", load_start, load_end)] if w]
+    warnings = [w for w in [busy_warning("bench", load_start, load_end, torch.get_num_threads())] if w]
     warnings += [divergence_line(n, r, len(prompts), str(next(model.parameters()).dtype).replace("torch.", ""))
                  for n, r in results.items() if r.get("divergences")]
     warnings += [f"warning: bench: {n} gave different tokens or acceptance in different rounds (greedy decoding "
@@ -518,12 +521,13 @@ def bench_table(report: dict):
     from rich.table import Table
 
     c = report["config"]
-    table = Table(title=f"bench: {c['model']}, {c['num_prompts']} prompts x {c['max_new_tokens']} tokens, median "
-                        f"of {c['rounds']} interleaved rounds (min-max); τ = tokens per target forward")
+    table = Table(title=f"bench: {c['model']}, {tau_source(c.get('prompts'), c['num_prompts'])} x "
+                        f"{c['max_new_tokens']} tokens, median of {c['rounds']} interleaved rounds (min-max); "
+                        "τ = tokens per target forward at K drafts per round (at most K+1)")
     cut = any(r.get("drafts_cut") for r in report["methods"].values())
     over_plain = "plain" in report["methods"]
     for col in ("method", "tokens/s", "speedup") + (("x plain",) if over_plain else ()) + (
-            "τ", "accept per position", "= greedy") + (("drafts cut",) if cut else ()):
+            "τ (K)", "accept per position", "= greedy") + (("drafts cut",) if cut else ()):
         table.add_column(col)
     for name, r in report["methods"].items():
         pos = " ".join(f"{a:.2f}" for a in r["per_position_accept"]) or "-"
@@ -531,10 +535,22 @@ def bench_table(report: dict):
         row = [name, f"{r['tokens_per_s']:.1f}" + (f" ({tps['min']:.1f}-{tps['max']:.1f})" if tps else ""),
                f"{r['speedup']:.2f}x" + (f" ({up['min']:.2f}-{up['max']:.2f})" if up and name != "greedy" else ""),
                *((f"{r['speedup_over_plain']:.2f}x",) if over_plain else ()),
-               f"{r['accept_len']:.2f}", pos,
+               f"{r['accept_len']:.2f} (K={method_k(name, c)})", pos,
                "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']}/{c['num_prompts']})"]
         table.add_row(*row, *((str(r.get("drafts_cut", 0)),) if cut else ()))
     return table
+
+
+def method_k(name: str, config: dict):
+    """The draft tokens per round a bench method ran with: none for greedy and plain, the tree's
+    total, n-gram's DRAFT_LENGTH where -k auto chose the chain's K, else the chain's K."""
+    if name in ("greedy", "plain"):
+        return 0
+    if name.endswith(TREE):
+        return (config.get("tree") or [None, None, "?"])[2]
+    if name == "ngram" and (config.get("k_auto") or {}).get("k_auto"):
+        return DRAFT_LENGTH
+    return config.get("k", "?")
 
 
 def time_split_lines(report: dict) -> list[str]:

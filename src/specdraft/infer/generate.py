@@ -37,11 +37,11 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_te
                              "(--temperature 0)")
     name = method + B.TREE if shape else method
     if drafter is None:
-        B.check_drafter_methods([name], None)
+        B.check_drafter_methods([name], None, "--method")
     dev = B.resolve_device(device)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     draft_model = B.load_drafter_for(drafter, target, dev, DTYPES[dtype]) if B.needs_drafter(method) else None
-    B.check_drafter_methods([name], draft_model)
+    B.check_drafter_methods([name], draft_model, "--method")
     tok = target.tokenizer
     ids = B.prompt_ids(tok, [{"role": "user", "content": prompt}])
     k, stop, _ = resolve(target, draft_model, drafter, ids, k, stop)
@@ -59,4 +59,5 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_te
                       show if stream else None, sync_cuda=dev.startswith("cuda"))
     return ({"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
              "tokens_per_s": result.tokens_per_s, "accept_len": result.accept_len,
-             "new_tokens": len(result.token_ids)}, m.name)
+             "new_tokens": len(result.token_ids), "k": k if B.needs_drafter(method) or method == "ngram" else 0},
+            m.name)

@@ -40,16 +40,23 @@ def machine_load() -> float | None:
         return None
 
 
-def busy_warning(what: str, start: float | None, end: float | None) -> str | None:
-    """One line when the load average exceeded the core count at the start or the end of `what`."""
+BUSY_SLACK = 0.5   # load average above what the cores absorb by this much: others compete (below: noise)
+
+
+def busy_warning(what: str, start: float | None, end: float | None, own_threads: int = 0) -> str | None:
+    """One line when other processes competed for the cores at the start or the end of `what`: the
+    load average, less `own_threads` (the command's own compute threads, which are the load a
+    2-core bench puts on a quiet 2-core machine), above the cores those threads leave free, by more
+    than BUSY_SLACK."""
     cores = os.cpu_count() or 1
+    free = max(cores - own_threads, 0)
     busy = [f"{load:.2f} at its {when}" for when, load in (("start", start), ("end", end))
-            if load is not None and load > cores]
+            if load is not None and load - own_threads > free + BUSY_SLACK]
     if not busy:
         return None
-    return (f"warning: {what}: the machine was busy (1-minute load average {' and '.join(busy)}, above its "
-            f"{cores} cores); "
-            "speeds are noisy, compare only ratios measured in the same rounds")
+    own = f", {own_threads} of it this command's own threads" if own_threads else ""
+    return (f"warning: {what}: the machine was busy (1-minute load average {' and '.join(busy)}{own}, on "
+            f"{cores} cores); speeds are noisy, compare only ratios measured in the same rounds")
 
 
 def monotonic_warning(verify_ms: Sequence[float], tolerance: float = 0.03) -> str | None:

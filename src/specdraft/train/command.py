@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 
 from specdraft.errors import SpecdraftError
+from specdraft.metrics import tau_text
 from specdraft.train.config import RunConfig, choices, flag, resolve_config
 
 # the same meanings as the other commands' (specdraft/flags.py; kept light: no import of it here)
@@ -86,7 +87,8 @@ def train(
     summary = run(cfg, parallel, setup)
     if summary is not None:
         val = summary.get("val") or {}
-        tail = f", val loss {val['loss']:.4f}, τ {val['accept_len']:.3f}" if val else ""
+        tail = (f", val loss {val['loss']:.4f}, {tau_text(val['accept_len'], cfg.ttt_steps, 'held-out', digits=3)}"
+                if val else "")
         done = "[yellow]stopped behind baseline[/] after" if summary.get("stopped") else "[green]trained[/]"
         Console(stderr=True).print(f"{done} {summary.get('steps', summary.get('stopped_at_step'))} steps, "
                                    f"{summary['tokens_seen']:,} tokens{tail} -> {cfg.out}")

@@ -29,7 +29,8 @@ from specdraft.train.inputs import INPUTS_FILE, check_inputs, data_identity, sto
 from specdraft.train.objective import TeacherHead, add_sums, finalize_metrics
 from specdraft.train.progress import progress_bar
 from specdraft.train.provenance import write_provenance
-from specdraft.train.run_folder import check_resume_settings, note, own_run_folder, set_aside, start_summary, val_summary
+from specdraft.train.run_folder import (check_resume_settings, note, nothing_to_resume, own_run_folder, set_aside,
+                                        start_summary, val_summary)
 from specdraft.train.runtime import Runtime, TrainData, use_bf16
 from specdraft.train.step import (StepResult, Training, TrainState, advance, evaluate, optimizer_and_schedule,
                                   restore_state, train_step)
@@ -96,8 +97,7 @@ def resume_checkpoint(cfg: RunConfig) -> Path:
     """--resume: the run's latest checkpoint (epoch-N or step-N)."""
     found = ckpt.latest_checkpoint(Path(cfg.out))
     if found is None:
-        raise SpecdraftError(f"{cfg.out}: no checkpoint to resume from (checkpoints/epoch-N or step-N "
-                             "with trainer_state.pt); start without --resume")
+        raise nothing_to_resume(Path(cfg.out))
     return found
 
 

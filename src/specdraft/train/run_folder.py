@@ -42,8 +42,23 @@ def check_run_folder(cfg: RunConfig) -> None:
     run_dir = Path(cfg.out)
     held = [name + ("/" if (run_dir / name).is_dir() else "") for name in RUN_FILES[:4] if (run_dir / name).exists()]
     if held and not (cfg.resume or cfg.overwrite):
+        if not any((run_dir / run_layout.CHECKPOINTS).glob("*/trainer_state.pt")):
+            raise SpecdraftError(f"{run_dir}: already holds a run that stopped before its first checkpoint "
+                                 f"({', '.join(held)}; --resume has nothing to continue); pass --overwrite to "
+                                 "start over, or choose another --out")
         raise SpecdraftError(f"{run_dir}: already holds a run ({', '.join(held)}); pass --resume to continue it, "
                              "--overwrite to start over, or choose another --out")
+
+
+def nothing_to_resume(run_dir: Path) -> SpecdraftError:
+    """--resume without a checkpoint. A started run is refused without --resume too (check_run_folder),
+    so that one is sent to --overwrite, not back (issue 36: the two messages sent the user in a loop)."""
+    if run_layout.holds_run(run_dir):
+        return SpecdraftError(f"{run_dir}: no checkpoint to resume from: the run stopped before its first one "
+                              "(one per epoch; --save-every N adds one every N steps), so there is nothing to "
+                              "continue; start it over with --overwrite instead of --resume")
+    return SpecdraftError(f"{run_dir}: no checkpoint to resume from (checkpoints/epoch-N or step-N with "
+                          "trainer_state.pt); start without --resume")
 
 
 # --overwrite sets the old run aside here (one rename per file) while the new run's trackers start:
