@@ -39,7 +39,7 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
                  ws / "export" / "speculators" / "config.json", run / "report.html"):
         assert path.exists(), path
     bench = json.loads((run / "bench.json").read_text())
-    assert set(bench["methods"]) == {"greedy", "plain", "ngram", "eagle3", "eagle3-tree"}   # the tree beside the chain
+    assert set(bench["methods"]) == {"greedy", "plain", "ngram", "eagle3", "hybrid", "eagle3-tree"}   # the tree beside the chain
     assert bench["rounds"] == 2 and len(bench["methods"]["eagle3"]["rounds"]) == 2
     # the summary is the bench's numbers, and every method reproduced greedy exactly
     assert summary["identical_to_greedy"] == {"greedy": True, "plain": True, "ngram": True, "eagle3": True,
@@ -73,6 +73,11 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
     # the total is the report's
     assert summary["headline"].startswith(tau) and summary["verdict"] and summary["next_step"]
     assert summary["export"] == str(export.resolve()) and summary["serve"] == f"vllm serve {export.resolve()}"
+    # hybrid's natural τ is a line of its own beside the drafter's headline, with n-gram's
+    assert set(natural["methods"]) == {"greedy", "ngram", "eagle3", "hybrid"}
+    hybrid_tau = f"hybrid τ {natural['methods']['hybrid']['accept_len']:.2f} at K={k} on 2 natural prompts"
+    assert summary["hybrid"].startswith(hybrid_tau) and "ngram τ" in summary["hybrid"]
+    assert natural["methods"]["hybrid"]["accept_len"] >= 1.0 and natural["methods"]["hybrid"]["identical_to_greedy"]
     from specdraft.analysis.report import duration, stages_total
 
     assert f"total {duration(stages_total(timings))}" in page
@@ -90,7 +95,7 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
     stages = [line.split()[2] for line in log.splitlines() if line.startswith("$ specdraft")]
     assert stages[len(timings):] in (["eval", "bench", "bench", "export", "report"],
                                      ["eval", "bench", "bench", "export", "doctor", "report"])
-    assert set(json.loads((run / "bench.json").read_text())["methods"]) == {"greedy", "plain", "ngram", "eagle3"}
+    assert set(json.loads((run / "bench.json").read_text())["methods"]) == {"greedy", "plain", "ngram", "eagle3", "hybrid"}
 
 
 def test_unknown_profile_is_refused():

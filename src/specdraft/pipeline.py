@@ -291,8 +291,23 @@ def closing(model: str, recipe: Recipe, run: Path, export: Path, bench: dict, k:
         verdict = ("τ is fine but this machine does not turn it into speed (see above); a GPU serving engine "
                    "does")
         step = serve
-    return {"headline": headline, "verdict": verdict, "next_step": step, "export": str(export.resolve()),
-            "serve": serve}
+    return {"headline": headline, "hybrid": hybrid_line(run), "verdict": verdict, "next_step": step,
+            "export": str(export.resolve()), "serve": serve}
+
+
+def hybrid_line(run: Path) -> str | None:
+    """The natural set's τ of hybrid (drafter + n-gram, one verify) beside n-gram's, as its own line:
+    a headline beside the drafter's, never in its place (no serving engine runs hybrid yet)."""
+    from specdraft.metrics import tau_text
+
+    path = run / run_layout.BENCH_NATURAL
+    report = json.loads(path.read_text()) if path.is_file() else {}
+    methods, cfg = report.get("methods") or {}, report.get("config") or {}
+    if "hybrid" not in methods:
+        return None
+    parts = [f"{name} {tau_text(methods[name].get('accept_len'), cfg.get('k'), cfg.get('prompts'), cfg.get('num_prompts'))}"
+             for name in ("hybrid", "ngram") if name in methods]
+    return "; ".join(parts) + " (hybrid: our loop only, no serving engine has it yet)"
 
 
 def summarize(bench: dict, seconds: float) -> dict:
@@ -329,7 +344,7 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
         console.print(summary["why_not_faster"], highlight=False, soft_wrap=True)
     if summary.get("doctor"):
         console.print(summary["doctor"], highlight=False, soft_wrap=True)
-    for label in ("headline", "verdict", "next_step", "export", "serve"):
+    for label in ("headline", "hybrid", "verdict", "next_step", "export", "serve"):
         if summary.get(label):
             console.print(f"[bold]{label.replace('_', ' ') + ':':11s}[/] {summary[label]}", highlight=False,
                           soft_wrap=True)
