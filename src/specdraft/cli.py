@@ -243,7 +243,7 @@ def bench(
     model: str = MODEL,
     drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
     prompts: str = typer.Option("builtin-holdout", "--prompts", help="jsonl with `messages` (user turns = prompt), "
-                                "builtin-holdout, or natural (hand-written, shipped)."),
+                                "builtin-holdout, or natural. Here: natural is hand-written, shipped."),
     methods: str = typer.Option("greedy,plain,ngram,eagle3", "--methods", help="Comma list of greedy (transformers "
                                 "generate), plain (specdraft's loop, no drafter), ngram, eagle3, eagle3-tree, ..."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help=MAX_NEW_TOKENS_HELP + " Here: per prompt."),

@@ -18,6 +18,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from specdraft.defaults import DRAFT_LENGTH, K_MAX, NUM_SPEC
@@ -187,6 +188,7 @@ FOREIGN_FLAGS = {
     "--eval-interval": ["--val-every"], "--log-interval": ["--log-every"], "--draft-vocab-size": ["--size"],
     "--dtype": ["--store-dtype", "--compute-dtype", "--weights-dtype"], "--torch-dtype": ["--compute-dtype"],
     "--profile": ["--time-split"], "--max-tokens": ["--tokens-per-sample"],
+    "-k": ["--max-k"],   # plan's old name for the longest chain considered
 }
 
 
@@ -223,6 +225,7 @@ class PlainCommand(TyperCommand):
                 param.display_type_rich = lambda ctx: None
 
     def parse_args(self, ctx, args):
+        given = list(args)   # click consumes `args`
         try:
             return super().parse_args(ctx, args)
         except Exception as e:   # click's NoSuchOption (typer bundles its own click)
@@ -231,7 +234,22 @@ class PlainCommand(TyperCommand):
                 hint = suggestion(e.option_name, known)
                 if hint:
                     e.possibilities = [hint]
+            json_file = json_flag_given_a_file(given, e)
+            if json_file is not None:
+                raise SpecdraftError(f"--json {json_file}: --json takes no value any more (it prints JSON to "
+                                     f"stdout); write the file with --out {json_file}") from None
             raise
+
+
+def json_flag_given_a_file(args: list[str], error) -> Optional[str]:
+    """The old `--json FILE` (now --json prints and --out writes): the extra argument click refused
+    right after --json, or None."""
+    message = error.format_message() if hasattr(error, "format_message") else ""
+    for flag, value in zip(args, args[1:]):
+        if flag == "--json" and not value.startswith("-") and "unexpected extra argument" in message \
+                and value in message:
+            return value
+    return None
 
 
 class PipelineGroup(TyperGroup):
@@ -304,6 +322,6 @@ def run_cli(app) -> None:
             raise   # a bug, not bad input: the traceback is what helps
         if os.environ.get("SPECDRAFT_DEBUG") == "1":
             console.print_exception()
-        console.print(f"[red]error:[/] {line}", highlight=False, soft_wrap=True)
+        console.print(Text.assemble(("error:", "red"), f" {line}"), highlight=False, soft_wrap=True)   # never markup
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)

@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
@@ -102,7 +103,7 @@ def run_stage(console: Console, args: list[str], log: Path) -> None:
     """Run one `specdraft` command in a child process; what it prints goes to the console and into
     `log` (recipe.log), so a recipe's log holds each stage's own progress and errors."""
     shown = "specdraft " + " ".join(shlex.quote(a) for a in args)
-    console.print(f"\n[bold cyan]$ {shown}[/]", highlight=False)
+    console.print(Text(f"\n$ {shown}", style="bold cyan"), highlight=False)
     with log.open("a") as f:
         f.write(f"$ {shown}\n")
     started = time.perf_counter()
@@ -172,8 +173,8 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     console = Console(stderr=True)
     log = ws / "recipe.log"
     run = ws / "runs" / recipe.name
-    console.print(f"[bold]specdraft recipe[/] {model} · {recipe.path} · engine {engine} · workspace {ws}",
-                  highlight=False)
+    console.print(Text.assemble(("specdraft recipe", "bold"),
+                                f" {model} · {recipe.path} · engine {engine} · workspace {ws}"), highlight=False)
     started = time.perf_counter()
 
     if not (ws / "data" / "prepare.json").exists():
@@ -255,10 +256,10 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
                       "yes" if summary["identical_to_greedy"][name] else "NO")
     Console().print(table)
     if summary.get("why_not_faster"):
-        console.print(summary["why_not_faster"], highlight=False, soft_wrap=True)
+        console.print(summary["why_not_faster"], highlight=False, soft_wrap=True, markup=False)
     if summary.get("doctor"):
-        console.print(summary["doctor"], highlight=False, soft_wrap=True)
-    console.print(f"total {summary['seconds'] / 60:.1f} min · report: [bold]{report}[/]", highlight=False)
+        console.print(summary["doctor"], highlight=False, soft_wrap=True, markup=False)
+    console.print(Text.assemble(f"total {summary['seconds'] / 60:.1f} min · report: ", (str(report), "bold")), highlight=False)
 
 
 def _continue_run(run: Path) -> list[str]:

@@ -153,7 +153,7 @@ def print_result(result: dict) -> None:
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in result["rows"]:
         table.add_row(*row)
-    console = Console()
+    console = Console(markup=False)   # run names and paths are never markup (a folder run[lr=3e-3])
     console.print(table)
     for name, text in result["watch"].items():
         console.print(f"{name}: {text}", highlight=False)

@@ -225,5 +225,5 @@ def resolve(target, draft_model, drafter: str | None, ids: list[int], k: int | N
 
     choice = choose(target.model, draft_model, drafter, ids, k, None if stop == "auto" else stop,
                     stop_auto=stop == "auto")
-    Console(stderr=True).print(choice.line(), highlight=False, soft_wrap=True)
+    Console(stderr=True).print(choice.line(), highlight=False, soft_wrap=True, markup=False)
     return choice.k, choice.stop, choice
