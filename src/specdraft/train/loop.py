@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.text import Text
 
 from specdraft import run_layout
 from specdraft import vocab as vocab_mod
@@ -218,7 +217,7 @@ def stopped_behind(t: Training, folder: Path) -> dict:
     text = (f"stopped at step {state.step} ({state.tokens_seen:,} tokens) by --stop-if-behind: "
             f"behind baseline {t.cfg.baseline}; checkpoint {folder} (inspect it, or continue with "
             f"`specdraft train --out {t.run_dir} --resume`)")
-    t.log(Text(text, style="yellow"))
+    t.log(text)   # printed as written (markup=False): paths may hold [..]
     if t.runtime.is_main:
         note(t.run_dir, "decision", text)
     return {"steps": state.step, "tokens_seen": state.tokens_seen, "val": t.last_val,
