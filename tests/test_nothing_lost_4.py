@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bad_workspace import run_cli, ws  # noqa: F401  (ws is a fixture)
 
 
@@ -32,3 +34,117 @@ def test_old_flag_names_point_to_the_new_ones(ws, monkeypatch, capsys):
     assert code == 2 and len(lines) == 1, err
     assert f"--json {out}: --json takes no value" in lines[0] and f"--out {out}" in lines[0], err
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- 4. every reader typed
+
+def test_nan_and_inf_in_json_files_and_numeric_flags_are_one_line(ws, monkeypatch, capsys):
+    for value in ("nan", "inf", "-inf"):
+        code, err, _ = run_cli(monkeypatch, capsys,
+                               ["plan", "--accept", "0.8,0.6", "--draft-ms", "1", "--verify-ms", value])
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and f"--verify-ms {value}: every value must be a finite number" in err, err
+    accept = ws["root"] / "accept-nan.json"
+    accept.write_text('{"cond_acc": [0.8, NaN]}')
+    code, err, _ = run_cli(monkeypatch, capsys, ["plan", "--accept", accept, "--draft-ms", "1"])
+    assert code == 2 and f"{accept}: field 'cond_acc.1' is nan, expected a finite number" in err, err
+    manifest = json.loads((ws["root"] / "hidden" / "manifest.json").read_text())
+    store = ws["root"] / "hidden-inf"
+    store.mkdir(exist_ok=True)
+    (store / "manifest.json").write_text(json.dumps({**manifest, "num_tokens": float("inf")}))
+    code, err, _ = run_cli(monkeypatch, capsys, ["train", "--store", store, "--vocab", ws["root"] / "vocab.safetensors",
+                                                 "--model", ws["target"], "--out", ws["root"] / "run-inf"])
+    assert code == 2 and "manifest.json: field 'num_tokens' is inf, expected a finite number" in err, err
+    assert not (ws["root"] / "run-inf").exists()
+
+
+@pytest.mark.parametrize("timings", [
+    {"24x40": {"3": {"linear": float("nan"), "mm": 0.5}}},      # NaN: every comparison false
+    {"24x40": {"3": {"linear": "1", "mm": 0.5}}},               # a string
+    {"24x40": {"3": [1.0, 0.5]}},                               # another layout
+    {"24x40": {"three": {"linear": 1.0, "mm": 0.5}}},           # a row count that is not a number
+    {"24x40": 7},
+    [1, 2],
+])
+def test_the_kernel_cache_is_never_an_error(timings, tmp_path, monkeypatch):
+    import torch
+    from specdraft.infer import kernels
+
+    monkeypatch.setattr(kernels, "_TABLES", {})
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
+    path = kernels.cache_file(kernels.machine_key(torch.float32))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"timings_ms": timings}))
+    shape, calls = (24, 40), []
+
+    def timer(s, rows):
+        calls.append(rows)
+        return {"mm": 0.5, "linear": 1.0} if rows == 3 else {"mm": 1.0, "linear": 0.5}
+    flags = kernels.kernel_table([shape], timer=timer).use_mm(shape)
+    assert flags[3] and not flags[2] and calls            # measured again, the measurement used
+    saved = json.loads(path.read_text())["timings_ms"]["24x40"]
+    assert saved["3"] == {"mm": 0.5, "linear": 1.0}
+
+
+# ----------------------------------------------------------------------------- 3. no default-shape assumption
+
+@pytest.fixture(scope="module")
+def shapes(ws):
+    """Stores of other shapes than the default and a short run on each: compact (no `last`), two
+    aux layers, and two --part halves trained as one."""
+    from specdraft.data.capture import capture
+    from specdraft.train.config import RunConfig
+    from specdraft.train.loop import train
+
+    root = ws["root"]
+    stores = {"compact": dict(store_format="compact"), "aux2": dict(layers=[2, 4]),
+              "part1": dict(part=(1, 2)), "part2": dict(part=(2, 2))}
+    for name, how in stores.items():
+        capture(model=ws["target"], data=root / "data", out=root / f"hidden-{name}", dtype="float32",
+                progress=False, **{"layers": [2, 4, 5], **how})
+    runs = {"compact": str(root / "hidden-compact"), "aux2": str(root / "hidden-aux2"),
+            "parts": [str(root / "hidden-part1"), str(root / "hidden-part2")]}
+    for name, store in runs.items():
+        train(RunConfig(out=str(root / f"run-{name}"), store=store,
+                        vocab=str(root / "vocab.safetensors"), model=ws["target"], max_tokens=512, epochs=1,
+                        progress=False, precision="fp32", val_fraction=0.25, ttt_steps=2))
+    return root
+
+
+@pytest.mark.parametrize("name", ["compact", "aux2", "parts"])
+def test_doctor_on_stores_of_other_shapes(shapes, name, monkeypatch, capsys):
+    code, err, out = run_cli(monkeypatch, capsys, ["doctor", shapes / f"run-{name}", "--json"])
+    assert code == 0 and "Traceback" not in err, err
+    result = json.loads(out)
+    assert result["tau_held_out"] >= 1.0
+    assert {c["id"] for c in result["checked"] + result["causes"]} >= {"vocab_coverage", "aux_layers"}
+
+
+@pytest.mark.parametrize("file, text, field", [
+    ("config.yaml", None, "ttt_steps is 'two'"),
+    ("plan.json", '{"verify_ms": [1.0, "2"], "draft_ms": 0.5}', "field 'verify_ms.1' is \"2\""),
+    ("plan.json", '{"verify_ms": [1.0, 2.0]}', "field 'draft_ms' is missing"),
+    ("exports.json", '{"exports": [{"out": 3, "num_speculative_tokens": 3}]}', "field 'exports.0.out' is 3"),
+    ("exports.json", '{"exports": {"out": "x"}}', "field 'exports' is"),
+])
+def test_doctor_reads_its_inputs_typed(shapes, tmp_path, file, text, field, monkeypatch, capsys):
+    """(class 4) Wrong types in config.yaml, plan.json or exports.json: one line naming the file and
+    the field, never a traceback; nothing in the run changes."""
+    import shutil
+
+    from bad_workspace import tree_hash
+
+    run = tmp_path / "run"
+    shutil.copytree(shapes / "run-aux2", run)
+    if file == "config.yaml":
+        (run / file).write_text((run / file).read_text().replace("ttt_steps: 2", "ttt_steps: two"))
+    else:
+        (run / file).write_text(text)
+    if file == "plan.json":   # round_cost reads plan.json only for a run with an export
+        (run / "exports.json").write_text(json.dumps({"exports": [{"out": str(run), "num_speculative_tokens": 2}]}))
+    before = tree_hash(run)
+    code, err, _ = run_cli(monkeypatch, capsys, ["doctor", run])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"error: {run / file}: ") and field in lines[0], lines[0]
+    assert tree_hash(run) == before

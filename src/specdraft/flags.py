@@ -151,9 +151,13 @@ def parse_floats(text: Optional[str], option: str) -> Optional[list[float]]:
     if text is None:
         return None
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        numbers = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise SpecdraftError(f"{option} {text!r}: expected comma-separated numbers such as 0.8,0.6,0.5") from None
+    if not all(math.isfinite(x) for x in numbers):
+        raise SpecdraftError(f"{option} {text}: every value must be a finite number (no nan or inf), "
+                             "e.g. 0.8,0.6,0.5")
+    return numbers
 
 
 def check_out(out, inputs: list, suffix: str):

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -229,7 +230,39 @@ def read_json(path: str | os.PathLike, what: str = "file") -> dict:
     if not isinstance(data, dict):
         raise SpecdraftError(f"{path}: expected a JSON object {{...}}, got {type(data).__name__}; "
                              f"re-create the {what}")
+    found = non_finite_field(data)
+    if found is not None:
+        raise SpecdraftError(f"{path}: field '{found[0]}' is {found[1]}, expected a finite number; fix or "
+                             f"re-create the {what}")
     return data
+
+
+def non_finite_field(data, where: str = "") -> tuple[str, float] | None:
+    """The dotted name and value of the first NaN or +-Infinity in parsed JSON (Python's json reads
+    them), or None."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return where, data
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        found = non_finite_field(value, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def read_model(path: str | os.PathLike, model, what: str, fix: str):
+    """A JSON file read into a pydantic `model` (strict types, unknown fields ignored): the first
+    field of the wrong type or missing is one line naming the file, the field and `fix`."""
+    from pydantic import ValidationError
+
+    data = read_json(path, what)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(map(str, err["loc"])) or "(top)"
+        given = "missing" if err["type"] == "missing" else f"{json.dumps(err['input'], default=str)[:80]}"
+        raise SpecdraftError(f"{path}: field '{field}' is {given} ({err['msg'].lower()}); {fix}") from None
 
 
 NUMBER = (int, float)
