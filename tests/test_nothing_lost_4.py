@@ -5,6 +5,8 @@ earlier outputs byte-identical (bad_workspace.check_refusal), or that the result
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -130,8 +132,6 @@ def test_doctor_on_stores_of_other_shapes(shapes, name, monkeypatch, capsys):
 def test_doctor_reads_its_inputs_typed(shapes, tmp_path, file, text, field, monkeypatch, capsys):
     """(class 4) Wrong types in config.yaml, plan.json or exports.json: one line naming the file and
     the field, never a traceback; nothing in the run changes."""
-    import shutil
-
     from bad_workspace import tree_hash
 
     run = tmp_path / "run"
@@ -148,3 +148,42 @@ def test_doctor_reads_its_inputs_typed(shapes, tmp_path, file, text, field, monk
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith(f"error: {run / file}: ") and field in lines[0], lines[0]
     assert tree_hash(run) == before
+
+
+# ----------------------------------------------------------------------------- 5. outputs never over inputs
+
+@pytest.mark.parametrize("name", ["eval.json", "bench.json", "exports.json"])
+def test_report_out_never_replaces_a_result_it_reads(shapes, tmp_path, name, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(shapes / "run-aux2", run)
+    (run / name).write_text('{"kept": true}\n')
+    code, err, _ = run_cli(monkeypatch, capsys, ["report", run, "--out", run / name])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and f"--out {run / name}: is an existing .json file" in lines[0], err
+    assert (run / name).read_text() == '{"kept": true}\n'
+
+
+def test_concurrent_exports_are_both_recorded(shapes, tmp_path, monkeypatch):
+    """Two exports of one run at once: each holds exports.json's lock from read to write, so neither
+    entry is lost (both wrote their own list over the other's before)."""
+    import threading
+    import time
+
+    from specdraft.formats import card
+
+    run = tmp_path / "run"
+    shutil.copytree(shapes / "run-aux2", run)
+    slow_write = card.write_json
+
+    def write_json(path, obj):     # widen the window between reading and writing exports.json
+        time.sleep(0.3)
+        slow_write(path, obj)
+    monkeypatch.setattr(card, "write_json", write_json)
+    threads = [threading.Thread(target=card.record_export, args=(run / "best", tmp_path / out, "speculators",
+                                                                  "bfloat16", 3)) for out in ("A", "B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    outs = sorted(Path(e["out"]).name for e in json.loads((run / "exports.json").read_text())["exports"])
+    assert outs == ["A", "B"]

@@ -116,12 +116,13 @@ def check_file_target(path: str | os.PathLike) -> Path:
 OWNED_FILES = {"manifest.json", "prepare.json", "regen.jsonl", "questions.jsonl", "metrics.jsonl", "config.yaml",
                "config.json", "progress.json", "trainer_state.pt", "inputs.json", "model.safetensors",
                "model.safetensors.index.json", "journal.md", "provenance.json", "remap.json", "val.json",
-               "stages.json", ".specdraft.lock", ".journal.lock", "tokenizer.json", "tokenizer_config.json",
+               "stages.json", ".specdraft.lock", ".journal.lock", ".exports.lock", "tokenizer.json", "tokenizer_config.json",
                "generation_config.json", "special_tokens_map.json"}
 OWNED_PATTERN = re.compile(r"^(shard-\d+\.safetensors|model-\d+-of-\d+\.safetensors)$")
 # an existing file of these kinds is data (weights, a vocab, a store, conversations, a config), never
 # the result of a command that writes another kind
-DATA_SUFFIXES = {".safetensors", ".pt", ".bin", ".gguf", ".jsonl", ".parquet", ".yaml", ".yml"}
+DATA_SUFFIXES = {".safetensors", ".pt", ".bin", ".gguf", ".jsonl", ".parquet", ".yaml", ".yml",
+                 ".json"}   # a result another command wrote (RUN/eval.json): report --out never replaces it
 
 
 def check_output_file(path: str | os.PathLike, inputs=(), writes: str | None = None,
@@ -150,7 +151,7 @@ def check_output_file(path: str | os.PathLike, inputs=(), writes: str | None = N
         raise SpecdraftError(f"{option} {path}: {name} is a file specdraft (or a model folder) is made of; writing "
                              f"it would replace it: {fix}")
     if writes and path.is_file() and path.suffix.lower() in DATA_SUFFIXES and path.suffix.lower() != writes:
-        raise SpecdraftError(f"{option} {path}: is an existing {path.suffix} file (data: weights, a vocab, "
+        raise SpecdraftError(f"{option} {path}: is an existing {path.suffix} file (data or a result: weights, a vocab, "
                              f"conversations, a config?) and this command writes {writes}: {fix}")
     return path
 
