@@ -113,6 +113,31 @@ def shapes(ws):
     return root
 
 
+@pytest.mark.parametrize("layers, named", [("4", "aux layer 4"), ("1,2,4,5,6", "aux layer 4, aux layer 5, aux layer 6")])
+def test_capture_nan_check_names_the_layer_for_any_aux_count(ws, layers, named, monkeypatch, capsys):
+    """One aux layer was an IndexError (the check counted 3), five named only `last`."""
+    from bad_workspace import check_refusal
+
+    out = ws["root"] / f"h-nan-{layers.replace(',', '-')}"
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (
+        ["capture", "--model", ws["nan_target"], "--prepared", ws["root"] / "data", "--out", out,
+         "--store-dtype", "float32", "--layers", layers], ws["root"] / "data"), "non-finite hidden states", True)
+    assert f"in {named}, last;" in line, line
+
+@pytest.mark.parametrize("stage", ["capture", "prepare"])
+def test_a_part_with_no_samples_is_one_line(ws, stage, monkeypatch, capsys):
+    """--part 11/11 of 10 samples: capture ended in max() of an empty list, prepare blamed the filters."""
+    from bad_workspace import check_refusal
+
+    out = ws["root"] / f"{stage}-part11"
+    given = {"capture": ["--prepared", ws["root"] / "data", "--store-dtype", "float32"],
+             "prepare": ["--conversations", ws["root"] / "good.jsonl"]}[stage]
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (
+        [stage, "--model", ws["target"], *given, "--out", out, "--part", "11/11"], ws["root"] / "data"),
+        "--part 11/11: no samples in this part")
+    assert "split into at most 10 parts" in line, line
+    assert not out.exists()
+
 @pytest.mark.parametrize("name", ["compact", "aux2", "parts"])
 def test_doctor_on_stores_of_other_shapes(shapes, name, monkeypatch, capsys):
     code, err, out = run_cli(monkeypatch, capsys, ["doctor", shapes / f"run-{name}", "--json"])

@@ -184,14 +184,14 @@ def capture_samples(model, samples: list[list[int]], layer_ids: list[int], store
 
 def check_finite(aux, last, offsets, layer_ids, first_index: int) -> None:
     """NaN/inf in a hidden state would poison training silently: name the sample instead."""
-    bad_aux = ~torch.isfinite(aux).all(dim=-1)    # [N, 3]
+    bad_aux = ~torch.isfinite(aux).all(dim=-1)    # [N, n_aux]: any number of aux layers
     bad_last = ~torch.isfinite(last).all(dim=-1)  # [N]
     bad = bad_aux.any(dim=-1) | bad_last
     if not bad.any():
         return
     token = int(bad.nonzero()[0, 0])
     sample = int(torch.searchsorted(offsets, torch.tensor(token), right=True)) - 1
-    where = [f"aux layer {layer_ids[k]}" for k in range(3) if bad_aux[token, k]]
+    where = [f"aux layer {layer_id}" for k, layer_id in enumerate(layer_ids) if bad_aux[token, k]]
     where += ["last"] if bad_last[token] else []
     raise SpecdraftError(f"sample {first_index + sample}: non-finite hidden states (NaN/inf) at token "
                          f"{token - int(offsets[sample])} in {', '.join(where)}; the target overflows in this "

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from specdraft.data.conversations import Conversation, load_conversations, self_question_count, source_kind
-from specdraft.data.prepared import part_indices, save_prepared
+from specdraft.data.prepared import non_empty_part, save_prepared
 from specdraft.data.render import end_of_turn_ids, render, require_chat_template, template_sha256
 from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
 from specdraft.errors import SpecdraftError
@@ -110,7 +110,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
             dropped["over_limit"] += len(conversations) - limit
             conversations = conversations[:limit]
         if part is not None:
-            conversations = [conversations[i] for i in part_indices(len(conversations), part)]
+            conversations = [conversations[i] for i in non_empty_part(len(conversations), part, "the conversations left are")]
         settings = RegenSettings(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                                  target=target.identity["fingerprint"])
         with answer_engine(engine_name, target, settings, end_ids, opts) as answer:
@@ -123,7 +123,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
 
     rows = render_and_filter(tok, conversations, end_ids, max_length, min_assistant_tokens, dedup, limit, dropped)
     if part is not None and not regenerate:
-        keep = part_indices(len(rows["input_ids"]), part)
+        keep = non_empty_part(len(rows["input_ids"]), part, "the samples left after filtering are")
         rows = {key: [column[i] for i in keep] for key, column in rows.items()}
     if not rows["input_ids"]:
         raise SpecdraftError(f"--conversations {source}: no samples left after filtering {records} conversations "
