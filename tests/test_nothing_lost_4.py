@@ -212,3 +212,44 @@ def test_concurrent_exports_are_both_recorded(shapes, tmp_path, monkeypatch):
         t.join()
     outs = sorted(Path(e["out"]).name for e in json.loads((run / "exports.json").read_text())["exports"])
     assert outs == ["A", "B"]
+
+
+# ----------------------------------------------------------------------------- 2. no setting dropped
+
+@pytest.fixture(scope="module")
+def dflash_drafter(ws):
+    """A DFlash drafter of the tiny target with the defaults: one layer, a block of 4."""
+    from specdraft.families import family
+    from specdraft.formats.checkpoints import save_checkpoint
+    from specdraft.targets import load_target
+    from specdraft.train.checkpoint import drafter_tensors
+    from specdraft import vocab as vocab_mod
+
+    fam, target = family("dflash"), load_target(ws["target"])
+    vocab = vocab_mod.load(ws["root"] / "vocab.safetensors")
+    dcfg = fam.new_config(target.config, vocab.draft_vocab_size, [2, 4, 5], ws["target"])
+    drafter = fam.build(dcfg)
+    fam.init_from_target(drafter, target, vocab.d2t, vocab.t2d)
+    save_checkpoint(ws["root"] / "dflash-drafter", drafter_tensors(drafter), dcfg)
+    return ws["root"] / "dflash-drafter"
+
+
+@pytest.mark.parametrize("family, flags, named", [
+    ("dflash", ["--draft-layers", "2", "--ttt-steps", "5"],
+     "--draft-layers sets num_layers 2 but the drafter has 1; --ttt-steps sets block_size 6 but the drafter has 4"),
+    ("dflash", ["--fc-norm"], "--fc-norm True: an EAGLE-3 option"),
+    ("eagle3", ["--fc-norm", "--norm-output"], "--norm-output sets norm_output True but the drafter has False; "
+                                                "--fc-norm sets fc_norm True but the drafter has False"),
+])
+def test_from_pretrained_refuses_the_settings_it_would_drop(ws, dflash_drafter, family, flags, named,
+                                                            monkeypatch, capsys):
+    """`train --from-pretrained` kept the drafter's shape and recorded the flags in config.yaml anyway."""
+    from bad_workspace import check_refusal
+
+    drafter = dflash_drafter if family == "dflash" else ws["root"] / "drafter"
+    out = ws["root"] / f"run-pretrained-{family}-{flags[0]}"
+    line = check_refusal(ws, monkeypatch, capsys, lambda ws: (
+        ["train", "--family", family, "--from-pretrained", drafter, *flags, "--store", ws["root"] / "hidden",
+         "--vocab", ws["root"] / "vocab.safetensors", "--model", ws["target"], "--out", out, "--epochs", "1",
+         "--no-progress"], drafter), named, after_start=True)
+    assert not (out / "config.yaml").exists(), line
