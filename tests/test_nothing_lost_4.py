@@ -120,8 +120,8 @@ def test_capture_nan_check_names_the_layer_for_any_aux_count(ws, layers, named, 
 
     out = ws["root"] / f"h-nan-{layers.replace(',', '-')}"
     line = check_refusal(ws, monkeypatch, capsys, lambda ws: (
-        ["capture", "--model", ws["nan_target"], "--prepared", ws["root"] / "data", "--out", out,
-         "--store-dtype", "float32", "--layers", layers], ws["root"] / "data"), "non-finite hidden states", True)
+        ["capture", "--model", ws["nan_target"], "--prepared", ws["root"] / "data-nan", "--out", out,
+         "--store-dtype", "float32", "--layers", layers], ws["root"] / "data-nan"), "non-finite hidden states", True)
     assert f"in {named}, last;" in line, line
 
 @pytest.mark.parametrize("stage", ["capture", "prepare"])
@@ -253,3 +253,98 @@ def test_from_pretrained_refuses_the_settings_it_would_drop(ws, dflash_drafter, 
          "--vocab", ws["root"] / "vocab.safetensors", "--model", ws["target"], "--out", out, "--epochs", "1",
          "--no-progress"], drafter), named, after_start=True)
     assert not (out / "config.yaml").exists(), line
+
+
+# ----------------------------------------------------------------------------- 1. identity of the whole model and data
+
+@pytest.fixture(scope="module")
+def scaled_target(ws):
+    """The tiny target with layer 0's down_proj scaled x3: embeddings and norms unchanged."""
+    from safetensors.torch import load_file, save_file
+
+    folder = ws["root"] / "scaled_target"
+    if not folder.exists():
+        shutil.copytree(ws["target"], folder)
+        weights = load_file(str(folder / "model.safetensors"))
+        weights["model.layers.0.mlp.down_proj.weight"] *= 3
+        save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def test_the_fingerprint_sees_every_layer(ws, scaled_target, monkeypatch, capsys):
+    from specdraft.targets import identity_of, load_target
+
+    mine, scaled = load_target(ws["target"]), load_target(str(scaled_target))
+    assert mine.identity["fingerprint_v1"] == scaled.identity["fingerprint_v1"]   # what version 1 saw
+    assert mine.identity["fingerprint"] != scaled.identity["fingerprint"]
+    assert identity_of(scaled.model, scaled.name) == scaled.identity        # loaded weights = checkpoint slices
+    for args in (["train", "--store", ws["root"] / "hidden", "--vocab", ws["root"] / "vocab.safetensors",
+                  "--out", ws["root"] / "run-scaled"],
+                 ["eval", "--drafter", ws["root"] / "drafter", "--store", ws["root"] / "hidden"]):
+        code, err, _ = run_cli(monkeypatch, capsys, [*args, "--model", scaled_target])
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and lines[-1].startswith("error:") and "fingerprint" in lines[-1], err
+    assert not (ws["root"] / "run-scaled" / "config.yaml").exists()
+
+
+def test_a_store_of_the_older_fingerprint_kind_is_still_its_targets(ws, tmp_path, monkeypatch, capsys):
+    """A store captured before fingerprint version 2 recorded the embeddings-and-norms kind: it is
+    still accepted for its target (and refused for another)."""
+    from rich.console import Console
+
+    from specdraft import targets
+    from specdraft.data.capture import capture
+    from specdraft.data.prepare import prepare
+
+    def version_1(cfg, probes, name, layer_rows=None):   # what a capture before version 2 recorded
+        identity = fingerprint(cfg, probes, name)
+        return {k: v for k, v in identity.items() if k not in ("fingerprint_version", "fingerprint_v1")}
+    fingerprint = targets.fingerprint
+    store = tmp_path / "hidden-v1"
+    with monkeypatch.context() as m:
+        m.setattr(targets, "fingerprint", version_1)   # a workspace prepared and captured before version 2
+        prepare(model=ws["target"], source=str(ws["root"] / "good.jsonl"), out=tmp_path / "data-v1",
+                console=Console(stderr=True, quiet=True))
+        capture(model=ws["target"], data=tmp_path / "data-v1", out=store, layers=[2, 4, 5], dtype="float32",
+                progress=False)
+    recorded = json.loads((store / "manifest.json").read_text())["target"]
+    assert "fingerprint_version" not in recorded
+    assert recorded["fingerprint"] == targets.load_target(ws["target"]).identity["fingerprint_v1"]
+    out = tmp_path / "eval.json"
+    code, err, _ = run_cli(monkeypatch, capsys, ["eval", "--drafter", ws["root"] / "drafter", "--store", store,
+                                                 "--model", ws["target"], "--out", out])
+    assert code == 0 and out.is_file(), err
+    code, err, _ = run_cli(monkeypatch, capsys, ["eval", "--drafter", ws["root"] / "drafter", "--store", store,
+                                                 "--model", ws["other"]])
+    assert code == 2 and "fingerprints differ" in err, err
+
+
+def test_the_same_samples_twice_are_refused(ws, tmp_path, monkeypatch, capsys):
+    """`train --store cap --store <a copy of cap>` trained on every sample twice, val samples in training."""
+    copy = tmp_path / "hidden-copy"
+    shutil.copytree(ws["root"] / "hidden", copy)
+    out = tmp_path / "run-twice"
+    code, err, _ = run_cli(monkeypatch, capsys, ["train", "--store", ws["root"] / "hidden", "--store", copy,
+                                                 "--vocab", ws["root"] / "vocab.safetensors", "--model", ws["target"],
+                                                 "--out", out])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and "the same samples twice" in lines[-1] and "data.fingerprint" in lines[-1], err
+    assert not (out / "config.yaml").exists()
+
+
+def test_parts_train_exactly_as_the_one_store(ws, shapes, tmp_path):
+    """--part 2/2 and 1/2 (any order), trained together, give the metrics of the run on the one store."""
+    from specdraft.train.config import RunConfig
+    from specdraft.train.loop import train
+
+    def timeless(record: dict) -> dict:
+        return {k: v for k, v in record.items() if not any(w in k for w in ("time", "per_s", "elapsed", "seconds"))}
+
+    logs = {}
+    for name, store in (("whole", str(shapes / "hidden")),
+                        ("parts", [str(shapes / "hidden-part2"), str(shapes / "hidden-part1")])):
+        train(RunConfig(out=str(tmp_path / name), store=store, vocab=str(shapes / "vocab.safetensors"),
+                        model=ws["target"], max_tokens=512, epochs=2, progress=False, precision="fp32",
+                        val_fraction=0.25, seed=0))
+        logs[name] = [timeless(json.loads(line)) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    assert len(logs["whole"]) > 2 and logs["parts"] == logs["whole"]

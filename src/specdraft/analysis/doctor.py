@@ -37,7 +37,7 @@ from specdraft.infer.bench import PROMPT_SETS, hf_greedy, prompt_ids, read_promp
 from specdraft.infer.costmodel import best_option, chain_options
 from specdraft.io import read_json, read_model, write_json
 from specdraft.metrics import load_run
-from specdraft.targets import final_norm, load_target
+from specdraft.targets import final_norm, load_target, same_target
 from specdraft.train.batches import split_samples
 from specdraft.train.config import MAX_TTT_STEPS, RunConfig, check_type, load_yaml
 from specdraft.vocab import check_mapping
@@ -128,7 +128,14 @@ class Doctor:
         if missing:
             raise SpecdraftError(f"doctor {self.run}: the store {missing[0] or '(none in config.yaml)'} is not "
                                  "there; pass --store WS/hidden (the store the run trained on)")
-        return open_stores(self.store_paths)
+        store = open_stores(self.store_paths)
+        recorded = str(store.target.get("fingerprint", ""))
+        if recorded and not same_target(recorded, self.target.identity):
+            raise SpecdraftError(f"doctor {self.run}: store {', '.join(self.store_paths)} was captured from "
+                                 f"{store.target.get('id')} ({recorded}) but the target {self.target.name} is "
+                                 f"{self.target.identity['fingerprint']}; pass --model the store's target, or "
+                                 "--store a store of this target")
+        return store
 
     @property
     def store_flags(self) -> str:

@@ -40,6 +40,7 @@ from specdraft.targets import (
     describe_target,
     load_target,
     load_target_head,
+    same_target,
     tap_hidden_states,
 )
 
@@ -218,7 +219,7 @@ def _resume_manifest(out: Path, want: dict) -> dict:
     checking it was captured with the same target, layers, dtype, data and shard size."""
     manifest = st.read_manifest(out)
     have_t, want_t = manifest["target"], want["target"]
-    if have_t.get("fingerprint") != want_t.get("fingerprint"):
+    if not same_target(have_t.get("fingerprint"), want_t):
         raise SpecdraftError(f"{out}: store was captured from {have_t.get('id')} (fingerprint "
                              f"{have_t.get('fingerprint')}) but --model is {want_t.get('id')} (fingerprint "
                              f"{want_t.get('fingerprint')}); pass the same --model or another --out")

@@ -75,8 +75,10 @@ def load_prepared(path: str | Path):
 
 def check_prepared_for(meta: dict, target, data, use: str) -> None:
     """Refuse data whose prepare.json names another target: its tokens mean other things there."""
+    from specdraft.targets import same_target   # here: this module stays torch-free (prepare refuses bad data first)
+
     prepared_for = meta.get("target") or {}
-    if prepared_for.get("fingerprint") and prepared_for["fingerprint"] != target.identity["fingerprint"]:
+    if prepared_for.get("fingerprint") and not same_target(prepared_for["fingerprint"], target.identity):
         raise SpecdraftError(f"{data}: prepared for {prepared_for.get('id')} (fingerprint "
                              f"{prepared_for['fingerprint']}) but --model is {target.name} (fingerprint "
                              f"{target.identity['fingerprint']}); {use} with the target the data was "
