@@ -348,3 +348,23 @@ def test_parts_train_exactly_as_the_one_store(ws, shapes, tmp_path):
                         val_fraction=0.25, seed=0))
         logs[name] = [timeless(json.loads(line)) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     assert len(logs["whole"]) > 2 and logs["parts"] == logs["whole"]
+
+
+# ----------------------------------------------------------------------------- 6. a failed write never blocks its fix
+
+def test_a_failed_capture_never_blocks_the_fix_its_error_suggests(ws, tmp_path, monkeypatch, capsys):
+    """A capture that fails before its first shard left a manifest: the re-run its error suggests
+    (--store-dtype float32, with or without --resume) was refused as 'already holds files' or
+    'store has dtype bfloat16'. Now it starts over (nothing was captured), and succeeds once the
+    cause is gone."""
+    out = tmp_path / "h-failed"
+    base = ["capture", "--prepared", ws["root"] / "data-nan", "--out", out]
+    for extra in (["--store-dtype", "bfloat16"], ["--store-dtype", "float32"], ["--store-dtype", "float16", "--resume"]):
+        code, err, _ = run_cli(monkeypatch, capsys, [*base, "--model", ws["nan_target"], *extra])
+        last = [line for line in err.splitlines() if line.strip()][-1]
+        assert code == 2 and "non-finite hidden states" in last, err
+        assert json.loads((out / "manifest.json").read_text())["shards"] == []
+    code, err, _ = run_cli(monkeypatch, capsys, ["capture", "--prepared", ws["root"] / "data", "--out", out,
+                                                 "--model", ws["target"], "--store-dtype", "float32"])
+    assert code == 0 and "held only the manifest of a capture that wrote no shard" in err, err
+    assert json.loads((out / "manifest.json").read_text())["complete"] is True

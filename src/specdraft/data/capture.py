@@ -214,6 +214,22 @@ def _clean_temp_files(out: Path) -> None:
               file=sys.stderr)
 
 
+def nothing_captured(out: Path) -> bool:
+    """Whether `out` holds only the manifest a capture writes before its first shard (and a killed
+    capture's temp files): a capture that failed or was stopped that early, with nothing to keep, so
+    a re-run with other settings (the fix its error suggested) starts over instead of being refused."""
+    if not (out / st.MANIFEST).is_file():
+        return False
+    names = {p.name for p in out.iterdir() if p.name != LOCK_NAME and not p.name.endswith(".tmp")
+             and not p.name.startswith(".vllm-hidden-")}
+    try:
+        manifest = json.loads((out / st.MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return (names == {st.MANIFEST} and isinstance(manifest, dict) and manifest.get("shards") == []
+            and not manifest.get("complete"))
+
+
 def _resume_manifest(out: Path, want: dict) -> dict:
     """The existing manifest cut back to its shards that are present and hash-correct, after
     checking it was captured with the same target, layers, dtype, data and shard size."""
@@ -310,7 +326,8 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise SpecdraftError(f"{out}: exists and is not a directory; pass a folder for --out")
-    if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not resume:
+    nothing = nothing_captured(out)
+    if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not resume and not nothing:
         raise SpecdraftError(f"{out}: already holds files (a previous capture?); pass --resume to continue "
                              "it or choose another --out")
 
@@ -338,12 +355,15 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
                            data={"path": str(data), "fingerprint": data_fingerprint,
                                  "num_samples": len(lengths), "num_tokens": sum(lengths)})
     ensure_writable_dir(out)
-    if resume and (out / st.MANIFEST).exists():
+    if nothing:
+        print(f"note: {out} held only the manifest of a capture that wrote no shard (it failed or was stopped "
+              "first); starting over with this run's settings", file=sys.stderr)
+    if resume and (out / st.MANIFEST).exists() and not nothing:
         _clean_temp_files(out)
         manifest = _resume_manifest(out, want)
         # The stored batch layout keeps resumed shards byte-identical to an uninterrupted run.
         batch_tokens = int(manifest.get("batch_tokens", batch_tokens))
-    elif resume and any(p for p in out.iterdir() if not p.name.endswith(".tmp") and p.name != LOCK_NAME):
+    elif resume and not nothing and any(p for p in out.iterdir() if not p.name.endswith(".tmp") and p.name != LOCK_NAME):
         raise SpecdraftError(f"{out}: has files but no {st.MANIFEST}, so there is nothing to resume; "
                              "choose another --out or empty it")
     else:
