@@ -368,3 +368,16 @@ def test_a_failed_capture_never_blocks_the_fix_its_error_suggests(ws, tmp_path, 
                                                  "--model", ws["target"], "--store-dtype", "float32"])
     assert code == 0 and "held only the manifest of a capture that wrote no shard" in err, err
     assert json.loads((out / "manifest.json").read_text())["complete"] is True
+
+
+@pytest.mark.parametrize("command", ["generate", "eval"])
+def test_the_dflash_block_limit_holds_in_every_consumer(ws, dflash_drafter, command, monkeypatch, capsys):
+    """(class 3) A DFlash drafter with a block of 4 drafts at most 3 tokens: export refused more, and
+    now generate and eval do too (they drafted from slots it never trained, or failed deep inside)."""
+    args = {"generate": ["generate", "--prompt", "hi", "--max-new-tokens", "4", "--method", "dflash"],
+            "eval": ["eval", "--store", ws["root"] / "hidden"]}[command]
+    code, err, _ = run_cli(monkeypatch, capsys, [*args, "--drafter", dflash_drafter, "--model", ws["target"],
+                                                 "-k", "5"])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and "Traceback" not in err, err
+    assert "-k 5: this dflash drafter was trained to draft 3 tokens per round" in lines[-1], err
