@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from bad_workspace import run_cli, ws  # noqa: F401  (ws is a fixture)
 
@@ -381,3 +382,33 @@ def test_the_dflash_block_limit_holds_in_every_consumer(ws, dflash_drafter, comm
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and "Traceback" not in err, err
     assert "-k 5: this dflash drafter was trained to draft 3 tokens per round" in lines[-1], err
+
+
+def test_capture_verify_finds_nan_behind_a_matching_sha256(ws, tmp_path, monkeypatch, capsys):
+    """(class 4) An fp8 shard whose aux values are all NaN, its sha256 updated in the manifest, passed
+    `capture --verify` (and eval reported τ 1.0 on it)."""
+    import hashlib
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from specdraft.data.capture import capture
+
+    store = tmp_path / "h-fp8"
+    capture(model=ws["target"], data=ws["root"] / "data", out=store, layers=[2, 4, 5], store_format="fp8",
+            progress=False)
+    code, err, out = run_cli(monkeypatch, capsys, ["capture", "--verify", "--out", store])
+    assert code == 0, err
+    shard = store / "shard-00000.safetensors"
+    with safe_open(str(shard), framework="pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(str(shard))
+    tensors["aux"] = torch.full_like(tensors["aux"].float(), float("nan")).to(tensors["aux"].dtype)
+    save_file(tensors, str(shard), metadata=metadata)
+    manifest = json.loads((store / "manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    code, err, _ = run_cli(monkeypatch, capsys, ["capture", "--verify", "--out", store])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert f"{shard}: tensor 'aux' holds NaN or inf (token row 0)" in lines[0], err

@@ -403,6 +403,8 @@ def verify_store(out: str | Path) -> dict:
     store = st.HiddenStore(out, allow_incomplete=True)
     for k in range(len(store.shards)):
         store._handle(k)   # opens each shard and checks its offsets against the manifest
+    for entry in manifest["shards"]:
+        st.check_shard_finite(st.safe_shard_path(out, entry["file"]))
     if not manifest.get("complete", False):
         raise SpecdraftError(f"{out}: the {len(manifest['shards'])} shards written so far are intact but "
                              "the capture did not finish; re-run `specdraft capture --resume`")
