@@ -412,3 +412,16 @@ def test_capture_verify_finds_nan_behind_a_matching_sha256(ws, tmp_path, monkeyp
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, err
     assert f"{shard}: tensor 'aux' holds NaN or inf (token row 0)" in lines[0], err
+
+
+@pytest.mark.parametrize("flags, phrase", [
+    (["--methods", "greedy,ngram", "--tree", "2,2,3"], "--tree 2,2,3: no method in --methods greedy,ngram drafts a tree"),
+    (["--methods", "greedy,plain", "-k", "4"], "-k 4: no method in --methods greedy,plain drafts"),
+])
+def test_bench_refuses_settings_no_method_uses(ws, flags, phrase, monkeypatch, capsys):
+    """(class 2) bench measured and recorded --tree / -k on methods that never read them."""
+    out = ws["root"] / "bench-unused.json"
+    code, err, _ = run_cli(monkeypatch, capsys, ["bench", "--model", ws["target"], *flags, "--out", out])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and phrase in lines[0], err
+    assert not out.exists()
