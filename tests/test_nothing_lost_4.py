@@ -425,3 +425,12 @@ def test_bench_refuses_settings_no_method_uses(ws, flags, phrase, monkeypatch, c
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and phrase in lines[0], err
     assert not out.exists()
+
+
+def test_plan_max_k_beyond_a_dflash_block_names_plans_flag(ws, dflash_drafter, monkeypatch, capsys):
+    """(class 3 and 7) plan's draft timer refused `-k 6`, a flag plan does not have."""
+    code, err, _ = run_cli(monkeypatch, capsys, ["plan", "--drafter", dflash_drafter, "--model", ws["target"],
+                                                 "--accept", "0.8,0.6", "--verify-ms", "1,1.1", "--max-k", "6"])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert "--max-k 6: --drafter" in lines[0] and "pass --max-k 3 or less" in lines[0], err
