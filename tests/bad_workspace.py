@@ -75,6 +75,8 @@ def ws(tmp_path_factory, tiny_target):
     weights = load_file(str(nan_target / "model.safetensors"))
     weights["model.layers.3.mlp.down_proj.weight"].fill_(float("nan"))
     save_file(weights, str(nan_target / "model.safetensors"), metadata={"format": "pt"})
+    # its own prepared data: the fingerprint sees every layer, so data of `target` is not its data
+    prepare(model=str(nan_target), source=str(good), out=root / "data-nan", console=Console(stderr=True, quiet=True))
     return {"root": root, "target": str(tiny_target), "other": str(other), "no_template": str(no_template),
             "nan_target": str(nan_target)}
 

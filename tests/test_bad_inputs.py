@@ -111,8 +111,8 @@ def c_resume_other_layers(ws):
 
 
 def c_capture_nan(ws):
-    return (["capture", "--model", ws["nan_target"], "--prepared", ws["root"] / "data", "--out", ws["root"] / "h-nan",
-             "--store-dtype", "float32"], ws["root"] / "data")
+    return (["capture", "--model", ws["nan_target"], "--prepared", ws["root"] / "data-nan", "--out",
+             ws["root"] / "h-nan", "--store-dtype", "float32"], ws["root"] / "data-nan")
 
 
 def c_data_unfinished(ws):

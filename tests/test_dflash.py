@@ -81,7 +81,7 @@ def test_training_metrics_match_the_loop_acceptance_in_spirit(dflash_run, ws):  
     torch.testing.assert_close(drafter.compute_logits(out)[0, 1:], logits, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [1, 3])   # up to the block's 3 draft slots; -k 5 is refused (test_nothing_lost_4)
 def test_dflash_is_lossless_in_our_loop(dflash_run, ws, k):  # noqa: F811
     run, _ = dflash_run
     drafter, target = load_drafter(run / "best"), ws["target"].model

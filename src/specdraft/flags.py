@@ -154,9 +154,13 @@ def parse_floats(text: Optional[str], option: str) -> Optional[list[float]]:
     if text is None:
         return None
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        numbers = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise SpecdraftError(f"{option} {text!r}: expected comma-separated numbers such as 0.8,0.6,0.5") from None
+    if not all(math.isfinite(x) for x in numbers):
+        raise SpecdraftError(f"{option} {text}: every value must be a finite number (no nan or inf), "
+                             "e.g. 0.8,0.6,0.5")
+    return numbers
 
 
 def check_out(out, inputs: list, suffix: str):
@@ -191,6 +195,7 @@ FOREIGN_FLAGS = {
     "--eval-interval": ["--val-every"], "--log-interval": ["--log-every"], "--draft-vocab-size": ["--size"],
     "--dtype": ["--store-dtype", "--compute-dtype", "--weights-dtype"], "--torch-dtype": ["--compute-dtype"],
     "--profile": ["--time-split"], "--max-tokens": ["--tokens-per-sample"],
+    "-k": ["--max-k"],   # plan's old name for the longest chain considered
 }
 
 
@@ -244,6 +249,7 @@ class PlainCommand(TyperCommand):
                 param.display_type_rich = lambda ctx: None
 
     def parse_args(self, ctx, args):
+        given = list(args)   # click consumes `args`
         try:
             return super().parse_args(ctx, args)
         except Exception as e:   # click's NoSuchOption (typer bundles its own click)
@@ -255,7 +261,22 @@ class PlainCommand(TyperCommand):
                 elif elsewhere(e.option_name, known):
                     e.possibilities = []
                     e.message = f"No such option: {e.option_name}; {elsewhere(e.option_name, known)}"
+            json_file = json_flag_given_a_file(given, e)
+            if json_file is not None:
+                raise SpecdraftError(f"--json {json_file}: --json takes no value any more (it prints JSON to "
+                                     f"stdout); write the file with --out {json_file}") from None
             raise
+
+
+def json_flag_given_a_file(args: list[str], error) -> Optional[str]:
+    """The old `--json FILE` (now --json prints and --out writes): the extra argument click refused
+    right after --json, or None."""
+    message = error.format_message() if hasattr(error, "format_message") else ""
+    for flag, value in zip(args, args[1:]):
+        if flag == "--json" and not value.startswith("-") and "unexpected extra argument" in message \
+                and value in message:
+            return value
+    return None
 
 
 class PipelineGroup(TyperGroup):

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -115,12 +116,13 @@ def check_file_target(path: str | os.PathLike) -> Path:
 OWNED_FILES = {"manifest.json", "prepare.json", "regen.jsonl", "questions.jsonl", "metrics.jsonl", "config.yaml",
                "config.json", "progress.json", "trainer_state.pt", "inputs.json", "model.safetensors",
                "model.safetensors.index.json", "journal.md", "provenance.json", "remap.json", "val.json",
-               "stages.json", ".specdraft.lock", ".journal.lock", "tokenizer.json", "tokenizer_config.json",
+               "stages.json", ".specdraft.lock", ".journal.lock", ".exports.lock", "tokenizer.json", "tokenizer_config.json",
                "generation_config.json", "special_tokens_map.json"}
 OWNED_PATTERN = re.compile(r"^(shard-\d+\.safetensors|model-\d+-of-\d+\.safetensors)$")
 # an existing file of these kinds is data (weights, a vocab, a store, conversations, a config), never
 # the result of a command that writes another kind
-DATA_SUFFIXES = {".safetensors", ".pt", ".bin", ".gguf", ".jsonl", ".parquet", ".yaml", ".yml"}
+DATA_SUFFIXES = {".safetensors", ".pt", ".bin", ".gguf", ".jsonl", ".parquet", ".yaml", ".yml",
+                 ".json"}   # a result another command wrote (RUN/eval.json): report --out never replaces it
 
 
 def check_output_file(path: str | os.PathLike, inputs=(), writes: str | None = None,
@@ -149,7 +151,7 @@ def check_output_file(path: str | os.PathLike, inputs=(), writes: str | None = N
         raise SpecdraftError(f"{option} {path}: {name} is a file specdraft (or a model folder) is made of; writing "
                              f"it would replace it: {fix}")
     if writes and path.is_file() and path.suffix.lower() in DATA_SUFFIXES and path.suffix.lower() != writes:
-        raise SpecdraftError(f"{option} {path}: is an existing {path.suffix} file (data: weights, a vocab, "
+        raise SpecdraftError(f"{option} {path}: is an existing {path.suffix} file (data or a result: weights, a vocab, "
                              f"conversations, a config?) and this command writes {writes}: {fix}")
     return path
 
@@ -229,7 +231,39 @@ def read_json(path: str | os.PathLike, what: str = "file") -> dict:
     if not isinstance(data, dict):
         raise SpecdraftError(f"{path}: expected a JSON object {{...}}, got {type(data).__name__}; "
                              f"re-create the {what}")
+    found = non_finite_field(data)
+    if found is not None:
+        raise SpecdraftError(f"{path}: field '{found[0]}' is {found[1]}, expected a finite number; fix or "
+                             f"re-create the {what}")
     return data
+
+
+def non_finite_field(data, where: str = "") -> tuple[str, float] | None:
+    """The dotted name and value of the first NaN or +-Infinity in parsed JSON (Python's json reads
+    them), or None."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return where, data
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        found = non_finite_field(value, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def read_model(path: str | os.PathLike, model, what: str, fix: str):
+    """A JSON file read into a pydantic `model` (strict types, unknown fields ignored): the first
+    field of the wrong type or missing is one line naming the file, the field and `fix`."""
+    from pydantic import ValidationError
+
+    data = read_json(path, what)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(map(str, err["loc"])) or "(top)"
+        given = "missing" if err["type"] == "missing" else f"{json.dumps(err['input'], default=str)[:80]}"
+        raise SpecdraftError(f"{path}: field '{field}' is {given} ({err['msg'].lower()}); {fix}") from None
 
 
 NUMBER = (int, float)

@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
@@ -104,7 +105,7 @@ def run_stage(console: Console, args: list[str], log: Path, name: str | None = N
     `log` (recipe.log), so a recipe's log holds each stage's own progress and errors. `name` keys
     stages.json where one command runs twice (bench, bench-natural)."""
     shown = "specdraft " + " ".join(shlex.quote(a) for a in args)
-    console.print(f"\n[bold cyan]$ {shown}[/]", highlight=False)
+    console.print(Text(f"\n$ {shown}", style="bold cyan"), highlight=False)
     with log.open("a") as f:
         f.write(f"$ {shown}\n")
     started = time.perf_counter()
@@ -174,8 +175,8 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     console = Console(stderr=True)
     log = ws / "recipe.log"
     run = ws / "runs" / recipe.name
-    console.print(f"[bold]specdraft recipe[/] {model} · {recipe.path} · engine {engine} · workspace {ws}",
-                  highlight=False)
+    console.print(Text.assemble(("specdraft recipe", "bold"),
+                                f" {model} · {recipe.path} · engine {engine} · workspace {ws}"), highlight=False)
     started = time.perf_counter()
 
     if not (ws / "data" / "prepare.json").exists():
@@ -341,17 +342,17 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
                       "yes" if summary["identical_to_greedy"][name] else "NO")
     Console().print(table)
     if summary.get("why_not_faster"):
-        console.print(summary["why_not_faster"], highlight=False, soft_wrap=True)
+        console.print(summary["why_not_faster"], highlight=False, soft_wrap=True, markup=False)
     if summary.get("doctor"):
-        console.print(summary["doctor"], highlight=False, soft_wrap=True)
+        console.print(summary["doctor"], highlight=False, soft_wrap=True, markup=False)
     for label in ("headline", "hybrid", "verdict", "next_step", "export", "serve"):
         if summary.get(label):
-            console.print(f"[bold]{label.replace('_', ' ') + ':':11s}[/] {summary[label]}", highlight=False,
-                          soft_wrap=True)
+            console.print(Text.assemble((f"{label.replace('_', ' ') + ':':11s}", "bold"), f" {summary[label]}"),
+                          highlight=False, soft_wrap=True)
     stages = summary.get("stages_seconds")
     total = (f"total {stages / 60:.1f} min over the stages (as in the report), {summary['seconds'] / 60:.1f} min "
              "wall" if stages is not None else f"total {summary['seconds'] / 60:.1f} min")
-    console.print(f"{total} · report: [bold]{report}[/]", highlight=False)
+    console.print(Text.assemble(f"{total} · report: ", (str(report), "bold")), highlight=False)
 
 
 def _continue_run(run: Path) -> list[str]:

@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -286,20 +287,53 @@ def identity_of(model: torch.nn.Module, name: str) -> dict:
         probes.append(inner.norm.weight)
     if inner is not None and hasattr(inner, "layers"):
         probes.append(inner.layers[-1].input_layernorm.weight)
-    return fingerprint(model.config, probes, name)
+    params = dict(model.named_parameters())
+    rows = {k: sampled_rows(params[k], params[k].shape) for k in layer_tensor_names(params)}
+    return fingerprint(model.config, probes, name, rows)
 
 
-def fingerprint(cfg, probes: list[torch.Tensor], name: str) -> dict:
-    """The identity dict from the config and a few weight tensors (embedding rows, norms)."""
+FINGERPRINT_VERSION = 2   # 2: also sampled rows of every layer's tensors; 1 (no version recorded): embeddings, norms
+LAYER_TENSOR = re.compile(r"^model\.layers\.\d+\..+\.(weight|bias)$")
+SAMPLED_ROWS = 4          # rows per layer tensor (first, last and two between): a change to a whole matrix shows
+
+
+def layer_tensor_names(names) -> list[str]:
+    """The decoder layers' weights and biases, by checkpoint name, in one order for every reader."""
+    return sorted(k for k in names if LAYER_TENSOR.match(k))
+
+
+def sampled_rows(tensor, shape) -> list[torch.Tensor]:
+    """A tensor (or a safetensors slice) at SAMPLED_ROWS evenly spaced rows; a 1-D one (a norm, a bias) whole."""
+    if len(shape) < 2:
+        return [tensor[:]]
+    n = shape[0]
+    return [tensor[i:i + 1] for i in sorted({round(j * (n - 1) / (SAMPLED_ROWS - 1)) for j in range(SAMPLED_ROWS)})]
+
+
+def fingerprint(cfg, probes: list[torch.Tensor], name: str, layer_rows: dict | None = None) -> dict:
+    """The identity dict from the config, a few weight tensors (embedding rows, norms) and sampled rows
+    of every layer's tensors. `fingerprint` is version 2; `fingerprint_v1` (the probes only) is what
+    stores, prepared data and vocabs made before version 2 recorded (same_target accepts it)."""
     h = hashlib.sha256()
     for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size"):
         h.update(f"{key}={getattr(cfg, key, None)};".encode())
     for t in probes:
         # round through bf16 so fp32 and bf16 loads of one target agree
         h.update(t.detach().to(torch.bfloat16).float().cpu().numpy().tobytes())
+    v1 = h.hexdigest()[:32]
+    for key, rows in sorted((layer_rows or {}).items()):
+        h.update(key.encode())
+        for t in rows:
+            h.update(t.detach().to(torch.bfloat16).float().cpu().numpy().tobytes())
     return {"id": name, "model_type": cfg.model_type, "num_layers": cfg.num_hidden_layers,
             "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
-            "fingerprint": h.hexdigest()[:32]}
+            "fingerprint": h.hexdigest()[:32], "fingerprint_version": FINGERPRINT_VERSION, "fingerprint_v1": v1}
+
+
+def same_target(recorded: str | None, identity: dict) -> bool:
+    """Whether a recorded fingerprint names this target: the current kind, or (an output made before
+    fingerprint version 2) the embeddings-and-norms kind."""
+    return bool(recorded) and recorded in (identity.get("fingerprint"), identity.get("fingerprint_v1"))
 
 
 def checkpoint_file(path: str, filename: str) -> Path | None:
@@ -354,7 +388,37 @@ def identity_from_checkpoint(path: str, cfg, name: str) -> dict:
     L = cfg.num_hidden_layers
     keys = ["model.embed_tokens.weight", "model.norm.weight", f"model.layers.{L - 1}.input_layernorm.weight"]
     tensors = read_checkpoint_tensors(path, keys, name, rows=64)
-    return fingerprint(cfg, [tensors[k] for k in keys], name)
+    return fingerprint(cfg, [tensors[k] for k in keys], name, checkpoint_layer_rows(path, name))
+
+
+def checkpoint_layer_rows(path: str, name: str) -> dict:
+    """identity_of()'s sampled rows of every layer tensor, read as slices from the safetensors files."""
+    from safetensors import SafetensorError, safe_open
+
+    index = checkpoint_file(path, "model.safetensors.index.json")
+    files = index_weight_map(index) if index is not None else None
+    if files is None:
+        single = checkpoint_file(path, "model.safetensors")
+        if single is None:
+            raise SpecdraftError(f"--model {name}: no safetensors checkpoint to fingerprint; use --engine hf")
+        with safe_open(str(single), framework="pt") as f:
+            files = dict.fromkeys(f.keys(), "model.safetensors")
+    rows = {}
+    by_file: dict[str, list[str]] = {}
+    for key in layer_tensor_names(files):
+        by_file.setdefault(files[key], []).append(key)
+    for filename, keys in by_file.items():
+        file = checkpoint_file(path, filename)
+        if file is None:
+            raise SpecdraftError(f"--model {name}: checkpoint file {filename} not found; use --engine hf")
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in keys:
+                    part = f.get_slice(key)
+                    rows[key] = sampled_rows(part, part.get_shape())
+        except SafetensorError as e:
+            raise check_weights_read(e, name, str(file)) from None
+    return rows
 
 
 class TargetHead(torch.nn.Module):

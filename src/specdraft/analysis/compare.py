@@ -193,7 +193,7 @@ def print_result(result: dict) -> None:
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in result["rows"]:
         table.add_row(*row)
-    console = Console()
+    console = Console(markup=False)   # run names and paths are never markup (a folder run[lr=3e-3])
     console.print(table)
     for note in result.get("notes", []):
         console.print(f"note: {note}", highlight=False, soft_wrap=True)

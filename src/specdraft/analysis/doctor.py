@@ -13,31 +13,34 @@ ones checked and fine are listed too, and those that could not be checked say wh
 from __future__ import annotations
 
 import json
+import typing
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from specdraft import run_layout, vocab
 from specdraft.analysis.evaluate import chain_accept_lengths
+from specdraft.analysis.plan import store_sample_batch
 from specdraft.analysis.probe import drafter_metrics, sample_batch, target_hidden
 from specdraft.data.prepared import load_prepared
 from specdraft.data.render import encode, end_of_turn_ids, render_text, template_sha256
-from specdraft.data.store import HiddenStore
+from specdraft.data.store_parts import open_stores
 from specdraft.errors import SpecdraftError
 from specdraft.families import family, family_of
 from specdraft.formats import card
 from specdraft.formats.checkpoints import load_checkpoint, resolve_checkpoint
 from specdraft.infer.bench import PROMPT_SETS, hf_greedy, prompt_ids, read_prompts
 from specdraft.infer.costmodel import best_option, chain_options
-from specdraft.io import read_json, write_json
+from specdraft.io import read_json, read_model, write_json
 from specdraft.metrics import load_run, tau_text
 from specdraft.progress import progress
-from specdraft.targets import final_norm, load_target
+from specdraft.targets import final_norm, load_target, same_target
 from specdraft.train.batches import split_samples
-from specdraft.train.config import MAX_TTT_STEPS, load_yaml
+from specdraft.train.config import MAX_TTT_STEPS, RunConfig, check_type, load_yaml
 from specdraft.vocab import check_mapping
 from specdraft.watch import BaselineWatch, WatchConfig
 from specdraft.weights import read_weights
@@ -96,8 +99,11 @@ class Doctor:
 
     @cached_property
     def config(self) -> dict:
+        """RUN/config.yaml, every known setting of RunConfig's type (a wrong one is one line)."""
         path = run_layout.config_file(self.run)
-        return load_yaml(path) if path.is_file() else {}
+        data = load_yaml(path) if path.is_file() else {}
+        hints = typing.get_type_hints(RunConfig)
+        return {k: check_type(k, v, hints[k], str(path)) if k in hints else v for k, v in data.items()}
 
     @cached_property
     def metrics(self):
@@ -114,12 +120,31 @@ class Doctor:
                            trust_remote_code=bool(self.config.get("trust_remote_code")))
 
     @cached_property
-    def store(self) -> HiddenStore:
-        path = self.store_path or self.config.get("store")
-        if not path or not Path(path).exists():
-            raise SpecdraftError(f"doctor {self.run}: the store {path or '(none in config.yaml)'} is not there; "
-                                 "pass --store WS/hidden (the store the run trained on)")
-        return HiddenStore(path)
+    def store_paths(self) -> list[str]:
+        """The store the run trained on: --store, else config.yaml's (one, or the parts of a run over
+        several --store)."""
+        paths = self.store_path or self.config.get("store")
+        return [str(p) for p in (paths if isinstance(paths, list) else [paths] if paths else [])]
+
+    @cached_property
+    def store(self):
+        missing = [p for p in self.store_paths if not Path(p).exists()] or ([] if self.store_paths else [None])
+        if missing:
+            raise SpecdraftError(f"doctor {self.run}: the store {missing[0] or '(none in config.yaml)'} is not "
+                                 "there; pass --store WS/hidden (the store the run trained on)")
+        store = open_stores(self.store_paths)
+        recorded = str(store.target.get("fingerprint", ""))
+        if recorded and not same_target(recorded, self.target.identity):
+            raise SpecdraftError(f"doctor {self.run}: store {', '.join(self.store_paths)} was captured from "
+                                 f"{store.target.get('id')} ({recorded}) but the target {self.target.name} is "
+                                 f"{self.target.identity['fingerprint']}; pass --model the store's target, or "
+                                 "--store a store of this target")
+        return store
+
+    @property
+    def store_flags(self) -> str:
+        """--store as train takes it (every part of a run over several)."""
+        return " ".join(f"--store {p}" for p in self.store_paths)
 
     @cached_property
     def ttt_steps(self) -> int:
@@ -165,7 +190,7 @@ class Doctor:
         the target's states at those layers, computed now."""
         rows = [self.store[i] for i in self.held_out]
         if layer_ids is None or list(layer_ids) == list(self.store.layer_ids):
-            batches = [sample_batch(r["input_ids"], r["aux"].float(), r["last"].float(), r["loss_mask"]) for r in rows]
+            batches = [store_sample_batch(r) for r in rows]   # a compact store has no `last`
             return drafter_metrics(net, self.target.model, batches, self.steps)
         return self.metrics_on_tokens(net, [r["input_ids"].tolist() for r in rows],
                                       [r["loss_mask"].tolist() for r in rows], layer_ids)
@@ -270,9 +295,12 @@ def check_vocab_coverage(d: Doctor) -> Finding:
     tokens = []
     for i in range(len(d.store)):
         s = d.store[i]
-        last = s["last"].float()[s["loss_mask"].bool()]                                   # [n, H]
-        normed = last * torch.rsqrt(last.pow(2).mean(-1, keepdim=True) + eps) * norm_w.float()
-        tokens.append((normed @ head.T).argmax(-1))                                       # [n]
+        if "last" not in s:                     # a compact store: its teacher top-k, best first
+            tokens.append(s["teacher_ids"][s["loss_mask"].bool()][:, 0].long())
+        else:
+            last = s["last"].float()[s["loss_mask"].bool()]                               # [n, H]
+            normed = last * torch.rsqrt(last.pow(2).mean(-1, keepdim=True) + eps) * norm_w.float()
+            tokens.append((normed @ head.T).argmax(-1))                                   # [n]
         if sum(map(len, tokens)) >= COVERAGE_TOKENS:
             break
     own = torch.cat(tokens)[:COVERAGE_TOKENS]
@@ -511,7 +539,7 @@ def check_depth_decay(d: Doctor) -> Finding:
     return Finding("depth_decay", holds,
                    {**evidence, "trained_mean": fmt(level), "first_untrained": fmt(first), "drop": fmt(level - first)},
                    loss,
-                   f"specdraft train --out {d.run}-ttt{d.steps} --store {d.store.root} --vocab {vocab_path} "
+                   f"specdraft train --out {d.run}-ttt{d.steps} {d.store_flags} --vocab {vocab_path} "
                    f"--ttt-steps {d.steps} --from-pretrained {d.checkpoint}",
                    f"acceptance {first:.2f} at draft position {n + 1}, the first past the {n} trained ones, "
                    f"vs {level:.2f} within them")
@@ -580,25 +608,51 @@ def settings_that_differ(config: dict, baseline: str | Path) -> dict:
             if k not in NOT_TRAINING_SETTINGS and config.get(k) != theirs.get(k)}
 
 
+class PlanTiming(BaseModel):
+    """What the doctor reads of RUN/plan.json (`specdraft plan --run RUN`)."""
+    model_config = ConfigDict(strict=True)
+    verify_ms: list[float] = Field(min_length=2)
+    draft_ms: float = Field(ge=0)
+
+
+class ExportEntry(BaseModel):
+    """One entry of RUN/exports.json (formats.card.record_export)."""
+    model_config = ConfigDict(strict=True)
+    out: str = ""
+    num_speculative_tokens: int | None = Field(None, ge=1)
+
+
+class ExportsFile(BaseModel):
+    exports: list[ExportEntry] = []
+
+
+def read_exports(run: Path) -> list[ExportEntry]:
+    path = run / card.EXPORTS_FILE
+    if not path.is_file():
+        return []
+    return read_model(path, ExportsFile, "exports", f"fix or delete {path}, then re-export "
+                      f"(specdraft export {run} --out EXPORT records it again)").exports
+
+
 def check_round_cost(d: Doctor) -> Finding:
     """plan's cost model with the measured latencies (RUN/plan.json) and the measured acceptance: does
     the K the run was exported with lose to another K? The loss is the τ the chosen K would need on
     top of its own to match the best K's tokens/s."""
-    exports = (read_json(d.run / card.EXPORTS_FILE, "exports") if (d.run / card.EXPORTS_FILE).is_file() else {})
-    chosen = [e.get("num_speculative_tokens") for e in exports.get("exports") or [] if e.get("num_speculative_tokens")]
+    exports = read_exports(d.run)
+    chosen = [e.num_speculative_tokens for e in exports if e.num_speculative_tokens]
     plan_file = d.run / "plan.json"
     if not chosen or not plan_file.is_file():
         return Finding("round_cost", False, {"skipped": "needs RUN/exports.json (the served K) and RUN/plan.json "
                                                         "(measured costs: specdraft plan --run RUN)"})
-    timing = read_json(plan_file, "plan")
+    timing = read_model(plan_file, PlanTiming, "plan", f"re-run `specdraft plan --run {d.run}` (it rewrites the file)")
     k = int(chosen[-1])
     rates = rates_of(d.measured, d.steps)
-    options = chain_options(rates, timing["verify_ms"], float(timing["draft_ms"]), max(k, len(timing["verify_ms"]) - 1))
+    options = chain_options(rates, timing.verify_ms, timing.draft_ms, max(k, len(timing.verify_ms) - 1))
     best, mine = best_option(options), options[k]
     deficit = 1 - mine.tokens_per_s / best.tokens_per_s
     evidence = {"chosen_k": k, "chosen_tokens_per_s": fmt(mine.tokens_per_s), "best_k": best.k,
-                "best_tokens_per_s": fmt(best.tokens_per_s), "verify_ms": timing["verify_ms"],
-                "draft_ms": timing["draft_ms"], "threshold": ROUND_COST_MARGIN}
+                "best_tokens_per_s": fmt(best.tokens_per_s), "verify_ms": timing.verify_ms,
+                "draft_ms": timing.draft_ms, "threshold": ROUND_COST_MARGIN}
     holds = deficit > ROUND_COST_MARGIN
     return Finding("round_cost", holds, evidence, mine.tokens_per_cycle * deficit / (1 - deficit) if holds else None,
                    f"specdraft export {d.run} --num-speculative-tokens {best.k} --out EXPORT (or serve with -k auto)",
@@ -611,9 +665,7 @@ def check_export_mismatch(d: Doctor) -> Finding:
     checkpoint's "specdraft" block): vLLM serves the top-level fields, so a config.json whose
     top-level fields disagree with its own block is served differently from how it trained. The loss
     is τ as served minus the run's τ, where the differences are ones the store can measure."""
-    exports = (read_json(d.run / card.EXPORTS_FILE, "exports") if (d.run / card.EXPORTS_FILE).is_file() else {})
-    folders = [d.checkpoint] + [Path(e["out"]) for e in exports.get("exports") or []
-                                if Path(e.get("out", "")).is_dir()]
+    folders = [d.checkpoint] + [Path(e.out) for e in read_exports(d.run) if e.out and Path(e.out).is_dir()]
     trained = d.drafter.config
     d2t, _ = mapping_of(d.checkpoint)
     differ, worst, unread = {}, None, []

@@ -19,7 +19,7 @@ from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer.bench import load_drafter_for
 from specdraft.metrics import tau_text
 from specdraft.progress import track
-from specdraft.targets import load_target
+from specdraft.targets import load_target, same_target
 from specdraft.train.batches import StoreBatches, split_samples
 
 
@@ -134,7 +134,7 @@ def evaluate(drafter: str | Path, store: str | Path, model: str = "default", spl
     checkpoint = resolve_checkpoint(str(drafter))
     hidden = HiddenStore(store)
     target = load_target(model, trust_remote_code=trust_remote_code)
-    if hidden.target.get("fingerprint") != target.identity["fingerprint"]:
+    if not same_target(hidden.target.get("fingerprint"), target.identity):
         raise SpecdraftError(f"{store}: captured from {hidden.target.get('id')} but --model is {target.name} "
                              "(fingerprints differ); pass the store's target")
     net = load_drafter_for(checkpoint, target)

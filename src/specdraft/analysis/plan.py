@@ -69,6 +69,22 @@ def accept_from_store(drafter, model: str, store: str | Path, samples: int = 64,
     return [m[f"cond_acc_{k}"] for k in range(steps)]
 
 
+def check_max_k(drafter, k_max: int) -> int:
+    """--max-k within what a block family drafts (DFlash's config.json `block_size`: the anchor and
+    block_size - 1 draft slots): the default is cut to the block, a larger --max-k given is refused
+    by plan's own flag."""
+    if drafter is None or str(drafter).startswith("untrained"):
+        return k_max
+    config = read_json(resolve_checkpoint(drafter) / "config.json", "drafter config")
+    block = config.get("block_size") if drafter_family(drafter).drafts_in_one_forward else None
+    if not isinstance(block, int) or isinstance(block, bool) or k_max <= block - 1:
+        return k_max
+    if k_max == LONGEST_CHAIN:   # the default: the longest chain this drafter drafts
+        return block - 1
+    raise SpecdraftError(f"--max-k {k_max}: --drafter {drafter} drafts at most {block - 1} tokens per round "
+                         f"(block_size {block}); pass --max-k {block - 1} or less")
+
+
 def drafter_family(spec) -> Family:
     """The family of --drafter (its config.json's speculators_model_type; an SGLang layout or
     `untrained` is EAGLE-3), without loading its weights."""
@@ -123,6 +139,7 @@ def run(drafter=None, model: str = "default", accept: str | None = None, data=No
         rates, accept_source = recorded          # the run's eval.json or validation: no --accept needed
     else:
         raise SpecdraftError("plan: pass --accept (rates, eval/bench JSON or metrics.jsonl) or --store WS/hidden")
+    k_max = check_max_k(drafter, k_max)
     load_start = machine_load()
     verify_ms, draft_ms, measured, timing = measure(drafter, model, verify_ms, draft_ms, k_max, context, rounds,
                                                     trust_remote_code)

@@ -162,6 +162,10 @@ def drafter_metrics(net, target_model, batches, steps: int) -> dict[str, float]:
     forward in eval mode (EAGLE-3's TTT unroll, P-EAGLE's mask slots, DFlash's blocks)."""
     if not 1 <= steps <= MAX_TTT_STEPS:
         raise SpecdraftError(f"--num-speculative-tokens {steps}: must be in 1..{MAX_TTT_STEPS}")
+    limit = family_of(net).max_draft(net.config)
+    if limit is not None and steps > limit:    # DFlash: its block's draft slots
+        raise SpecdraftError(f"-k {steps}: this {family_of(net).model_type} drafter was trained to draft {limit} "
+                             f"tokens per round; measure with -k {limit} or less")
     teacher = TeacherHead.from_target(target_model, net.d2t)
     objective = family_of(net).objective(net, teacher, RunConfig(ttt_steps=steps)).eval()
     sums = None

@@ -40,6 +40,7 @@ from specdraft.targets import (
     describe_target,
     load_target,
     load_target_head,
+    same_target,
     tap_hidden_states,
 )
 
@@ -184,14 +185,14 @@ def capture_samples(model, samples: list[list[int]], layer_ids: list[int], store
 
 def check_finite(aux, last, offsets, layer_ids, first_index: int) -> None:
     """NaN/inf in a hidden state would poison training silently: name the sample instead."""
-    bad_aux = ~torch.isfinite(aux).all(dim=-1)    # [N, n_aux]
+    bad_aux = ~torch.isfinite(aux).all(dim=-1)    # [N, n_aux]: any number of aux layers
     bad_last = ~torch.isfinite(last).all(dim=-1)  # [N]
     bad = bad_aux.any(dim=-1) | bad_last
     if not bad.any():
         return
     token = int(bad.nonzero()[0, 0])
     sample = int(torch.searchsorted(offsets, torch.tensor(token), right=True)) - 1
-    where = [f"aux layer {layer_ids[k]}" for k in range(len(layer_ids)) if bad_aux[token, k]]
+    where = [f"aux layer {layer_id}" for k, layer_id in enumerate(layer_ids) if bad_aux[token, k]]
     where += ["last"] if bad_last[token] else []
     raise SpecdraftError(f"sample {first_index + sample}: non-finite hidden states (NaN/inf) at token "
                          f"{token - int(offsets[sample])} in {', '.join(where)}; the target overflows in this "
@@ -213,12 +214,28 @@ def _clean_temp_files(out: Path) -> None:
               file=sys.stderr)
 
 
+def nothing_captured(out: Path) -> bool:
+    """Whether `out` holds only the manifest a capture writes before its first shard (and a killed
+    capture's temp files): a capture that failed or was stopped that early, with nothing to keep, so
+    a re-run with other settings (the fix its error suggested) starts over instead of being refused."""
+    if not (out / st.MANIFEST).is_file():
+        return False
+    names = {p.name for p in out.iterdir() if p.name != LOCK_NAME and not p.name.endswith(".tmp")
+             and not p.name.startswith(".vllm-hidden-")}
+    try:
+        manifest = json.loads((out / st.MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return (names == {st.MANIFEST} and isinstance(manifest, dict) and manifest.get("shards") == []
+            and not manifest.get("complete"))
+
+
 def _resume_manifest(out: Path, want: dict) -> dict:
     """The existing manifest cut back to its shards that are present and hash-correct, after
     checking it was captured with the same target, layers, dtype, data and shard size."""
     manifest = st.read_manifest(out)
     have_t, want_t = manifest["target"], want["target"]
-    if have_t.get("fingerprint") != want_t.get("fingerprint"):
+    if not same_target(have_t.get("fingerprint"), want_t):
         raise SpecdraftError(f"{out}: store was captured from {have_t.get('id')} (fingerprint "
                              f"{have_t.get('fingerprint')}) but --model is {want_t.get('id')} (fingerprint "
                              f"{want_t.get('fingerprint')}); pass the same --model or another --out")
@@ -309,7 +326,8 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise SpecdraftError(f"{out}: exists and is not a directory; pass a folder for --out")
-    if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not resume:
+    nothing = nothing_captured(out)
+    if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not resume and not nothing:
         raise SpecdraftError(f"{out}: already holds files (a previous capture?); pass --resume to continue "
                              "it or choose another --out")
 
@@ -337,12 +355,15 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
                            data={"path": str(data), "fingerprint": data_fingerprint,
                                  "num_samples": len(lengths), "num_tokens": sum(lengths)})
     ensure_writable_dir(out)
-    if resume and (out / st.MANIFEST).exists():
+    if nothing:
+        print(f"note: {out} held only the manifest of a capture that wrote no shard (it failed or was stopped "
+              "first); starting over with this run's settings", file=sys.stderr)
+    if resume and (out / st.MANIFEST).exists() and not nothing:
         _clean_temp_files(out)
         manifest = _resume_manifest(out, want)
         # The stored batch layout keeps resumed shards byte-identical to an uninterrupted run.
         batch_tokens = int(manifest.get("batch_tokens", batch_tokens))
-    elif resume and any(p for p in out.iterdir() if not p.name.endswith(".tmp") and p.name != LOCK_NAME):
+    elif resume and not nothing and any(p for p in out.iterdir() if not p.name.endswith(".tmp") and p.name != LOCK_NAME):
         raise SpecdraftError(f"{out}: has files but no {st.MANIFEST}, so there is nothing to resume; "
                              "choose another --out or empty it")
     else:
@@ -382,6 +403,8 @@ def verify_store(out: str | Path) -> dict:
     store = st.HiddenStore(out, allow_incomplete=True)
     for k in range(len(store.shards)):
         store._handle(k)   # opens each shard and checks its offsets against the manifest
+    for entry in manifest["shards"]:
+        st.check_shard_finite(st.safe_shard_path(out, entry["file"]))
     if not manifest.get("complete", False):
         raise SpecdraftError(f"{out}: the {len(manifest['shards'])} shards written so far are intact but "
                              "the capture did not finish; re-run `specdraft capture --resume`")

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from specdraft.data import mixture as mixtures
 from specdraft.data.conversations import Conversation, load_conversations, self_question_count, source_kind
-from specdraft.data.prepared import part_indices, save_prepared
+from specdraft.data.prepared import non_empty_part, save_prepared
 from specdraft.data.render import end_of_turn_ids, render, require_chat_template, template_sha256
 from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
 from specdraft.errors import SpecdraftError
@@ -127,7 +127,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
             dropped["over_limit"] += len(conversations) - limit
             conversations = conversations[:limit]
         if part is not None:
-            conversations = [conversations[i] for i in part_indices(len(conversations), part)]
+            conversations = [conversations[i] for i in non_empty_part(len(conversations), part, "the conversations left are")]
         settings = RegenSettings(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                                  target=target.identity["fingerprint"])
         # continuous batching: --batch-size rows decode at once, a call queues CB_QUEUE times as many prompts
@@ -150,7 +150,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
 
     rows = render_and_filter(tok, conversations, end_ids, max_length, min_assistant_tokens, dedup, limit, dropped)
     if part is not None and not regenerate:
-        keep = part_indices(len(rows["input_ids"]), part)
+        keep = non_empty_part(len(rows["input_ids"]), part, "the samples left after filtering are")
         rows = {key: [column[i] for i in keep] for key, column in rows.items()}
     if not rows["input_ids"] and not regenerate and not any(
             m.get("role") == "assistant" for c in conversations for m in c.messages):

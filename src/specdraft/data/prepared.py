@@ -75,8 +75,10 @@ def load_prepared(path: str | Path):
 
 def check_prepared_for(meta: dict, target, data, use: str) -> None:
     """Refuse data whose prepare.json names another target: its tokens mean other things there."""
+    from specdraft.targets import same_target   # here: this module stays torch-free (prepare refuses bad data first)
+
     prepared_for = meta.get("target") or {}
-    if prepared_for.get("fingerprint") and prepared_for["fingerprint"] != target.identity["fingerprint"]:
+    if prepared_for.get("fingerprint") and not same_target(prepared_for["fingerprint"], target.identity):
         raise SpecdraftError(f"{data}: prepared for {prepared_for.get('id')} (fingerprint "
                              f"{prepared_for['fingerprint']}) but --model is {target.name} (fingerprint "
                              f"{target.identity['fingerprint']}); {use} with the target the data was "
@@ -111,4 +113,13 @@ def take_part(ds, meta: dict, part: tuple[int, int] | None, where) -> tuple[obje
     if meta.get("part"):
         raise SpecdraftError(f"{where}: already part {meta['part'][0]}/{meta['part'][1]} of a larger set (prepare "
                              "--part); drop --part here, or prepare the whole set without --part")
-    return ds.select(part_indices(len(ds), part)), {**meta, "part": list(part)}
+    return ds.select(non_empty_part(len(ds), part, f"{where} holds")), {**meta, "part": list(part)}
+
+
+def non_empty_part(num_samples: int, part: tuple[int, int], holding: str) -> list[int]:
+    """part_indices, refused in one line when the part has no sample (more parts than samples)."""
+    indices = part_indices(num_samples, part)
+    if num_samples and not indices:
+        raise SpecdraftError(f"--part {part[0]}/{part[1]}: no samples in this part ({holding} {num_samples}, and "
+                             f"part I takes samples I-1, I-1+N, ...); split into at most {num_samples} parts")
+    return indices

@@ -409,6 +409,30 @@ def verify_shards(root: str | Path, manifest: dict | None = None) -> None:
                              "`specdraft capture --resume` (it re-captures from the first bad shard)")
 
 
+FINITE_CHECK_ROWS = 4096   # rows converted to float32 at a time: flat memory on big shards
+
+
+def check_shard_finite(path: Path) -> None:
+    """Every floating tensor of a shard (hidden states, fp8 scales) finite, read in row chunks: a
+    shard of NaN with a matching sha256 would train and evaluate silently (capture --verify runs it)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        for key in f.keys():
+            part = f.get_slice(key)
+            if not part.get_dtype().startswith(("F", "BF")):
+                continue
+            rows = part.get_shape()[0] if part.get_shape() else 0
+            for start in range(0, rows, FINITE_CHECK_ROWS):
+                chunk = part[start:start + FINITE_CHECK_ROWS].float()
+                bad = ~torch.isfinite(chunk).reshape(len(chunk), -1).all(dim=1)
+                if bad.any():
+                    row = start + int(bad.nonzero()[0, 0])
+                    raise SpecdraftError(f"{path}: tensor '{key}' holds NaN or inf (token row {row}); training "
+                                         "and eval would read it silently: delete the shard and re-run `specdraft "
+                                         "capture --resume` (with --compute-dtype float32 if the target overflows)")
+
+
 class HiddenStore(torch.utils.data.Dataset):
     """Random access to captured samples: store[i] -> dict(input_ids [T] long, loss_mask [T] uint8,
     aux [T, n_aux, H], last [T, H]) read through memory-mapped safetensors, one sample at a time.

@@ -26,7 +26,7 @@ def converted_manifest(manifest: dict, store_format: str, topk: int) -> dict:
 
 def teacher_for(manifest: dict, model: str | None, trust_remote_code: bool) -> sf.TopKTeacher:
     """The target's head (norm + lm_head) for a compact store, refused unless it is the store's target."""
-    from specdraft.targets import load_target_head
+    from specdraft.targets import load_target_head, same_target
 
     model = model or manifest["target"].get("id")
     if not model:
@@ -35,7 +35,7 @@ def teacher_for(manifest: dict, model: str | None, trust_remote_code: bool) -> s
     target = load_target_head(model, device="cuda" if torch.cuda.is_available() else "cpu",
                               trust_remote_code=trust_remote_code)
     have, want = target.identity.get("fingerprint"), manifest["target"].get("fingerprint")
-    if have and want and have != want:
+    if have and want and not same_target(want, target.identity):
         raise SpecdraftError(f"--model {model}: fingerprint {have} but the store was captured from "
                              f"{manifest['target'].get('id')} ({want}); pass the target the store was captured from")
     return sf.TopKTeacher.from_model(target.model, sf.DEFAULT_TOPK)

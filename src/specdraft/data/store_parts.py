@@ -40,6 +40,14 @@ def check_parts_agree(parts: list[HiddenStore]) -> None:
             raise SpecdraftError(f"{store.root / MANIFEST}: field 'part' says {index}/{store.manifest['part'][1]}, "
                                  f"the same part as {seen[index]}; pass each part once")
         seen[index] = store.root
+    same_data: dict[str, Path] = {}
+    for store in parts:   # a store given twice, or a copy of it: every sample twice, val samples in training
+        fp = str((store.manifest.get("data") or {}).get("fingerprint") or "")
+        if fp and fp in same_data:
+            raise SpecdraftError(f"{store.root / MANIFEST}: field 'data.fingerprint' {fp} is that of "
+                                 f"{same_data[fp]}: the same samples twice (a store passed twice, or a copy); "
+                                 "pass each store once")
+        same_data[fp] = store.root
 
 
 def sample_order(parts: list[HiddenStore]) -> list[tuple[int, int]]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from filelock import FileLock
+
 from specdraft import run_layout
 from specdraft.families import family_of, layout
 from specdraft.io import write_json
@@ -244,6 +246,7 @@ def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: 
 
 
 EXPORTS_FILE = "exports.json"   # in the run folder: where its drafter was exported (read by `specdraft report`)
+EXPORTS_LOCK = ".exports.lock"  # held while an export updates exports.json
 
 
 def record_export(ckpt: Path, out: Path, layout: str, dtype: str, speculative_tokens: int) -> None:
@@ -253,12 +256,13 @@ def record_export(ckpt: Path, out: Path, layout: str, dtype: str, speculative_to
     run = run_folder_of(ckpt)
     if run is None:
         return
-    entries = _json(run / EXPORTS_FILE).get("exports") or []
-    out_path = str(Path(out).resolve())
-    entries = [e for e in entries if isinstance(e, dict) and e.get("out") != out_path]
-    entries.append({"out": out_path, "layout": layout, "dtype": dtype, "num_speculative_tokens": int(speculative_tokens),
-                    "checkpoint": str(Path(ckpt).resolve())})
-    write_json(run / EXPORTS_FILE, {"exports": entries})
+    with FileLock(run / EXPORTS_LOCK):   # two exports at once: each reads the other's entry
+        entries = _json(run / EXPORTS_FILE).get("exports") or []
+        out_path = str(Path(out).resolve())
+        entries = [e for e in entries if isinstance(e, dict) and e.get("out") != out_path]
+        entries.append({"out": out_path, "layout": layout, "dtype": dtype,
+                        "num_speculative_tokens": int(speculative_tokens), "checkpoint": str(Path(ckpt).resolve())})
+        write_json(run / EXPORTS_FILE, {"exports": entries})
 
 
 def sglang_missing(cfg) -> str | None:

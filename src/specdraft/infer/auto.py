@@ -215,9 +215,10 @@ def decide(rates: list[float], verify_ms: list[float], draft_ms: float, k: int |
 
 def choose(target_model, drafter, spec, ids: list[int], k: int | None, stop: float | None, stop_auto: bool,
            k_max: int = K_MAX) -> AutoChoice:
-    """Measure what the model needs and decide; k None = auto."""
-    limit = family_of(drafter).max_draft(drafter.config)          # DFlash/DSpark: the block's draft slots
-    k_max = min(k_max, limit) if limit else k_max
+    """Measure what the model needs and decide; k None = auto (never beyond what the family drafts:
+    DFlash's block)."""
+    limit = family_of(drafter).max_draft(drafter.config)
+    k_max = min(k_max, limit) if limit is not None else k_max
     n_max = max(k_max, k or 0)
     rates, source, measured = gather_accept(target_model, drafter, spec, ids, n_max)
     costs = measure_costs(target_model, drafter, n_max + 1, max(len(ids), 16), rounds=3, repeats=2,
@@ -239,8 +240,8 @@ def resolve(target, draft_model, drafter: str | None, ids: list[int], k: int | N
     choice = choose(target.model, draft_model, drafter, ids, k, None if stop == "auto" else stop,
                     stop_auto=stop == "auto")
     console = Console(stderr=True)
-    console.print(choice.line(), highlight=False, soft_wrap=True)
+    console.print(choice.line(), highlight=False, soft_wrap=True, markup=False)
     noisy = monotonic_warning(choice.verify_ms)        # as plan does: a K chosen on noise says so
     if noisy:
-        console.print(noisy, highlight=False, soft_wrap=True)
+        console.print(noisy, highlight=False, soft_wrap=True, markup=False)
     return choice.k, choice.stop, choice

@@ -493,6 +493,13 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     if (k is None or stop is not None) and not chains:
         raise SpecdraftError("--num-speculative-tokens auto and --draft-stop: for a drafter's chain; add its family "
                              "(eagle3, peagle, dflash, ...) to --methods")
+    # a setting no method uses is refused, never measured as if it took effect
+    if tree is not None and not any(n.endswith(TREE) for n in names):
+        raise SpecdraftError(f"--tree {tree}: no method in --methods {methods} drafts a tree; add eagle3-tree or "
+                             "drop --tree")
+    if k_text is not None and all(n in ("greedy", "plain") for n in names):
+        raise SpecdraftError(f"-k {k_text}: no method in --methods {methods} drafts (greedy and plain decode one "
+                             "token a step); add ngram or a drafter family, or drop -k")
     shape = TreeShape.parse(tree or DEFAULT_TREE)
     if drafter is None:
         check_drafter_methods(names, None)

@@ -13,6 +13,7 @@ two measured ones uses the next larger one; beyond the last, F.linear.
 from __future__ import annotations
 
 import hashlib
+import math
 import platform
 import statistics
 import sys
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from specdraft.errors import SpecdraftError
 
 PATHS = ("linear", "mm")        # F.linear(x, W) | mm(W, x^T)^T (one row runs as two)
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32)   # row counts timed (a verify is K+1, a tree up to ~25)
@@ -158,6 +161,20 @@ def linear_shapes(linears: list[torch.nn.Linear]) -> list[Shape]:
 _TABLES: dict[str, KernelTable] = {}     # this process's tables, by machine key
 
 
+def usable_timings(raw) -> dict:
+    """The cache file's shapes whose every entry `pick` can read (row count -> finite linear and mm
+    times); anything else (hand-edited, another version's layout) is measured again, never an error."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    def usable(rows):
+        return isinstance(rows, dict) and bool(rows) and all(
+            str(n).isdigit() and isinstance(t, dict) and number(t.get("linear")) and number(t.get("mm"))
+            for n, t in rows.items())
+
+    return {shape: rows for shape, rows in raw.items() if usable(rows)} if isinstance(raw, dict) else {}
+
+
 def cache_file(key: str) -> Path:
     from specdraft.targets import cache_dir
 
@@ -180,8 +197,8 @@ def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer:
                 saved = read_json(path, "kernel table")
             except Exception:    # a damaged cache file is measured again, never an error
                 saved = None
-        timings = saved.get("timings_ms", {}) if isinstance(saved, dict) else {}
-        table = KernelTable(key, cpu_identity(), str(dtype), timings if isinstance(timings, dict) else {})
+        timings = usable_timings(saved.get("timings_ms") if isinstance(saved, dict) else None)
+        table = KernelTable(key, cpu_identity(), str(dtype), timings)
         _TABLES[key] = table
     missing = [s for s in shapes if shape_name(s) not in table.timings]
     if missing:
@@ -193,7 +210,7 @@ def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer:
             table.timings[shape_name(shape)] = {str(n): measure(shape, n) for n in rows}
         try:
             write_json(cache_file(key), table.to_dict())
-        except OSError:          # a read-only cache still runs, it measures again next time
+        except (OSError, SpecdraftError):   # a read-only or full cache still runs, it measures again next time
             pass
     return table
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.text import Text
+
 from specdraft.watch import BaselineWatch
 from specdraft.errors import SpecdraftError
 from specdraft.metrics import load_run
@@ -31,7 +33,7 @@ def replay_run(watch, run_dir: Path, log) -> None:
     for i, rec in enumerate(run.records):
         watch.update(rec, run.where(i))
     if watch.verdict is not None:
-        log(f"[yellow]watch (before resume):[/] {watch.verdict.message}")
+        log(Text.assemble(("watch (before resume):", "yellow"), f" {watch.verdict.message}"))
 
 
 def watch_record(watch: BaselineWatch | None, record: dict, cfg: RunConfig, runtime: Runtime, log) -> bool:
@@ -41,5 +43,5 @@ def watch_record(watch: BaselineWatch | None, record: dict, cfg: RunConfig, runt
         return False
     fired = runtime.is_main and watch.check(record, Path(cfg.out))
     if fired:
-        log(f"[yellow]watch:[/] {watch.verdict.message}")
+        log(Text.assemble(("watch:", "yellow"), f" {watch.verdict.message}"))
     return any_rank(runtime, fired and cfg.stop_if_behind)

@@ -18,6 +18,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from specdraft.errors import SpecdraftError
 from specdraft.metrics import tau_text
@@ -89,9 +90,9 @@ def train(
         val = summary.get("val") or {}
         tail = (f", val loss {val['loss']:.4f}, {tau_text(val['accept_len'], cfg.ttt_steps, 'held-out', digits=3)}"
                 if val else "")
-        done = "[yellow]stopped behind baseline[/] after" if summary.get("stopped") else "[green]trained[/]"
-        Console(stderr=True).print(f"{done} {summary.get('steps', summary.get('stopped_at_step'))} steps, "
-                                   f"{summary['tokens_seen']:,} tokens{tail} -> {cfg.out}")
+        done = ("stopped behind baseline after", "yellow") if summary.get("stopped") else ("trained", "green")
+        Console(stderr=True).print(Text.assemble(done, f" {summary.get('steps', summary.get('stopped_at_step'))} steps, "
+                                                 f"{summary['tokens_seen']:,} tokens{tail} -> {cfg.out}"))
 
 
 def check_inputs_given(cfg: RunConfig, online: bool) -> None:
@@ -161,6 +162,6 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
     except SpecdraftError as e:
-        Console(stderr=True).print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(Text.assemble(("error:", "red"), f" {e}"), highlight=False, soft_wrap=True)
         return 2
     return 0

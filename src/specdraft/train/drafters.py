@@ -44,6 +44,7 @@ def pretrained_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int], log)
     if fam.model_type != cfg.family:
         raise SpecdraftError(f"{where}: a {fam.model_type} drafter, but the run trains --family {cfg.family}; "
                              f"pass --family {fam.model_type} or start from a {cfg.family} drafter")
+    check_shape_settings(cfg, fam, src.config, target, vocab, layer_ids, where)
     dcfg = type(src.config).from_dict({**src.config.to_dict(), "draft_vocab_size": vocab.draft_vocab_size,
                                        "aux_layer_ids": list(layer_ids), "verifier": target.name})
     drafter = fam.build(dcfg)
@@ -73,6 +74,27 @@ def pretrained_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int], log)
     if list(src.config.aux_layer_ids) != list(layer_ids):
         log(f"note: {where} was trained on aux layers {src.config.aux_layer_ids}; the store has {layer_ids}")
     return drafter.float().train(), report
+
+
+# the drafter config fields that run settings shape, as the user names them
+SHAPE_FLAGS = {"num_layers": "--draft-layers", "block_size": "--ttt-steps", "fc_norm": "--fc-norm",
+               "norm_output": "--norm-output", "norm_before_residual": "--norm-before-residual"}
+
+
+def check_shape_settings(cfg: RunConfig, fam, src_config, target, vocab, layer_ids: list[int], where: str) -> None:
+    """A pretrained drafter keeps its architecture: a setting that would shape a fresh drafter
+    otherwise than the defaults (--draft-layers 2, --ttt-steps 5 of DFlash's block, --fc-norm) and
+    that the drafter does not have is refused, never recorded in config.yaml and silently dropped.
+    The family's own checks of the run's settings (DFlash refuses EAGLE-3 options) run here too."""
+    wanted = fam.new_config(target.config, vocab.draft_vocab_size, layer_ids, target.name, cfg).to_dict()
+    default = fam.new_config(target.config, vocab.draft_vocab_size, layer_ids, target.name).to_dict()
+    kept = src_config.to_dict()
+    dropped = [f for f in wanted if wanted[f] != default.get(f) and kept.get(f) != wanted[f]]
+    if dropped:
+        asked = "; ".join(f"{SHAPE_FLAGS.get(f, f)} sets {f} {wanted[f]} but the drafter has {kept.get(f)}"
+                          for f in dropped)
+        raise SpecdraftError(f"{where}: a pretrained drafter keeps its architecture ({asked}); drop those flags to "
+                             "fine-tune it as it is, or train from scratch without --from-pretrained")
 
 
 def resumed_drafter(cfg: RunConfig, resume_from: Path, vocab, data: TrainData, log) -> torch.nn.Module:

@@ -9,7 +9,7 @@ from pathlib import Path
 from specdraft.data.store_parts import open_stores
 from specdraft.errors import SpecdraftError
 from specdraft.io import check_fields, read_json
-from specdraft.targets import load_target, load_target_head
+from specdraft.targets import load_target, load_target_head, same_target
 from specdraft.train.batches import StoreBatches, split_samples
 from specdraft.train.config import RunConfig
 from specdraft.train.runtime import Runtime, TrainData
@@ -50,15 +50,16 @@ def check_inputs(cfg: RunConfig, data: TrainData, target, vocab) -> None:
                              f"--model {cfg.model}`")
     store_fp = str(data.target.get("fingerprint", ""))
     vocab_fp = str(vocab.meta.get("fingerprint", ""))
-    if store_fp and vocab_fp and store_fp != vocab_fp:
-        raise SpecdraftError(f"target fingerprint: store {data.source} was captured from "
-                             f"{data.target.get('id')} ({store_fp}) but {cfg.vocab} was built for "
-                             f"{vocab.meta.get('target_id') or 'another target'} ({vocab_fp}); rebuild the vocab from this store")
     target_fp = str(target.identity.get("fingerprint", ""))
-    if store_fp and target_fp and store_fp != target_fp:
+    # each against the target (an output made before fingerprint version 2 recorded the older kind)
+    if store_fp and target_fp and not same_target(store_fp, target.identity):
         raise SpecdraftError(f"target fingerprint: store {data.source} was captured from "
                              f"{data.target.get('id')} ({store_fp}) but --model {cfg.model} is {target_fp}; "
                              "train with the target the store was captured from")
+    if vocab_fp and target_fp and not same_target(vocab_fp, target.identity):
+        raise SpecdraftError(f"target fingerprint: store {data.source} was captured from "
+                             f"{data.target.get('id')} ({store_fp}) but {cfg.vocab} was built for "
+                             f"{vocab.meta.get('target_id') or 'another target'} ({vocab_fp}); rebuild the vocab from this store")
 
 
 INPUTS_FILE = "inputs.json"   # in each training checkpoint: the data it trained on (data_identity)

@@ -63,7 +63,7 @@ def start(cfg: RunConfig, runtime: Runtime, data: TrainData | None, target) -> T
         raise SpecdraftError("--attention flex: needs a CUDA device (flex attention compiles for GPUs); "
                              "use --attention sdpa on CPU")
     console = Console(stderr=True)
-    log = (lambda msg: console.print(msg, highlight=False, soft_wrap=True)) if runtime.is_main else (lambda msg: None)
+    log = (lambda msg: console.print(msg, highlight=False, soft_wrap=True, markup=False)) if runtime.is_main else (lambda msg: None)
     resume_from = resume_checkpoint(cfg) if cfg.resume else None
     if cfg.resume:
         check_resume_settings(cfg)
@@ -217,7 +217,7 @@ def stopped_behind(t: Training, folder: Path) -> dict:
     text = (f"stopped at step {state.step} ({state.tokens_seen:,} tokens) by --stop-if-behind: "
             f"behind baseline {t.cfg.baseline}; checkpoint {folder} (inspect it, or continue with "
             f"`specdraft train --out {t.run_dir} --resume`)")
-    t.log(f"[yellow]{text}[/]")
+    t.log(text)   # printed as written (markup=False): paths may hold [..]
     if t.runtime.is_main:
         note(t.run_dir, "decision", text)
     return {"steps": state.step, "tokens_seen": state.tokens_seen, "val": t.last_val,

@@ -117,7 +117,8 @@ def recover_set_aside(run_dir: Path) -> None:
         from rich.console import Console
 
         Console(stderr=True).print(f"{run_dir}: restored the previous run's {', '.join(names)} that an "
-                                   "interrupted --overwrite had set aside in .overwritten", highlight=False, soft_wrap=True)
+                                   "interrupted --overwrite had set aside in .overwritten", highlight=False, soft_wrap=True,
+                                   markup=False)
 
 
 # what a --resume may change: how the run is watched, logged and launched, how long it goes on (the

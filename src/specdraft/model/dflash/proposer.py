@@ -29,6 +29,10 @@ class DFlashProposer:
             raise SpecdraftError("--tree: DFlash drafts a chain in one forward; drop --tree (or use an eagle3 drafter)")
         if stop is not None and not 0.0 <= stop <= 1.0:
             raise SpecdraftError(f"--draft-stop {stop}: must lie in [0, 1] (a probability), or auto")
+        if k > drafter.config.block_size - 1:   # the block holds the anchor and block_size - 1 draft slots
+            raise SpecdraftError(f"-k {k}: this dflash drafter was trained to draft {drafter.config.block_size - 1} "
+                                 f"tokens per round (block_size {drafter.config.block_size}); use -k "
+                                 f"{drafter.config.block_size - 1} or less")
         self.drafter = drafter.eval()
         self.k, self.stop = k, stop
         self.aux_layer_ids = list(drafter.config.aux_layer_ids)
