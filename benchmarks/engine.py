@@ -1,13 +1,10 @@
 """The data engine: regeneration and capture tokens/s, vLLM vs transformers, same prompts.
 
     .venv/bin/python benchmarks/engine.py [--samples 128] [--batch 64] [--new-tokens 128] [--rounds 2]
-        [--engines hf-static,hf,vllm] [--no-capture]
+        [--engines hf,vllm] [--no-capture]
 
-Regeneration engines: hf-static is transformers' generate over left-padded batches of --batch prompts
-(every row decodes until the batch's longest answer ends: the path before continuous batching), hf is
-what `prepare --engine hf` runs now (greedy: transformers' continuous batching over --batch rows, a
-finished answer's row taken by the next prompt), vllm the offline vLLM engine. Ratios are against
-hf-static, from the same rounds.
+Regeneration engines: hf is `prepare --engine hf` (transformers' generate over left-padded batches of
+--batch prompts), vllm the offline vLLM engine; ratios are against hf, from the same rounds.
 
 Each measurement runs in a child process of its own (a clean engine, a clean peak-memory figure:
 the child and every process it starts, summed, sampled every 0.1 s), in interleaved rounds:
@@ -34,19 +31,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINES = ("hf", "vllm")                   # capture
-REGEN_ENGINES = ("hf-static", "hf", "vllm")
+ENGINES = ("hf", "vllm")
 
 
 def child_regenerate(job: dict) -> dict:
-    from specdraft.data import regenerate
     from specdraft.data.prepare import prepare
 
-    engine = job["engine"]
-    if engine == "hf-static":                # the padded-batch path: generate_batch for greedy answers too
-        regenerate.continuous = lambda engine, settings: False
     meta = prepare(model=job["model"], source="builtin", out=job["out"], regenerate=True, limit=job["samples"],
-                   max_new_tokens=job["new_tokens"], batch_size=job["batch"], engine=engine.removesuffix("-static"))
+                   max_new_tokens=job["new_tokens"], batch_size=job["batch"], engine=job["engine"])
     regen = meta["regeneration"]
     return {"tokens": regen["new_tokens"], "seconds": regen["seconds"], "samples": regen["generated"]}
 
@@ -124,7 +116,7 @@ def main() -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--samples", type=int, default=128, help="builtin prompts regenerated")
     ap.add_argument("--batch", type=int, default=64, help="rows decoded at once (prepare --batch-size)")
-    ap.add_argument("--engines", default=",".join(REGEN_ENGINES), help="regeneration engines to compare")
+    ap.add_argument("--engines", default=",".join(ENGINES), help="regeneration engines to compare")
     ap.add_argument("--no-capture", action="store_true", help="regeneration only")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
@@ -168,9 +160,9 @@ def main() -> None:
         if not by_engine:
             continue
         med = {e: statistics.median(x["tokens_per_s"] for x in by_engine[e]) for e in by_engine}
-        base = med.get("hf-static") or med["hf"]
+        base = med.get("hf") or next(iter(med.values()))
         summary[kind] = {"median_tokens_per_s": med, "vs_baseline": {e: v / base for e, v in med.items()},
-                         "baseline": "hf-static" if "hf-static" in med else "hf",
+                         "baseline": "hf" if "hf" in med else next(iter(med)),
                          "peak_rss_gib": {e: max(x["peak_rss_gib"] for x in by_engine[e]) for e in by_engine}}
         if "vllm" in med and "hf" in med:
             summary[kind]["vllm_vs_hf"] = med["vllm"] / med["hf"]

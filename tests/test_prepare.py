@@ -9,8 +9,7 @@ from specdraft.data.builtin_prompts import builtin_prompts, prompt_pool
 from specdraft.data.conversations import normalize
 from specdraft.data.prepare import prepare
 from specdraft.data.prepared import load_prepared
-from specdraft.data.regenerate import (PROGRESS_FILE, RegenSettings, generate_batch, generate_continuous,
-                                      load_progress)
+from specdraft.data.regenerate import PROGRESS_FILE, RegenSettings, generate_batch, load_progress
 from specdraft.errors import SpecdraftError
 from specdraft.targets import load_target
 
@@ -137,18 +136,6 @@ def test_left_padded_batch_matches_single_generation(tiny_target):
     together = generate_batch(target, [short, long], settings, end_ids)
     assert together[0] == generate_batch(target, [short], settings, end_ids)[0]
     assert together[1] == generate_batch(target, [long], settings, end_ids)[0]
-
-
-def test_continuous_batching_answers_as_one_at_a_time(tiny_target):
-    """transformers' continuous batching (finished rows leave, the next prompt takes the row) writes
-    the answers batch-1 greedy writes, in the prompts' order, more prompts than rows included."""
-    target = load_target(str(tiny_target))
-    settings = RegenSettings(max_new_tokens=10)
-    end_ids = [target.tokenizer.eos_token_id]
-    prompts = [[{"role": "user", "content": text}] for text in
-               ("Hi", "A much longer question that needs no padding here", "Why?", "Name three birds", "ok")]
-    got = generate_continuous(target, prompts, settings, end_ids, rows=2)
-    assert got == [generate_batch(target, [p], settings, end_ids)[0] for p in prompts]
 
 
 def test_regenerate_multi_turn_turn_by_turn(tiny_target, tmp_path):

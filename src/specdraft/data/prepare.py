@@ -86,7 +86,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     import torch
 
     from specdraft.data import self_prompts
-    from specdraft.data.regenerate import CB_QUEUE, RegenSettings, answer_engine, continuous, regenerate as regenerate_all
+    from specdraft.data.regenerate import RegenSettings, answer_engine, regenerate as regenerate_all
     from specdraft.targets import describe_target, generation_config, load_target, load_tokenizer
 
     quiet_libraries()
@@ -130,19 +130,16 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
             conversations = [conversations[i] for i in non_empty_part(len(conversations), part, "the conversations left are")]
         settings = RegenSettings(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                                  target=target.identity["fingerprint"])
-        # continuous batching: --batch-size rows decode at once, a call queues CB_QUEUE times as many prompts
-        per_call = batch_size * CB_QUEUE if continuous(engine_name, settings) else batch_size
-        with answer_engine(engine_name, target, settings, end_ids, opts, rows=batch_size) as answer:
+        with answer_engine(engine_name, target, settings, end_ids, opts) as answer:
             answered, stats = regenerate_all(answer, [c.messages for c in conversations], out, settings,
-                                             batch_size=per_call, console=console)
+                                             batch_size=batch_size, console=console)
             if follow_ups:
                 answered, second = second_turns(answer, target, conversations, answered, follow_ups, out, settings,
-                                                end_ids, per_call, console)
+                                                end_ids, batch_size, console)
         conversations = [Conversation(messages=m, where=c.where) for m, c in zip(answered, conversations)]
         used = ({"name": "vllm-endpoint", "url": opts.endpoint} if engine_name == "endpoint"
                 else engine_record(engine_name))
         regeneration = {**settings.as_dict(), "batch_size": batch_size, "engine": used,
-                        "batching": "continuous" if continuous(engine_name, settings) else "static",
                         "compute_dtype": str(next(target.model.parameters()).dtype).removeprefix("torch.")
                         if engine_name == "hf" else None, **vars(stats)}
         if follow_ups:

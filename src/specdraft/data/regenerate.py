@@ -162,12 +162,11 @@ def regenerate(answer, conversations: list[list[dict]], out: Path, settings: Reg
 
     start = time.perf_counter()
     with progress_of("regenerating", missing, 0, "samples", console=console) as tracker:
-        def on_step(step: int, new_tokens: int) -> None:
+        def on_step(step: int, rows: int) -> None:
             """Inside a batch: tokens and a fractional position, so tok/s and the ETA move before
-            the first batch ends (a turn's rows are counted as done at step/max_new_tokens; under
-            continuous batching `step` is the share of answers finished, in tokens)."""
-            tracker.set(partial=batch_missing * step / max(settings.max_new_tokens, 1), tokens=new_tokens,
-                        turn=f"token {step}/{settings.max_new_tokens}")
+            the first batch ends (a turn's rows are counted as done at step/max_new_tokens)."""
+            tracker.set(partial=batch_missing * step / max(settings.max_new_tokens, 1), tokens=rows,
+                        turn=f"token {step}/{settings.max_new_tokens}, {rows} rows")
 
         for batch_keys in todo:
             pending = [Pending(key=k, skeleton=skeleton(unique[k], keep_answers)) for k in batch_keys]
@@ -204,25 +203,11 @@ def request_seed(settings: RegenSettings, key: str, turn: int) -> int:
     return int.from_bytes(digest[:8], "big") % (2**63)
 
 
-CB_QUEUE = 4    # continuous batching: prompts per call, in rows (a finished row takes the next one)
-
-
-def continuous(engine: str, settings: RegenSettings) -> bool:
-    """Whether engine 'hf' answers by continuous batching: greedy answers (sampled ones keep
-    generate_batch, whose per-batch seed makes a resumed run draw the same answers)."""
-    return engine == "hf" and settings.temperature == 0
-
-
 @contextmanager
-def answer_engine(engine: str, target, settings: RegenSettings, end_ids: list[int], opts=None, rows: int = 64):
-    """The `answer` function of regenerate() for engine 'hf' (in this process: greedy answers by
-    transformers' continuous batching over `rows` rows, sampled ones by target.model.generate),
-    'vllm' (an offline vllm.LLM started here) or 'endpoint' (a running `vllm serve`). Every
-    engine gets the same prompt token ids, rendered here with the target's chat template."""
-    if continuous(engine, settings):
-        yield lambda prompts, seeds, on_step=None: generate_continuous(target, prompts, settings, end_ids, rows,
-                                                                       on_step)
-        return
+def answer_engine(engine: str, target, settings: RegenSettings, end_ids: list[int], opts=None):
+    """The `answer` function of regenerate() for engine 'hf' (target.model.generate in this
+    process), 'vllm' (an offline vllm.LLM started here) or 'endpoint' (a running `vllm serve`).
+    Every engine gets the same prompt token ids, rendered here with the target's chat template."""
     if engine == "hf":
         yield lambda prompts, seeds, on_step=None: generate_batch(target, prompts, settings, end_ids, on_step)
         return
@@ -254,8 +239,7 @@ def seed_batch(settings: RegenSettings, batch_keys: list[str]) -> None:
 
 
 class ReportEachStep(StoppingCriteria):
-    """Never stops generation; calls on_step(new tokens per row so far, rows = tokens this step) so the
-    bar moves mid-batch."""
+    """Never stops generation; calls on_step(new tokens so far, rows) so the bar moves mid-batch."""
 
     def __init__(self, on_step, prompt_width: int):
         self.on_step, self.prompt_width = on_step, prompt_width
@@ -263,51 +247,6 @@ class ReportEachStep(StoppingCriteria):
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         self.on_step(input_ids.shape[1] - self.prompt_width, input_ids.shape[0])
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-
-CB_PAGE = 64                # tokens per KV page of the continuous-batching cache
-
-
-@torch.no_grad()
-def generate_continuous(target, prompts: list[list[dict]], settings: RegenSettings, end_ids: list[int],
-                        rows: int = 64, on_step=None) -> list[tuple[str, bool, int]]:
-    """Greedy answers by transformers' continuous batching: at most `rows` answers decode together, a
-    finished one leaves and the next prompt takes its place, over a paged KV cache (no padding, no
-    per-step concatenation of the cache). Same result tuples as generate_batch."""
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    tok = target.tokenizer
-    encoded = [encode(tok, render_text(tok, p, add_generation_prompt=True)) for p in prompts]
-    longest = max(len(ids) for ids in encoded) + settings.max_new_tokens
-    pages = -(-longest // CB_PAGE)
-    # Sized here, not from free memory (transformers would take most of this machine's RAM on a CPU).
-    cb = ContinuousBatchingConfig(page_size=CB_PAGE, num_blocks=min(rows, len(encoded)) * pages + 1,
-                                  max_batch_tokens=max(rows, 512), max_requests_per_batch=rows,
-                                  allow_block_sharing=False, use_cuda_graph=False)
-    gen = GenerationConfig(max_new_tokens=settings.max_new_tokens, do_sample=False, eos_token_id=list(end_ids),
-                           pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else end_ids[0])
-    results: dict[str, list[int]] = {}
-    attention = target.model.config._attn_implementation       # CB takes transformers' own names only
-    if attention not in ("sdpa", "paged|eager") and "flash" not in attention:
-        target.model.set_attn_implementation("sdpa")
-    try:
-        with target.model.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=cb,
-                                                              block=True, warmup=False) as manager:
-            ids = manager.add_requests(inputs=encoded, max_new_tokens=settings.max_new_tokens)
-            while len(results) < len(ids):
-                out = manager.get_result(timeout=1)
-                if out is not None and out.is_finished():
-                    if out.error:
-                        raise RuntimeError(f"continuous batching: {out.error}")
-                    results[out.request_id] = out.generated_tokens
-                    if on_step:
-                        on_step(len(results) * settings.max_new_tokens // len(ids), len(out.generated_tokens))
-                elif out is None and not manager.is_running():
-                    raise RuntimeError("continuous batching stopped before every answer was written")
-    finally:
-        target.model.set_attn_implementation(attention)
-    return [answer_from_ids(tok, results[i], True, end_ids) for i in ids]
 
 
 @torch.no_grad()
