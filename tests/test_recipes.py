@@ -43,7 +43,7 @@ def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path)
     assert bench["rounds"] == 2 and len(bench["methods"]["eagle3"]["rounds"]) == 2
     # the summary is the bench's numbers, and every method reproduced greedy exactly
     assert summary["identical_to_greedy"] == {"greedy": True, "plain": True, "ngram": True, "eagle3": True,
-                                              "eagle3-tree": True}
+                                              "hybrid": True, "eagle3-tree": True}
     assert summary["speedup_over_plain"]["eagle3"] == bench["methods"]["eagle3"]["speedup_over_plain"] > 0
     assert summary["accept_len"] == bench["methods"]["eagle3"]["accept_len"] >= 1.0
     assert summary["tokens_per_s"]["eagle3"] == bench["methods"]["eagle3"]["tokens_per_s"] > 0
@@ -151,7 +151,7 @@ def test_recipe_through_the_vllm_engine(tmp_path):
     assert json.loads((ws / "data" / "prepare.json").read_text())["regeneration"]["engine"]["name"] == "vllm"
     assert json.loads((ws / "hidden" / "manifest.json").read_text())["engine"]["name"] == "vllm"
     assert summary["identical_to_greedy"] == {"greedy": True, "plain": True, "ngram": True, "eagle3": True,
-                                              "eagle3-tree": True}
+                                              "hybrid": True, "eagle3-tree": True}
     assert summary["speedup_over_plain"]["eagle3"] > 0
     assert "--engine vllm" in (ws / "recipe.log").read_text()
 

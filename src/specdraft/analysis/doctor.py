@@ -721,6 +721,7 @@ def diagnose(run: str | Path, model: str | None = None, store: str | Path | None
     if prompts is not None and prompts not in PROMPT_SETS and not Path(prompts).is_file():
         raise SpecdraftError(f"--prompts {prompts}: not found; pass a jsonl file of conversations or builtin-holdout")
     d = Doctor(run, model, str(store) if store is not None else None, prompts)
+    check_typed_inputs(d)           # a wrong type is one line before the progress line starts
     found, fine, skipped = [], [], []
     chosen = [(name, check) for name, check in CHECKS.items() if not only or name in only]
     with progress("doctor", len(chosen), 0, "checks") as tracker:   # a minute and more: say where it is
@@ -745,6 +746,16 @@ def diagnose(run: str | Path, model: str | None = None, store: str | Path | None
               "checked": fine, "skipped": skipped}
     write_json(run / REPORT_FILE, result)
     return result
+
+
+def check_typed_inputs(d: Doctor) -> None:
+    """Read the run's small typed files (config.yaml, exports.json, plan.json) up front: a wrong type
+    in any is refused in one line naming the file and the field, before any check runs."""
+    d.config
+    read_exports(d.run)
+    plan_file = d.run / "plan.json"
+    if plan_file.is_file():
+        read_model(plan_file, PlanTiming, "plan", f"re-run `specdraft plan --run {d.run}` (it rewrites the file)")
 
 
 def rank(f: Finding) -> tuple:
