@@ -46,9 +46,9 @@ def _yaml(path: Path) -> dict:
         return {}
 
 
-def _tokens_trained(metrics: Path) -> int | None:
-    """tokens_seen of the last train record of metrics.jsonl (all epochs)."""
-    last = None
+def _metric_records(metrics: Path, split: str) -> list[dict]:
+    """metrics.jsonl's records of one split, unreadable lines skipped ([] without the file)."""
+    records = []
     try:
         with open(metrics) as fh:
             for line in fh:
@@ -56,11 +56,17 @@ def _tokens_trained(metrics: Path) -> int | None:
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(rec, dict) and rec.get("split") == "train" and "tokens_seen" in rec:
-                    last = rec["tokens_seen"]
+                if isinstance(rec, dict) and rec.get("split") == split:
+                    records.append(rec)
     except OSError:
-        return None
-    return last if isinstance(last, int) else None
+        return []
+    return records
+
+
+def _tokens_trained(metrics: Path) -> int | None:
+    """tokens_seen of the last train record of metrics.jsonl (all epochs)."""
+    seen = [rec["tokens_seen"] for rec in _metric_records(metrics, "train") if "tokens_seen" in rec]
+    return seen[-1] if seen and isinstance(seen[-1], int) else None
 
 
 def _newest_epoch_inputs(run: Path) -> dict:
@@ -125,20 +131,10 @@ def _number(x) -> bool:
 
 def _last_val_tau(metrics: Path) -> float | None:
     """accept_len of the last val record of metrics.jsonl (training's own validation)."""
-    last = None
-    try:
-        with open(metrics) as fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and rec.get("split") == "val":
-                    value = (rec.get("metrics") or {}).get("accept_len", rec.get("accept_len"))
-                    last = value if _number(value) else last
-    except OSError:
-        return None
-    return last
+    values = [(rec.get("metrics") or {}).get("accept_len", rec.get("accept_len"))
+              for rec in _metric_records(metrics, "val")]
+    numbers = [v for v in values if _number(v)]
+    return numbers[-1] if numbers else None
 
 
 def tau_measurements(run: Path) -> list[dict]:
