@@ -33,14 +33,6 @@ QUICK = ROOT / "src" / "specdraft" / "recipes" / "quick.yaml"
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def cpu_name() -> str:
-    """The CPU's model name and its widest vector kind, for every timing this script reports."""
-    from specdraft.infer.kernels import cpu_info
-
-    info = cpu_info()
-    return f"{info['cpu']} ({'avx512_bf16' if info['avx512_bf16'] else 'avx512' if info['avx512'] else 'avx2'})"
-
-
 def stage(args: list[str], times: dict, name: str) -> None:
     """One `specdraft` command in a child process, its wall seconds kept under `name`."""
     print("$ specdraft " + " ".join(args), flush=True)
@@ -157,7 +149,9 @@ def main() -> None:
     a.tag = f"-{a.label}" if a.label else ""
     results = [point(a.workspace, int(n), a) for n in a.samples.split(",")]
     name = f"data_scaling{a.tag}"
-    report = {"cpu": cpu_name(), "k": a.k, "conversations": a.conversations, "settings": a.set,
+    from specdraft.infer.kernels import cpu_label   # torch: only once every point is done
+
+    report = {"cpu": cpu_label(), "k": a.k, "conversations": a.conversations, "settings": a.set,
               "max_new_tokens": a.max_new_tokens, "natural_prompts": a.natural_limit, "holdout_prompts": a.holdout_limit,
               "bench_tokens": a.bench_tokens, "points": results}
     a.results.mkdir(parents=True, exist_ok=True)

@@ -73,14 +73,6 @@ def child_capture(job: dict) -> dict:
     return {"tokens": sum(lengths), "seconds": done - ready, "engine_start_seconds": ready - started}
 
 
-def cpu_name() -> str:
-    """The CPU's model name and its widest vector kind, for every timing this script reports."""
-    from specdraft.infer.kernels import cpu_info
-
-    info = cpu_info()
-    return f"{info['cpu']} ({'avx512_bf16' if info['avx512_bf16'] else 'avx512' if info['avx512'] else 'avx2'})"
-
-
 def run_child(kind: str, job: dict, work: Path) -> dict:
     """Run one measurement in a child process; add its peak memory (the whole process tree)."""
     import psutil
@@ -170,8 +162,10 @@ def main() -> None:
     import torch
     import transformers
 
+    from specdraft.infer.kernels import cpu_label
+
     result = {"model": args.model, "samples": args.samples, "batch": args.batch, "new_tokens": args.new_tokens,
-              "rounds": args.rounds, "cpu": cpu_name(),
+              "rounds": args.rounds, "cpu": cpu_label(),
               "dtype": "float32 compute, bfloat16 store", "cpu_count": os.cpu_count(),
               "versions": {"vllm": vllm_version(), "transformers": transformers.__version__,
                            "torch": torch.__version__},

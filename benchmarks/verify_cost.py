@@ -36,9 +36,8 @@ MODES = ("linear", "mm", "measured")
 def cpu_kind() -> str:
     """A file-name slug for this CPU kind: model name and vector ISA, e.g. amd-epyc-avx512-bf16."""
     info = kernels.cpu_info()
-    isa = "amx" if info["amx"] else ("avx512-bf16" if info["avx512_bf16"] else "avx512") if info["avx512"] else "avx2"
     name = re.sub(r"[^a-z0-9]+", "-", re.sub(r"\(r\)|\(tm\)|processor|cpu|@.*", "", info["cpu"].lower())).strip("-")
-    return f"{name}-{isa}"
+    return f"{name}-{kernels.vector_isa(info)}"
 
 
 def main() -> None:

@@ -78,6 +78,17 @@ def cpu_info() -> dict:
             "amx": "amx_tile" in flags.split()}
 
 
+def vector_isa(info: dict | None = None) -> str:
+    """This CPU's widest matrix/vector kind: amx, avx512-bf16, avx512 or avx2 (what timings depend on)."""
+    info = info or cpu_info()
+    return "amx" if info["amx"] else ("avx512-bf16" if info["avx512_bf16"] else "avx512") if info["avx512"] else "avx2"
+
+
+def cpu_label() -> str:
+    """The CPU's model name and vector kind, named beside every timing a benchmark reports."""
+    return f"{cpu_info()['cpu']} ({vector_isa()})"
+
+
 def machine_key(dtype: torch.dtype) -> str:
     ident = cpu_identity()
     text = "|".join(str(ident[k]) for k in ("cpu", "flags_sha", "torch", "threads")) + f"|{dtype}|{METHOD}"
