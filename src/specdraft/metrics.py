@@ -31,7 +31,8 @@ METRICS_FILE = "metrics.jsonl"
 TAU_SOURCES = {"builtin-holdout": "builtin hold-out prompts", "natural": "natural prompts",
                "held-out": "held-out store samples", "all": "all store samples (training data included)",
                "val": "held-out store samples", "train": "training samples", "prompt": "your prompt",
-               "unknown-origin": "store samples (may include the drafter's training data)"}
+               "unknown-origin": "store samples (may include the drafter's training data)",
+               "unseen-store": "samples of a store it did not train on"}
 
 
 def tau_source(prompts: str | None, count: int | None = None) -> str:

@@ -60,24 +60,31 @@ def trained_store_of(checkpoint: Path) -> tuple[dict, Path | None]:
     return {}, None
 
 
-def check_trained_store(checkpoint: Path, hidden: HiddenStore, store, run_cfg: dict) -> None:
-    """--split val means the run's held-out samples, which exist only in the store it trained on: on
-    another store the same seed and fraction pick samples the run may have trained on."""
+def store_mismatch(checkpoint: Path, hidden: HiddenStore, store, run_cfg: dict) -> str | None:
+    """Why `store` is not the store the run trained on (None when it is, or when nothing says so)."""
     saved, where = trained_store_of(checkpoint)
     data = hidden.manifest.get("data") if isinstance(hidden.manifest.get("data"), dict) else {}
     now = {"data_fingerprint": data.get("fingerprint", ""), "num_samples": len(hidden),
            "num_tokens": hidden.num_tokens}
-    trained = saved.get("store") or run_cfg.get("store")
-    fix = f"pass --store {trained} (the run's own) for its held-out samples, or --split all"
     for key in ("data_fingerprint", "num_samples", "num_tokens"):
         was, have = saved.get(key), now[key]
         if was and have and was != have:
-            raise SpecdraftError(f"--split val: {store} is not the store the run trained on ({where} records "
-                                 f"{key} {was}, {store} has {have}), so the run's held-out samples are not "
-                                 f"there; {fix}")
+            return f"{where} records {key} {was}, {store} has {have}"
+    trained = saved.get("store") or run_cfg.get("store")
     if not saved and (not trained or Path(str(trained)).resolve() != Path(store).resolve()):
-        raise SpecdraftError(f"--split val: the run records no fingerprint of its training store and {store} is "
-                             f"not the store its config.yaml names ({trained}); {fix}")
+        return f"the run records no fingerprint of its training store and {store} is not the store its config.yaml names ({trained})"
+    return None
+
+
+def check_trained_store(checkpoint: Path, hidden: HiddenStore, store, run_cfg: dict) -> None:
+    """--split val means the run's held-out samples, which exist only in the store it trained on: on
+    another store the same seed and fraction pick samples the run may have trained on."""
+    why = store_mismatch(checkpoint, hidden, store, run_cfg)
+    if why:
+        trained = trained_store_of(checkpoint)[0].get("store") or run_cfg.get("store")
+        raise SpecdraftError(f"--split val: {store} is not the store the run trained on ({why}), so the run's "
+                             f"held-out samples are not there; pass --store {trained} (the run's own) for its "
+                             "held-out samples, or --split all")
 
 
 def training_split_of(checkpoint: Path) -> dict:
@@ -103,6 +110,9 @@ def eval_samples(checkpoint: Path, hidden: HiddenStore, store, split: str) -> tu
         check_trained_store(checkpoint, hidden, store, origin["run"])
         _, ids = split_samples(len(hidden), origin["val_fraction"], origin["seed"])
         return ids, f"val ({len(ids)} held-out samples of the run)", "held-out", []
+    if origin and split == "all" and store_mismatch(checkpoint, hidden, store, origin["run"]):
+        # another store (e.g. one captured from the natural set's prompts): nothing in it was trained on
+        return ids, f"all ({len(ids)} samples of a store the run did not train on)", "unseen-store", []
     if origin:
         return ids, f"all ({len(ids)} samples)", "all", [
             f"warning: --split all includes the samples the drafter trained on: τ reads higher than on unseen "
