@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/data_scaling.py --workspace ws/scaling [--samples 256,512,1024]
         [--conversations builtin] [--max-new-tokens 128] [--set init_layer=target ...] [--label NAME]
-        [--natural-limit 16] [--holdout-limit 6] [--bench-tokens 96] [-k 3]
+        [--natural-limit 16] [--holdout-limit 6] [--bench-tokens 96] [-k 3] [--natural-store WS/nat/hidden]
 
 The same harness is the source and lever ablation: `--conversations self:N` or a mixture
 (`builtin:0.5,self:0.5`) with a --label compares prompt sources, `--set init_layer=target` or
@@ -14,7 +14,10 @@ and `train --config quick.yaml` (plus any `--set KEY=VALUE` training setting: th
 (τ on the store's held-out samples) and one `bench` round per prompt set, on the natural set (the
 first --natural-limit of its 96 hand-written prompts: its lines alternate categories) and on the
 builtin hold-out, with ngram, the drafter's chain and hybrid at -k K: τ of each, each method's
-output checked equal to greedy. Every stage's wall seconds are recorded, so τ is read against the
+output checked equal to greedy. `--natural-store` (a store captured from the natural set's prompts:
+`prepare --conversations benchmarks/prompts/natural.jsonl --regenerate` then `capture`) adds the
+drafter's τ on all 96 natural prompts by `eval` in seconds (greedy chain τ is the same number a bench
+measures, without generating); --natural-limit 0 / --holdout-limit 0 skip a bench. Every stage's wall seconds are recorded, so τ is read against the
 CPU minutes that bought it. Writes benchmarks/results/data_scaling[-LABEL].json, a Markdown table and a
 PNG curve beside it. Run nothing else meanwhile: the stage times are the x axis.
 """
@@ -52,6 +55,12 @@ def bench_tau(model: str, drafter: Path, prompts: str, limit: int, tokens: int, 
                 "identical_to_greedy": r["identical_to_greedy"]} for m, r in methods.items() if m != "greedy"}
 
 
+def natural_eval(path: Path) -> dict:
+    """eval's τ on the natural-prompt store: every K up to -k, the per-position conditional rates."""
+    ev = json.loads(path.read_text())
+    return {"tau_by_k": ev["accept_len_by_k"], "cond_acc": ev["cond_acc"], "samples": ev["samples"]}
+
+
 def point(ws: Path, n: int, a) -> dict:
     """One sample count: data, drafter, and its τ on three prompt sets."""
     data, hidden, vocab, run = ws / f"data-{n}", ws / f"hidden-{n}", ws / f"vocab-{n}.safetensors", ws / f"runs/{n}{a.tag}"
@@ -77,34 +86,46 @@ def point(ws: Path, n: int, a) -> dict:
     if not ev.is_file():
         stage(["eval", "--model", a.model, "--drafter", str(run), "--store", str(hidden), "-k", str(a.k),
                "--out", str(ev)], times, "eval")
+    nat_ev = run / "eval_natural.json"
+    if a.natural_store and not nat_ev.is_file():
+        stage(["eval", "--model", a.model, "--drafter", str(run), "--store", str(a.natural_store), "--split", "all",
+               "-k", str(a.k), "--out", str(nat_ev)], times, "eval_natural")
     prep = json.loads((data / "prepare.json").read_text())
     regen = prep.get("regeneration") or {}
     result = {"samples": n, "trained_tokens": prep["counts"]["loss_tokens"], "truncated_turns": regen.get("truncated_turns"),
               "regen_tokens_per_s": regen["new_tokens"] / regen["seconds"] if regen.get("seconds") else None,
               "eval_tau_by_k": json.loads(ev.read_text())["accept_len_by_k"],
+              "natural_eval": natural_eval(nat_ev) if a.natural_store else None,
               "natural": bench_tau(a.model, run, "natural", a.natural_limit, a.bench_tokens, a.k,
-                                   run / "bench_natural.json", times, "bench_natural"),
+                                   run / "bench_natural.json", times, "bench_natural") if a.natural_limit else None,
               "holdout": bench_tau(a.model, run, "builtin-holdout", a.holdout_limit, a.bench_tokens, a.k,
-                                   run / "bench_holdout.json", times, "bench_holdout"),
+                                   run / "bench_holdout.json", times, "bench_holdout") if a.holdout_limit else None,
               "seconds": times}
     (run / "scaling_point.json").write_text(json.dumps(result, indent=2))
     return result
 
 
+def taus(bench: dict | None) -> str:
+    return " / ".join(f"{bench[m]['tau']:.2f}" for m in ("ngram", "eagle3", "hybrid")) if bench else "-"
+
+
 def table(results: list[dict], k: int) -> str:
-    rows = ["| samples | trained tokens | data+train min | eval τ (held-out samples) | natural: ngram / eagle3 / hybrid "
-            "| hold-out: ngram / eagle3 / hybrid | natural eagle3 accept per position |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| samples | trained tokens | data+train min | eval τ (held-out samples) | eval τ (96 natural prompts) "
+            "| natural bench: ngram / eagle3 / hybrid | hold-out bench: ngram / eagle3 / hybrid "
+            "| natural eagle3 accept per position |",
+            "|---|---|---|---|---|---|---|---|"]
     for r in results:
         s = r["seconds"]
         minutes = sum(s.get(x, 0) for x in ("prepare", "capture", "vocab", "train")) / 60
         by_k = r["eval_tau_by_k"]
-        ev = by_k[k] if k < len(by_k) else None
-        nat, hold = r["natural"], r["holdout"]
-        rows.append(f"| {r['samples']} | {r['trained_tokens']:,} | {minutes:.1f} | {ev if ev is None else f'{ev:.2f}'} | "
-                    + " / ".join(f"{nat[m]['tau']:.2f}" for m in ("ngram", "eagle3", "hybrid")) + " | "
-                    + " / ".join(f"{hold[m]['tau']:.2f}" for m in ("ngram", "eagle3", "hybrid")) + " | "
-                    + " ".join(f"{x:.2f}" for x in nat["eagle3"]["per_position"]) + " |")
+        ev = f"{by_k[k]:.2f}" if k < len(by_k) else "-"
+        nat_ev = r.get("natural_eval")
+        nat_tau = f"{nat_ev['tau_by_k'][k]:.2f}" if nat_ev and k < len(nat_ev["tau_by_k"]) else "-"
+        nat = r.get("natural")
+        per_position = " ".join(f"{x:.2f}" for x in nat["eagle3"]["per_position"]) if nat else \
+            ("cond " + " ".join(f"{x:.2f}" for x in nat_ev["cond_acc"]) if nat_ev else "-")
+        rows.append(f"| {r['samples']} | {r['trained_tokens']:,} | {minutes:.1f} | {ev} | {nat_tau} | {taus(nat)} "
+                    f"| {taus(r.get('holdout'))} | {per_position} |")
     return "\n".join(rows)
 
 
@@ -118,8 +139,12 @@ def plot(results: list[dict], path: Path) -> None:
     xs = [r["samples"] for r in results]
     for prompts, style in (("natural", "-"), ("holdout", "--")):
         for m, color in (("eagle3", "#3b7dd8"), ("hybrid", "#d85b3b"), ("ngram", "#888888")):
-            ax.plot(xs, [r[prompts][m]["tau"] for r in results], style, color=color, marker="o",
-                    label=f"{m} · {'natural set' if prompts == 'natural' else 'builtin hold-out'}")
+            if all(r.get(prompts) for r in results):
+                ax.plot(xs, [r[prompts][m]["tau"] for r in results], style, color=color, marker="o",
+                        label=f"{m} · {'natural set' if prompts == 'natural' else 'builtin hold-out'}")
+    if all(r.get("natural_eval") for r in results):
+        ax.plot(xs, [r["natural_eval"]["tau_by_k"][-1] for r in results], ":", color="#3b7dd8", marker="s",
+                label="eagle3 · eval on the 96 natural prompts")
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("regenerated samples")
@@ -144,6 +169,8 @@ def main() -> None:
     ap.add_argument("--bench-tokens", type=int, default=96)
     ap.add_argument("-k", type=int, default=3)
     ap.add_argument("--vocab-size", type=int, default=4096)
+    ap.add_argument("--natural-store", type=Path, default=None,
+                    help="a store captured from the natural set's prompts: eval's τ on all of them")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON, table and plot go")
     a = ap.parse_args()
     a.tag = f"-{a.label}" if a.label else ""

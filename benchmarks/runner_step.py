@@ -4,7 +4,7 @@
         [--rounds 5] [--threads 2] [--dtype float32|bfloat16]
 
 Speculative decoding pays per round what plain decoding pays per token, plus the drafts. So the
-loop's own 1-token forward (TargetRunner.forward: tensors built per call, the aux-layer taps, the
+loop's own 1-token forward (TargetRunner.verify: tensors built per call, the aux-layer taps, the
 kernel paths of infer/kernels.py, cache bookkeeping, Python per step) must cost no more than a step
 of transformers' generate (issue 23). Each variant below decodes `steps` tokens after a prompt of
 `context` tokens, and its per-step time is (time for 1 + steps tokens - time for 1 token) / steps,

@@ -37,3 +37,18 @@ def test_scaling_points_record_tau_on_both_prompt_sets_and_stage_times(tiny_targ
     assert "| 4 |" in table and "| 6 |" in table and "natural" in table
     assert (tmp_path / "results" / "data_scaling-tiny.png").stat().st_size > 1000
     assert "epochs: 1" in (tmp_path / "ws" / "runs" / "4-tiny" / "config.yaml").read_text()
+
+
+def test_natural_store_gives_eval_tau_without_benches(tiny_target, tmp_path):
+    """--natural-store: eval's τ on a store the run never trained on (in use: the natural set's prompts,
+    regenerated and captured), in seconds; --natural-limit 0 / --holdout-limit 0 skip both benches."""
+    run_scaling(tiny_target, tmp_path, "--samples", "4", "--set", "epochs=1", "--label", "first")
+    run_scaling(tiny_target, tmp_path, "--samples", "6", "--set", "epochs=1", "--label", "nat",
+                "--natural-store", str(tmp_path / "ws" / "hidden-4"), "--natural-limit", "0", "--holdout-limit", "0")
+    point = json.loads((tmp_path / "results" / "data_scaling-nat.json").read_text())["points"][0]
+    assert point["natural"] is None and point["holdout"] is None
+    assert len(point["natural_eval"]["tau_by_k"]) == 3 and point["natural_eval"]["samples"] == 4
+    assert point["natural_eval"]["tau_by_k"][0] == 1.0 and len(point["natural_eval"]["cond_acc"]) == 2
+    assert "eval_natural" in point["seconds"] and "bench_natural" not in point["seconds"]
+    row = [line for line in (tmp_path / "results" / "data_scaling-nat.md").read_text().splitlines() if line.startswith("| 6 |")]
+    assert row and "| - | - |" in row[0] and "cond" in row[0], row

@@ -83,6 +83,7 @@ class ToyProposer:
         self.drafter = drafter.eval()
         self.aux_layer_ids = list(drafter.config.aux_layer_ids)
         self.profile = Profile()
+        self.max_nodes = 1
         self.reset()
 
     def reset(self):

@@ -94,8 +94,8 @@ def test_hybrid_sampling_keeps_chains_and_the_targets_distribution(target, draft
     tokens = prompt + prompt[:3]
     hybrid.reset()
     from specdraft.infer.speculative import TargetRunner
-    runner = TargetRunner(target, hybrid.aux_layer_ids, hybrid.profile)
-    _, aux = runner.forward(tokens[:-1], list(range(len(tokens) - 1)))
+    runner = TargetRunner(target, hybrid.aux_layer_ids, hybrid.profile, rows=1, max_len=len(tokens) + 8)
+    _, aux = runner.prefill(tokens[:-1])
     hybrid.observe(aux)
     draft = hybrid.propose(tokens, 8, sampling, sampling.generator(torch.device("cpu")))
     assert draft.is_chain and draft.tokens == lookup_match(tokens, 3)[0]

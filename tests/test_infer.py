@@ -16,7 +16,7 @@ from specdraft.infer.ngram import NgramProposer, lookup
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import (Profile, TargetRunner, cache_kwarg, few_row_matmul, generate,
                                         per_position_accept)
-from specdraft.infer.tree import Draft, tree_attention_mask
+from specdraft.infer.tree import Draft, ancestor_mask
 from specdraft.model.eagle3.module import KVCache, causal_mask
 from specdraft.testing import tiny_drafter_for, tiny_llama
 
@@ -57,6 +57,7 @@ class OracleChain:
         self.full, self.start, self.k, self.wrong = prompt + answer, len(prompt), k, wrong
         self.rng = random.Random(seed)
         self.profile = Profile()
+        self.max_nodes = k
 
     def reset(self):
         pass
@@ -77,6 +78,10 @@ class OracleTree(OracleChain):
     """A random tree whose nodes are siblings of guesses: the right path, when present, sits at a
     random child index, so the cache must be gathered (not just cropped)."""
 
+    def __init__(self, prompt, answer, k, wrong=0.3, seed=0):
+        super().__init__(prompt, answer, k, wrong, seed)
+        self.max_nodes = 6 * k       # up to 2 frontier nodes x 3 children per depth
+
     def propose(self, tokens, budget, sampling, generator):
         assert tokens == self.full[:len(tokens)]
         toks, parents = [], []
@@ -96,24 +101,23 @@ class OracleTree(OracleChain):
 
 
 def test_tree_mask_equals_running_each_path(target):
-    """A 4D bool mask + tree position ids gives every node the logits of its own path."""
+    """The runner's per-row mask + tree position ids gives every node the logits of its own path, and
+    the pad rows after the nodes change nothing."""
     prompt = [5, 9, 33, 7, 100, 41]
-    runner = TargetRunner(target, None, Profile())
-    runner.forward(prompt[:-1], list(range(5)))
     draft = Draft(tokens=[10, 11, 12, 13, 14], parents=[0, 0, 1, 2, 1])
-    past = 5
-    base = copy.deepcopy(runner.cache)
-    depths = draft.depths()
-    logits, _ = runner.forward([prompt[-1]] + draft.tokens, [past + d for d in depths],
-                               tree_attention_mask(draft.parents, past, "cpu"))
-    for node in range(len(draft.tokens) + 1):
-        path, n = [], node
-        while n > 0:
-            path.append(draft.tokens[n - 1])
-            n = draft.parents[n - 1]
-        path = [prompt[-1]] + path[::-1]
-        ref = target(torch.tensor([path]), use_cache=True, **{cache_kwarg(target): copy.deepcopy(base)}).logits[0, -1]
-        torch.testing.assert_close(logits[node], ref, atol=1e-4, rtol=1e-4)
+    for rows in (6, 9):
+        runner = TargetRunner(target, None, Profile(), rows=rows, max_len=32)
+        runner.prefill(prompt[:-1])
+        logits, _ = runner.verify([prompt[-1]] + draft.tokens, [5 + d for d in draft.depths()],
+                                  ancestor_mask(draft.parents))
+        assert logits.shape[0] == 6 and runner.cache_len() == 5 + rows
+        for node in range(len(draft.tokens) + 1):
+            path, n = [], node
+            while n > 0:
+                path.append(draft.tokens[n - 1])
+                n = draft.parents[n - 1]
+            ref = target(torch.tensor([prompt + path[::-1]])).logits[0, -1]
+            torch.testing.assert_close(logits[node], ref, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -136,18 +140,17 @@ def test_few_row_matmul_matches_linear_and_restores(bias, use_mm):
 
 def test_keep_gathers_the_accepted_path(target):
     prompt = [5, 9, 33, 7, 100, 41]
-    runner = TargetRunner(target, None, Profile())
-    runner.forward(prompt[:-1], list(range(5)))
+    runner = TargetRunner(target, None, Profile(), rows=6, max_len=32)
+    runner.prefill(prompt[:-1])
     draft = Draft(tokens=[10, 11, 12, 13, 14], parents=[0, 0, 1, 2, 4])
-    runner.forward([prompt[-1]] + draft.tokens, [5 + d for d in draft.depths()],
-                   tree_attention_mask(draft.parents, 5, "cpu"))
+    runner.verify([prompt[-1]] + draft.tokens, [5 + d for d in draft.depths()], ancestor_mask(draft.parents))
     runner.keep(5, [0, 2, 4, 5])                       # root -> 11 -> 13 -> 14
-    fresh = TargetRunner(target, None, Profile())
-    fresh.forward(prompt + [11, 13, 14], list(range(9)))
+    fresh = TargetRunner(target, None, Profile(), rows=6, max_len=32)
+    fresh.prefill(prompt + [11, 13, 14])
     assert runner.cache_len() == 9
     for a, b in zip(runner.cache.layers, fresh.cache.layers):
-        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(a.keys[:, :, :9], b.keys[:, :, :9], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(a.values[:, :, :9], b.values[:, :, :9], atol=1e-5, rtol=1e-4)
 
 
 def test_greedy_lossless_chain_tree_ngram(target, drafter):
@@ -486,3 +489,53 @@ def hf_greedy_eos(model, prompt, n):
     out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
                          temperature=None, top_p=None, top_k=None)
     return out[0, len(prompt):].tolist()
+
+
+# ----------------------------------------------------------------------------- one forward shape (issue 35)
+
+@pytest.fixture(scope="module")
+def wide_bf16():
+    """A target wide enough that matmuls take blocked kernels, in bf16, where a row's sum order shows."""
+    return tiny_llama(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=768,
+                      seed=5).to(torch.bfloat16)
+
+
+def test_a_position_gets_the_same_bits_in_any_row_of_the_round(wide_bf16):
+    """Every round runs R rows over all cache slots: the logits of a position are bit-identical whether
+    it is plain decoding's one real row or row j of a verify round (the pads and the mask change nothing)."""
+    prompt, n, rows = [5, 9, 33, 7, 100, 41, 17], 12, 4
+    plain = TargetRunner(wide_bf16, None, Profile(), rows=rows, max_len=64)
+    tokens, by_position = [int(plain.prefill(prompt)[0][-1].argmax())], []
+    for i in range(n):
+        logits, _ = plain.verify([tokens[-1]], [len(prompt) + i])
+        plain.keep(len(prompt) + i, [0])
+        by_position.append(logits[0])
+        tokens.append(int(logits[0].argmax()))
+    spec = TargetRunner(wide_bf16, None, Profile(), rows=rows, max_len=64)
+    spec.prefill(prompt)
+    for start in range(0, n, rows):             # the true continuation as a chain: every row is real
+        chunk = tokens[start:start + rows]
+        logits, _ = spec.verify(chunk, [len(prompt) + start + j for j in range(len(chunk))])
+        spec.keep(len(prompt) + start, list(range(len(chunk))))
+        for j in range(len(chunk)):
+            assert torch.equal(logits[j], by_position[start + j]), f"position {start + j} (row {j}) differs"
+
+
+def test_bf16_speculation_equals_plain_decoding_at_the_same_rows(wide_bf16):
+    """Lossless in any dtype: chain, tree, n-gram and hybrid emit this loop's own plain-decoding tokens
+    when both run at the same row count R."""
+    from specdraft.infer.hybrid import HybridProposer
+
+    drafter = tiny_drafter_for(wide_bf16, [0, 1], every=2, seed=1).to(torch.bfloat16).eval()
+    rows = 1 + 6 * 2                      # the largest round below (tree total 6 ... hybrid 3 + 3)
+    for prompt in prompts(3, seed=4):
+        plain = generate(wide_bf16, prompt, None, max_new_tokens=20, eos_token_ids=set(), rows=rows).token_ids
+        for proposer in (EagleProposer(drafter, k=3), EagleProposer(drafter, tree=TreeShape(3, 2, 6)),
+                         NgramProposer(k=4), HybridProposer(EagleProposer(drafter, k=3), ngram_k=3)):
+            out = generate(wide_bf16, prompt, proposer, max_new_tokens=20, eos_token_ids=set(), rows=rows)
+            assert out.token_ids == plain, type(proposer).__name__
+
+
+def test_rows_below_a_round_are_refused(target, drafter):
+    with pytest.raises(SpecdraftError, match="--verify-rows 2: a round of this method needs 4 rows"):
+        generate(target, [5, 9, 33], EagleProposer(drafter, k=3), max_new_tokens=4, rows=2)

@@ -17,7 +17,7 @@ from specdraft.flags import (AS_JSON, COMPUTE_DTYPE, CONFIG_HELP, CONVERSATIONS_
                              DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS, MAX_NEW_TOKENS_HELP,
                              MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP, PREPARED_HELP, PROFILE_HELP,
                              PROMPTS_HELP, SEED_HELP, STORE_FORMAT_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TREE_HELP,
-                             TRUST, VERSION,
+                             TRUST, VERIFY_ROWS, VERSION,
                              WORKSPACE_HELP, PlainCommand, check_out, command, draft_length_help,
                              numbers_checked_first, out_option, parse_layers, plain_app, run_cli, say)
 from specdraft import cli_analysis as analysis_commands
@@ -260,6 +260,7 @@ def bench(
     out: Optional[Path] = out_option("the results JSON and a .png chart."),
     as_json: bool = AS_JSON,
     time_split: bool = typer.Option(False, "--time-split", help="Print the draft / verify / other time split."),
+    verify_rows: Optional[int] = VERIFY_ROWS,
     device: str = DEVICE, compute_dtype: str = COMPUTE_DTYPE, trust_remote_code: bool = TRUST,
 ):
     """Wall-clock speed of every method on the same prompts. greedy, plain (specdraft's loop, no
@@ -270,7 +271,7 @@ def bench(
     check_out(out, [prompts, drafter], ".json")
     check_out(out and out.with_suffix(".png"), [prompts, drafter], ".png")
     report = B.run_bench(model, drafter, prompts, methods, max_new_tokens, num_speculative_tokens, draft_stop, rounds,
-                         tree, (ngram_min, ngram_max), limit, device, compute_dtype, trust_remote_code)
+                         tree, (ngram_min, ngram_max), limit, device, compute_dtype, trust_remote_code, verify_rows)
     say(report["warnings"])
     print(json.dumps(report, indent=2)) if as_json else Console().print(B.bench_table(report))
     say(B.time_split_lines(report) if time_split else [])
@@ -296,7 +297,7 @@ def generate(
     seed: int = typer.Option(0, help=SEED_HELP + " Here: sampling."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", help=MAX_NEW_TOKENS_HELP),
     ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN, device: str = DEVICE, compute_dtype: str = COMPUTE_DTYPE,
-    as_json: bool = AS_JSON, trust_remote_code: bool = TRUST,
+    verify_rows: Optional[int] = VERIFY_ROWS, as_json: bool = AS_JSON, trust_remote_code: bool = TRUST,
 ):
     """Speculative generation for one prompt. Streams the answer, then tokens/s and τ."""
     from specdraft.infer.generate import generate_one
@@ -305,7 +306,7 @@ def generate(
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
     result, name = generate_one(prompt, model, drafter, method, num_speculative_tokens, draft_stop, tree, sampling,
                                 max_new_tokens, (ngram_min, ngram_max), device, compute_dtype, trust_remote_code,
-                                stream=not as_json)
+                                stream=not as_json, rows=verify_rows)
     if as_json:
         return print(json.dumps(result))
     sys.stdout.write("\n")

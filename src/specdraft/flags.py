@@ -76,6 +76,10 @@ def out_option(here: str, required: bool = False):
 
 
 MAX_NEW_TOKENS_HELP = "New tokens per answer at most."
+VERIFY_ROWS = typer.Option(None, "--verify-rows", min=1, help=(
+    "Target rows of every decoding round: the root, the drafts, pad rows after them. Runs with the same R emit "
+    "the same tokens with or without a drafter, in any dtype (bf16 too). Default: 1 + the method's largest "
+    "draft (plain decoding: 1)."))
 NGRAM_MAX = typer.Option(3, "--ngram-max", help="Longest suffix n-gram the ngram method looks up.")
 NGRAM_MIN = typer.Option(1, "--ngram-min", help="Shortest suffix n-gram the ngram method looks up.")
 TEMPERATURE_HELP = "Sampling temperature (0 = greedy)."

@@ -22,7 +22,8 @@ from specdraft.infer.hybrid import HYBRID, HybridProposer
 from specdraft.infer.ngram import NgramProposer
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.tree import TreeShape
-from specdraft.infer.speculative import Generation, Profile, eos_ids_of, generate, per_position_accept
+from specdraft.infer.speculative import (Generation, Profile, eos_ids_of, generate, per_position_accept,
+                                        round_rows)
 from specdraft.infer.timing import busy_warning, machine_load, rotated, spread
 from specdraft.io import atomic_path
 from specdraft.metrics import tau_source
@@ -270,11 +271,19 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
 
 
 def run_one(model, method: Method, ids: list[int], max_new_tokens: int, eos: set[int],
-            sampling: Sampling | None = None, on_tokens=None) -> Generation:
+            sampling: Sampling | None = None, on_tokens=None, rows: int | None = None) -> Generation:
     if method.hf and (sampling is None or sampling.greedy) and on_tokens is None:
         return hf_greedy(model, ids, max_new_tokens, eos)
     sync = next(model.parameters()).device.type == "cuda"
-    return generate(model, ids, method.proposer, max_new_tokens, sampling, eos, on_tokens, sync_cuda=sync)
+    return generate(model, ids, method.proposer, max_new_tokens, sampling, eos, on_tokens, sync_cuda=sync, rows=rows)
+
+
+def check_rows(methods: list[Method], rows: int | None) -> None:
+    """--verify-rows below what a method's round needs: refused before any generation runs."""
+    short = [(m.name, round_rows(m.proposer)) for m in methods if not m.hf and rows and rows < round_rows(m.proposer)]
+    if short:
+        raise SpecdraftError(f"--verify-rows {rows}: {short[0][0]} needs {short[0][1]} rows per round (the root and "
+                             f"its drafts); pass --verify-rows {max(n for _, n in short)} or lower -k")
 
 
 def summarize(name: str, runs: list[Generation], reference: list[list[int]] | None) -> dict:
@@ -333,18 +342,24 @@ def summarize_rounds(name: str, rounds: list[list[Generation]], reference: list[
 
 def bench(target, drafter, conversations: list[list[dict]], method_names: list[str], max_new_tokens: int,
           k: int, tree: TreeShape | None, ngram_max: int = 3, ngram_min: int = 1, progress=None,
-          rounds: int = 3, draft_stop: float | None = None, ngram_k: int | None = None) -> dict:
+          rounds: int = 3, draft_stop: float | None = None, ngram_k: int | None = None,
+          rows: int | None = None) -> dict:
     """Same prompts for every method, batch 1, one warm-up generation per method first; then
-    `rounds` rounds, each running every method on every prompt, the method order rotated per round."""
+    `rounds` rounds, each running every method on every prompt, the method order rotated per round.
+    rows: every loop method at that row count, plain decoding included as their reference (the same
+    tokens in any dtype: `identical_to_plain`)."""
     if rounds < 1:
         raise SpecdraftError(f"--rounds {rounds}: must be >= 1 (3 or more to see the spread)")
     model, tok = target.model, target.tokenizer
     eos = eos_ids_of(model, tok)
     prompts = [prompt_ids(tok, c) for c in conversations]
     names = ["greedy"] + [n for n in method_names if n != "greedy"]   # greedy is the reference
+    if rows and "plain" not in names:                                 # ... and plain, at the same rows
+        names.append("plain")
     methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min, draft_stop, ngram_k)
+    check_rows(methods, rows)
     for m in methods:                                                 # warm-up
-        run_one(model, m, prompts[0], min(8, max_new_tokens), eos)
+        run_one(model, m, prompts[0], min(8, max_new_tokens), eos, rows=rows)
     load_start = machine_load()
     runs: dict[str, list[list[Generation]]] = {m.name: [] for m in methods}
     order = []
@@ -353,14 +368,19 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
         for m in rotated(methods, r):
             runs[m.name].append([])
             for ids in prompts:
-                runs[m.name][-1].append(run_one(model, m, ids, max_new_tokens, eos))
+                runs[m.name][-1].append(run_one(model, m, ids, max_new_tokens, eos, rows=rows))
                 if progress:
                     progress(m.name)
     load_end = machine_load()
     reference = [g.token_ids for g in runs["greedy"][0]]
     greedy_tps = [summarize("greedy", rs, None)["tokens_per_s"] for rs in runs["greedy"]]
     results = {n: summarize_rounds(n, runs[n], reference, greedy_tps) for n in names
-               if n in method_names or n == "greedy"}
+               if n in method_names or n == "greedy" or (rows and n == "plain")}
+    if rows:                           # lossless against this loop's own plain decoding, any dtype
+        plain_tokens = [g.token_ids for g in runs["plain"][0]]
+        for n, r in results.items():
+            if n != "greedy":
+                r["identical_to_plain"] = [g.token_ids for g in runs[n][0]] == plain_tokens
     for n, r in results.items():
         if r["identical_to_greedy"] is False:
             r["divergences"] = [divergence(model, ids, ref, g.token_ids)
@@ -472,7 +492,7 @@ def plot(report: dict, path: Path) -> None:
 
 def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int, k_text: str | None,
               draft_stop: str | None, rounds: int, tree: str | None, ngram: tuple[int, int], limit: int | None,
-              device: str, dtype: str, trust_remote_code: bool) -> dict:
+              device: str, dtype: str, trust_remote_code: bool, rows: int | None = None) -> dict:
     """`specdraft bench`: the options checked before the model loads, then bench() over the prompts.
     -k unset is auto for a drafter's chain and DRAFT_LENGTH for n-gram and the tree."""
     from rich.console import Console
@@ -513,11 +533,11 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     with progress("bench", total, 0, "runs", console=Console(stderr=True)) as tracker:
         report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
                        progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
-                       ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None)
+                       ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None, rows=rows)
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
-                        "draft_stop": stop, "rounds": rounds,
+                        "draft_stop": stop, "rounds": rounds, "verify_rows": rows,
                         "tree": [shape.depth, shape.topk, shape.total] if "eagle3-tree" in names else None,
                         "ngram": list(ngram), **environment(dev, dtype)}
     return report

@@ -11,7 +11,7 @@ from specdraft.infer import bench as B
 
 def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_text: str | None, draft_stop: str | None,
                  tree: str | None, sampling, max_new_tokens: int, ngram: tuple[int, int], device: str, dtype: str,
-                 trust_remote_code: bool, stream: bool) -> tuple[dict, str]:
+                 trust_remote_code: bool, stream: bool, rows: int | None = None) -> tuple[dict, str]:
     """-> ({text, token_ids, tokens_per_s, accept_len, new_tokens}, the method's name). -k unset is
     auto for a drafter's chain and DRAFT_LENGTH otherwise; options are checked before the model loads."""
     from specdraft.defaults import parse_draft_length, parse_draft_stop
@@ -46,6 +46,7 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_te
     ids = B.prompt_ids(tok, [{"role": "user", "content": prompt}])
     k, stop, _ = resolve(target, draft_model, drafter, ids, k, stop)
     m = B.build_methods([name], draft_model, k, shape, ngram[1], ngram[0], stop)[0]
+    B.check_rows([m], rows)
     shown = {"ids": [], "text": ""}
 
     def show(new):
@@ -56,7 +57,7 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_te
         shown["text"] = text
 
     result = generate(target.model, ids, m.proposer, max_new_tokens, sampling, eos_ids_of(target.model, tok),
-                      show if stream else None, sync_cuda=dev.startswith("cuda"))
+                      show if stream else None, sync_cuda=dev.startswith("cuda"), rows=rows)
     return ({"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
              "tokens_per_s": result.tokens_per_s, "accept_len": result.accept_len,
              "new_tokens": len(result.token_ids), "k": k if B.needs_drafter(method) or method == "ngram" else 0},

@@ -56,6 +56,11 @@ class HybridProposer:
         self.inner.profile = profile
 
     @property
+    def max_nodes(self) -> int:
+        """The drafter's nodes plus a full n-gram branch beside them (a shared prefix needs fewer)."""
+        return self.inner.max_nodes + self.ngram_k
+
+    @property
     def drafts_cut(self) -> int:
         return getattr(self.inner, "drafts_cut", 0)
 

@@ -43,6 +43,10 @@ class NgramProposer:
         self.k, self.ngram_max, self.ngram_min = k, ngram_max, ngram_min
         self.profile = Profile()
 
+    @property
+    def max_nodes(self) -> int:
+        return self.k
+
     def reset(self) -> None:
         pass
 

@@ -25,7 +25,7 @@ import torch
 from specdraft.errors import SpecdraftError
 from specdraft.infer.kernels import measured_linear, mm_flags, target_linears
 from specdraft.infer.sampling import Sampling, accept_draft, probabilities, sample
-from specdraft.infer.tree import Draft, greedy_path, tree_attention_mask
+from specdraft.infer.tree import Draft, ancestor_mask, greedy_path
 from specdraft.targets import decoder_layers, tap_hidden_states
 
 
@@ -71,6 +71,7 @@ class Proposer(Protocol):
 
     aux_layer_ids: list[int] | None       # target layers whose inputs it wants (None: no aux)
     profile: Profile
+    max_nodes: int                        # the most nodes a round drafts (a chain: K): rows = 1 + this
 
     def reset(self) -> None: ...
 
@@ -161,53 +162,104 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def static_cache(model, max_len: int):
+    """transformers' Cache made of StaticLayers: keys/values preallocated for `max_len` slots, written
+    where the runner says (set_write_slot). Every layer full-attention: a sliding-window target is
+    refused when the context could outgrow its window (the masks here do not slide)."""
+    from transformers.cache_utils import Cache, StaticLayer
+
+    window = getattr(model.config, "sliding_window", None)
+    if window and max_len > window:
+        raise SpecdraftError(f"--model: its attention slides over {window} tokens, and prompt + "
+                             f"--max-new-tokens + draft rows reach {max_len}; shorten the prompt or --max-new-tokens")
+    return Cache(layers=[StaticLayer(max_cache_len=max_len) for _ in decoder_layers(model)])
+
+
 class TargetRunner:
-    """The target with its DynamicCache: forwards that also return aux hidden states, and the
-    cache surgery that keeps exactly the accepted positions."""
+    """The target over a static KV cache, every verify round in ONE forward shape: `rows` rows (the root,
+    the drafted nodes, pad rows after them) against all `max_len` cache slots, masked per row. Plain
+    decoding runs the same shape, so a row's logits do not depend on how many drafts came with it: the
+    kernels (matmul blocking, SDPA) see identical shapes every round, and speculation is bit-identical
+    to this loop's own plain decoding in any dtype (issue 35). A pad row writes a slot past the real ones,
+    which the next round overwrites before any row may see it. Also: the aux hidden states, and the cache
+    surgery that keeps exactly the accepted positions."""
 
-    def __init__(self, model, aux_layer_ids: list[int] | None, profile: Profile):
-        from transformers import DynamicCache
-
+    def __init__(self, model, aux_layer_ids: list[int] | None, profile: Profile, rows: int = 1,
+                 max_len: int = 2048):
         self.model = model
         self.aux_layer_ids = aux_layer_ids
         decoder_layers(model)            # refuse a target without Llama-style layers up front
         self.profile = profile
         self.device = next(model.parameters()).device
-        self.cache = DynamicCache(config=model.config)
+        self.rows, self.max_len, self.length = rows, max_len, 0
+        self.cache = static_cache(model, max_len)
         self.cache_key = cache_kwarg(model)
         self.linears = target_linears(model)
         self.mm_flags = mm_flags(self.linears)
+        self.slots = torch.arange(max_len, device=self.device)                     # [S]
 
     def cache_len(self) -> int:
-        return self.cache.get_seq_length()
+        return self.length
+
+    def prefill(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The prompt into slots [0, T), causal: -> logits [1, V] of its last position, aux [T, n_aux, H]."""
+        if len(ids) + self.rows > self.max_len:
+            raise SpecdraftError(f"prompt of {len(ids)} tokens does not fit a cache of {self.max_len} slots")
+        positions = list(range(len(ids)))
+        visible = self.slots[None, :] <= torch.tensor(positions, device=self.device)[:, None]   # [T, S]
+        return self._forward(ids, positions, visible, start=0, last_only=True)
+
+    def verify(self, ids: list[int], positions: list[int], ancestors: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Root + drafted nodes (ids[0] the root) into slots [past, past+n), padded to `rows` rows.
+        ancestors: bool [n, n] (tree.ancestor_mask), None for a chain. -> logits [n, V], aux [n, n_aux, H]."""
+        n, past = len(ids), self.length
+        if n > self.rows:
+            raise SpecdraftError(f"a round of {n} rows in a runner of {self.rows}: raise rows")
+        own = torch.ones(n, n, dtype=torch.bool).tril() if ancestors is None else ancestors      # [n, n]
+        block = torch.eye(self.rows, dtype=torch.bool)                                          # pad rows: themselves
+        block[:n, :n] = own
+        visible = self.slots[None, :] < past                                                    # [1, S] the cached past
+        visible = visible.expand(self.rows, -1).clone()                                         # [R, S]
+        visible[:, past:past + self.rows] = block.to(self.device)
+        pad = self.rows - n
+        ids = ids + [ids[0]] * pad
+        positions = positions + [positions[-1] + 1 + i for i in range(pad)]
+        logits, aux = self._forward(ids, positions, visible, start=past)
+        return logits[:n], aux[:n] if aux is not None else None
 
     @torch.no_grad()
-    def forward(self, ids: list[int], positions: list[int], mask: torch.Tensor | None = None,
-                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> logits [T, V] (or [1, V] with last_only), aux [T, n_aux, H] (None without aux layers)."""
+    def _forward(self, ids: list[int], positions: list[int], visible: torch.Tensor, start: int,
+                 last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """ids into slots [start, start+len(ids)); visible bool [T, S] (True = may attend)."""
         captured: dict[int, torch.Tensor] = {}                                    # slot -> [T, H]
         input_ids = torch.tensor([ids], device=self.device)                       # [1, T]
         position_ids = torch.tensor([positions], device=self.device)              # [1, T]
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(start)                                  # StaticLayer writes from here
         with tap_hidden_states(self.model, self.aux_layer_ids or [], lambda slot, h: captured.update({slot: h[0]})):
             with self.profile.timed("verify_s"), few_row_matmul(self.model, self.linears, self.mm_flags):
-                out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=visible[None, None],
                                  use_cache=True, logits_to_keep=1 if last_only else 0,
                                  **{self.cache_key: self.cache})
+        self.length = start + len(ids)
         aux = torch.stack([captured[slot] for slot in range(len(self.aux_layer_ids))], dim=1) \
             if self.aux_layer_ids else None
         return out.logits[0], aux
 
     def keep(self, start: int, path: list[int]) -> None:
-        """The cache holds [0, start) plus one entry per tree node; keep [0, start) + the path's nodes."""
-        n_keep = start + len(path)
+        """The cache holds [0, start) plus one slot per tree node; keep [0, start) + the path's nodes."""
         if path != list(range(len(path))):
             index = torch.tensor(path, device=self.device) + start
             for layer in self.cache.layers:
-                layer.keys[:, :, start:n_keep] = layer.keys[:, :, index]
-                layer.values[:, :, start:n_keep] = layer.values[:, :, index]
-        extra = self.cache_len() - n_keep
-        if extra > 0:
-            self.cache.crop(-extra)
+                layer.keys[:, :, start:start + len(path)] = layer.keys[:, :, index]
+                layer.values[:, :, start:start + len(path)] = layer.values[:, :, index]
+        self.length = start + len(path)
+
+
+def round_rows(proposer: "Proposer | None") -> int:
+    """The row count R every round of this proposer runs at: the root plus the most nodes it drafts."""
+    return 1 + (proposer.max_nodes if proposer is not None else 0)
 
 
 def sample_chain(draft: Draft, logits: torch.Tensor, sampling: Sampling,
@@ -229,12 +281,20 @@ def sample_chain(draft: Draft, logits: torch.Tensor, sampling: Sampling,
 @torch.no_grad()
 def generate(model, prompt_ids: list[int], proposer: Proposer | None = None, max_new_tokens: int = 128,
              sampling: Sampling | None = None, eos_token_ids: set[int] | None = None,
-             on_tokens: Callable[[list[int]], None] | None = None, sync_cuda: bool = False) -> Generation:
-    """Speculative decoding of one prompt (batch 1). proposer None = plain decoding by this loop."""
+             on_tokens: Callable[[list[int]], None] | None = None, sync_cuda: bool = False,
+             rows: int | None = None) -> Generation:
+    """Speculative decoding of one prompt (batch 1). proposer None = plain decoding by this loop.
+    rows: R, the row count of every round (default round_rows(proposer)); two runs with the same R emit
+    the same tokens in any dtype, drafter or not."""
     sampling = sampling or Sampling()
     eos = eos_ids_of(model) if eos_token_ids is None else eos_token_ids
     profile = Profile(sync_cuda=sync_cuda)
-    runner = TargetRunner(model, proposer.aux_layer_ids if proposer else None, profile)
+    rows = rows or round_rows(proposer)
+    if rows < round_rows(proposer):
+        raise SpecdraftError(f"--verify-rows {rows}: a round of this method needs {round_rows(proposer)} rows "
+                             "(the root and its drafts); raise it or lower -k")
+    runner = TargetRunner(model, proposer.aux_layer_ids if proposer else None, profile, rows,
+                          max_len=len(prompt_ids) + max(max_new_tokens, 1) + rows)
     generator = sampling.generator(runner.device)
     if proposer is not None:
         proposer.profile = profile
@@ -257,7 +317,7 @@ def generate(model, prompt_ids: list[int], proposer: Proposer | None = None, max
             on_tokens(out)
         return out[-1] in eos or len(result.token_ids) >= max_new_tokens
 
-    logits, aux = runner.forward(prompt_ids, list(range(len(prompt_ids))), last_only=True)
+    logits, aux = runner.prefill(prompt_ids)
     result.target_forwards += 1
     first = int(logits[-1].argmax()) if sampling.greedy else sample(probabilities(logits[-1], sampling), generator)
     tokens = list(prompt_ids)
@@ -270,8 +330,8 @@ def generate(model, prompt_ids: list[int], proposer: Proposer | None = None, max
             else Draft([], [])
         past = len(tokens) - 1
         depths = draft.depths()
-        mask = None if draft.is_chain else tree_attention_mask(draft.parents, past, runner.device)
-        logits, aux = runner.forward([tokens[-1]] + draft.tokens, [past + d for d in depths], mask)
+        logits, aux = runner.verify([tokens[-1]] + draft.tokens, [past + d for d in depths],
+                                    None if draft.is_chain else ancestor_mask(draft.parents))
         result.target_forwards += 1
         if sampling.greedy:
             choice = logits.argmax(dim=-1).tolist()

@@ -52,14 +52,6 @@ def ancestor_mask(parents: list[int]) -> torch.Tensor:
     return mask
 
 
-def tree_attention_mask(parents: list[int], past: int, device) -> torch.Tensor:
-    """bool [1, 1, N+1, past+N+1] for the target: every node sees the whole cached past plus its
-    own ancestors and itself (True = attend, what SDPA takes)."""
-    tree = ancestor_mask(parents).to(device)
-    seen_past = torch.ones(tree.shape[0], past, dtype=torch.bool, device=device)
-    return torch.cat([seen_past, tree], dim=1)[None, None]
-
-
 def greedy_path(draft: Draft, target_choice: list[int]) -> list[int]:
     """Longest path from the root whose every step is the target's own choice at its parent.
 

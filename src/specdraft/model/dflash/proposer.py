@@ -42,6 +42,10 @@ class DFlashProposer:
                                                                      device=self.param.device))
         self.reset()
 
+    @property
+    def max_nodes(self) -> int:
+        return self.k
+
     def reset(self) -> None:
         self.cache = ContextCache(len(self.drafter.layers))
         self.pending: list[torch.Tensor] = []     # aux [T, n_aux, H] chunks not yet in the context

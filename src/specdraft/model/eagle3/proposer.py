@@ -46,6 +46,11 @@ class EagleProposer:
         self.position_ids = torch.arange(1024, device=self.param.device)[None]  # [1, N], sliced per step
         self.reset()
 
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes a round drafts: the tree's `total`, else the chain's K."""
+        return self.tree.total if self.tree is not None else self.k
+
     def reset(self) -> None:
         self.cache = GrowingKVCache()
         self.pending: list[torch.Tensor] = []     # aux [T,3,H] chunks not yet run through the drafter
