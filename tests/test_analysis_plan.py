@@ -168,6 +168,11 @@ def test_plan_measures_latencies_on_tiny_target(tmp_path, tiny_target, drafter_d
     assert all(len(rounds) == 3 for rounds in timing["samples"].values())
     assert result["verify_ms"][0] == timing["stats"]["verify_1"]["median"] and result["draft_ms"] == timing["draft_ms"]
     assert isinstance(result["warnings"], list) and "interleaved rounds" in plan.format_plan(result)
+    # the weight-streaming floor (issue 35): bytes / copy bandwidth, each verify read as a multiple of it
+    floor = timing["floor"]
+    assert floor["floor_ms"] == pytest.approx(floor["weight_mb"] / floor["bandwidth_gbs"]) and floor["floor_ms"] > 0
+    line = next(line for line in plan.format_plan(result).splitlines() if line.startswith("floor:"))
+    assert f"verify 1..3 = {result['verify_ms'][0] / floor['floor_ms']:.1f} " in line, line
     with pytest.raises(SpecdraftError, match="--rounds 0"):
         plan.run(drafter=drafter_dir, model=str(tiny_target), accept="0.6", k_max=2, rounds=0)
 

@@ -98,3 +98,19 @@ def test_measured_paths_run_inside_few_row_matmul_and_match_linear():
         with few_row_matmul(model):
             got = model(x)
         torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_streamed_weight_bytes_count_a_tied_head_once_and_skip_an_untied_embedding(tie):
+    """The floor's numerator: what one forward reads. A lookup reads one row of an untied embedding."""
+    from specdraft.infer.kernels import streamed_weight_bytes, weight_floor
+    from specdraft.testing import tiny_llama
+
+    model = tiny_llama(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=0, tie=tie)
+    embed = model.get_input_embeddings().weight
+    every = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
+    assert (model.get_output_embeddings().weight.data_ptr() == embed.data_ptr()) == tie
+    expected = sum(every.values()) - (0 if tie else embed.numel() * embed.element_size())
+    assert streamed_weight_bytes(model) == expected
+    floor = weight_floor(model, bandwidth_gbs=10.0)
+    assert floor["floor_ms"] == pytest.approx(expected / 10e9 * 1e3) and floor["bandwidth_gbs"] == 10.0

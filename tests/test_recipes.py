@@ -28,13 +28,23 @@ def tiny_recipe(tmp_path):
     return path
 
 
-def test_recipe_runs_every_stage_and_resumes(tiny_target, tiny_recipe, tmp_path):
+@pytest.mark.integration
+def test_recipe_runs_every_stage_through_the_vllm_engine_and_resumes(tiny_recipe, tmp_path):
+    """Every stage, with regeneration and capture in vLLM (a tiny Llama whose head size vLLM's CPU
+    attention takes): the data and store record the engine. One recipe for both checks: a second
+    full recipe cost the suite 5 min; the transformers engine has its own prepare/capture tests."""
+    from specdraft.testing import save_tiny_target
+
+    tiny_target = save_tiny_target(tmp_path / "target", hidden_size=64, num_heads=2, num_kv_heads=1)
     ws = tmp_path / "ws"
-    summary = run_recipe(str(tiny_target), ws, recipe=tiny_recipe)
+    summary = run_recipe(str(tiny_target), ws, recipe=tiny_recipe, engine="vllm")
 
     run = ws / "runs" / "tiny"
     assert json.loads((ws / "data" / "prepare.json").read_text())["regenerate"] is True
     assert json.loads((ws / "hidden" / "manifest.json").read_text())["complete"] is True
+    assert json.loads((ws / "data" / "prepare.json").read_text())["regeneration"]["engine"]["name"] == "vllm"
+    assert json.loads((ws / "hidden" / "manifest.json").read_text())["engine"]["name"] == "vllm"
+    assert "--engine vllm" in (ws / "recipe.log").read_text()
     for path in (ws / "vocab.safetensors", run / "best" / "model.safetensors", run / "eval.json",
                  ws / "export" / "speculators" / "config.json", run / "report.html"):
         assert path.exists(), path
@@ -135,25 +145,6 @@ def test_bad_recipe_section_is_refused(tmp_path):
     path.write_text("epochs: three\nrecipe: {samples: 6}\n")
     with pytest.raises(SpecdraftError, match="epochs is 'three'"):
         load_recipe(path)
-
-
-@pytest.mark.integration
-def test_recipe_through_the_vllm_engine(tmp_path):
-    """The same recipe with regeneration and capture in vLLM (a tiny Llama whose head size vLLM's CPU
-    attention takes): every stage runs, and the data and store record the engine."""
-    from specdraft.testing import save_tiny_target
-
-    target = save_tiny_target(tmp_path / "target", hidden_size=64, num_heads=2, num_kv_heads=1)
-    ws = tmp_path / "ws"
-    recipe = tmp_path / "tiny.yaml"
-    recipe.write_text(TINY)
-    summary = run_recipe(str(target), ws, recipe=recipe, engine="vllm")
-    assert json.loads((ws / "data" / "prepare.json").read_text())["regeneration"]["engine"]["name"] == "vllm"
-    assert json.loads((ws / "hidden" / "manifest.json").read_text())["engine"]["name"] == "vllm"
-    assert summary["identical_to_greedy"] == {"greedy": True, "plain": True, "ngram": True, "eagle3": True,
-                                              "hybrid": True, "eagle3-tree": True}
-    assert summary["speedup_over_plain"]["eagle3"] > 0
-    assert "--engine vllm" in (ws / "recipe.log").read_text()
 
 
 def test_recipe_log_holds_each_stage_output(tmp_path, capsys):

@@ -176,6 +176,7 @@ def measure(drafter, model: str, verify_ms: list[float] | None, draft_ms: float 
     if verify_ms is None:
         timing = measure_costs(target.model, net, k_max + 1, context, rounds)
         timing["kernels"] = kernels.describe(target.model)        # the paths the verify timings ran
+        timing["floor"] = kernels.weight_floor(target.model)      # what a bandwidth-bound forward can reach
         verify_ms = timing["verify_ms"]
         measured["verify"] = f"{target.name}, context {context}, this machine"
     else:
@@ -207,6 +208,9 @@ def format_plan(result: dict) -> str:
              f"draft step {result['draft_ms']:.2f} ms; verify 1..{len(result['verify_ms'])} tokens: "
              + " ".join(f"{v:.1f}" for v in result["verify_ms"]) + " ms" + spread_note(result.get("timing")),
              f"{'K':>3s} {'τ':>9s} {'cycle ms':>9s} {'tok/s':>8s} {'speedup':>8s} {'draft':>6s} {'verify':>7s}"]
+    floor = (result.get("timing") or {}).get("floor")
+    if floor:
+        lines.insert(-1, kernels.floor_line(floor, result["verify_ms"]))
     for o in result["options"]:
         mark = "  <- best" if o["k"] == result["best"]["k"] else ""
         lines.append(f"{o['k']:3d} {o['tokens_per_cycle']:9.2f} {o['cycle_ms']:9.2f} {o['tokens_per_s']:8.1f} "
