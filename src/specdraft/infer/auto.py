@@ -22,8 +22,7 @@ from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from,
                                        stop_threshold)
 from specdraft.families import family_of
-from specdraft.infer.kernels import mm_flags, target_linears
-from specdraft.infer.speculative import cache_kwarg, few_row_matmul, generate
+from specdraft.infer.speculative import Profile, TargetRunner, generate
 from specdraft.infer.timing import interleaved_ms, monotonic_warning
 from specdraft.io import read_json
 from specdraft.metrics import load_run
@@ -37,28 +36,21 @@ MIN_REACHED = 5            # rounds that must reach a position for its acceptanc
 # ----------------------------------------------------------------------------- costs
 
 def verify_timers(target_model, n_max: int, context: int) -> dict[str, Callable[[], None]]:
-    """verify_n -> one target forward over n new tokens on a KV cache of `context` random tokens
-    (cropped back after each), as generate() runs it (few_row_matmul)."""
-    from transformers import DynamicCache
-
-    linears = target_linears(target_model)
-    flags = mm_flags(linears)
+    """verify_n -> one round of the loop's own runner at R = n rows (TargetRunner.verify: the static
+    cache, the padded shape, the measured kernels) over a cache of `context` random tokens, which
+    each round leaves as it found it."""
     vocab = target_model.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    cache = DynamicCache(config=target_model.config)
-    with_cache = {cache_kwarg(target_model): cache}
-    device = next(target_model.parameters()).device
-    target_model(input_ids=torch.randint(0, vocab, (1, context), generator=g).to(device), use_cache=True,
-                 logits_to_keep=1, **with_cache)
+    runner = TargetRunner(target_model, None, Profile(), rows=n_max, max_len=context + n_max + 1)
+    runner.prefill(torch.randint(0, vocab, (context,), generator=g).tolist())
 
     def timer(n: int) -> Callable[[], None]:
-        ids = torch.randint(0, vocab, (1, n), generator=g).to(device)                 # [1, n]
-        pos = torch.arange(context, context + n, device=device)[None]
+        ids = torch.randint(0, vocab, (n,), generator=g).tolist()
 
         def step():
-            with few_row_matmul(target_model, linears, flags):
-                target_model(input_ids=ids, position_ids=pos, use_cache=True, **with_cache)   # logits [1, n, V]
-            cache.crop(-n)                                                      # back to `context`
+            runner.rows = n                                 # one runner, one cache: R set per timer
+            runner.verify(ids, list(range(context, context + n)))
+            runner.keep(context, [])                        # back to `context`
         return step
     return {f"verify_{n}": timer(n) for n in range(1, n_max + 1)}
 
