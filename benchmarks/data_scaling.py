@@ -64,7 +64,8 @@ def natural_eval(path: Path) -> dict:
 def point(ws: Path, n: int, a) -> dict:
     """One sample count: data, drafter, and its τ on three prompt sets."""
     data, hidden, vocab, run = ws / f"data-{n}", ws / f"hidden-{n}", ws / f"vocab-{n}{'' if a.vocab_size == 4096 else f'-{a.vocab_size}'}.safetensors", ws / f"runs/{n}{a.tag}"
-    times: dict[str, float] = {}
+    earlier = run / "scaling_point.json"        # a rerun keeps the stage times of what it reuses
+    times: dict[str, float] = dict(json.loads(earlier.read_text()).get("seconds", {})) if earlier.is_file() else {}
     if not (data / "prepare.json").is_file():
         data.mkdir(parents=True, exist_ok=True)
         earlier = sorted(ws.glob("data-*/regen.jsonl"))          # answers another point already wrote

@@ -43,10 +43,14 @@ def test_scaling_points_record_tau_and_stage_times_and_reuse_answers(tiny_target
     assert (tmp_path / "results" / "data_scaling-tiny.png").stat().st_size > 1000
     assert "epochs: 1" in (ws / "runs" / "4-tiny" / "config.yaml").read_text()
 
+    trained = (ws / "runs" / "4-tiny" / "best" / "config.json").stat().st_mtime_ns
     run_scaling(tiny_target, tmp_path, "--samples", "4", "--set", "epochs=1", "--label", "tiny",
                 "--results", str(tmp_path / "benched"))
     point = json.loads((tmp_path / "benched" / "data_scaling-tiny.json").read_text())["points"][0]
-    assert set(point["seconds"]) == {"bench_natural", "bench_holdout"}          # nothing else ran again
+    # nothing before the benches ran again, and the reused stages keep the times they cost
+    assert (ws / "runs" / "4-tiny" / "best" / "config.json").stat().st_mtime_ns == trained
+    assert {k: v for k, v in point["seconds"].items() if not k.startswith("bench")} == report["points"][0]["seconds"]
+    assert {"bench_natural", "bench_holdout"} <= set(point["seconds"])
     for prompts in ("natural", "holdout"):
         assert set(point[prompts]) == {"ngram", "eagle3", "hybrid"}
         for method in point[prompts].values():
