@@ -427,6 +427,25 @@ def test_bench_refuses_settings_no_method_uses(ws, flags, phrase, monkeypatch, c
     assert not out.exists()
 
 
+@pytest.mark.parametrize("engine, flags, phrase", [
+    ("hf", ["--engine-args", '{"max_model_len": 512}'], "--engine-args: vLLM settings, but --engine hf runs transformers"),
+    ("hf", ["--tensor-parallel-size", "2"], "--tensor-parallel-size: vLLM settings, but --engine hf"),
+    ("auto", ["--engine-args", '{"max_model_len": 512}'], "but --engine auto runs transformers here"),
+])
+@pytest.mark.parametrize("stage", ["prepare", "capture"])
+def test_vllm_settings_are_refused_where_transformers_runs(ws, stage, engine, flags, phrase, monkeypatch, capsys):
+    """(class 2) --engine-args and -tp took no effect under --engine hf (or auto on a CPU) and no word said so."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # auto means transformers on this machine
+    out = ws["root"] / f"engine-unused-{stage}"
+    source = (["--conversations", ws["root"] / "good.jsonl", "--regenerate"] if stage == "prepare"
+              else ["--prepared", ws["root"] / "data"])
+    code, err, _ = run_cli(monkeypatch, capsys, [stage, "--model", ws["target"], *source, "--engine", engine,
+                                                 *flags, "--out", out])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and phrase in lines[0] and "pass --engine vllm, or drop" in lines[0], err
+    assert not out.exists()
+
+
 def test_plan_max_k_beyond_a_dflash_block_names_plans_flag(ws, dflash_drafter, monkeypatch, capsys):
     """(class 3 and 7) plan's draft timer refused `-k 6`, a flag plan does not have."""
     code, err, _ = run_cli(monkeypatch, capsys, ["plan", "--drafter", dflash_drafter, "--model", ws["target"],

@@ -133,10 +133,10 @@ def choose_engine(opts: EngineOptions, model: str, trust_remote_code: bool = Fal
     from specdraft.targets import target_config as read_config
 
     if opts.name == "hf":
-        return "hf"
+        return vllm_options_unused(opts, "--engine hf runs transformers")
     installed = vllm_version() is not None
     if opts.name == "auto" and not (installed and torch.cuda.is_available()):
-        return "hf"
+        return vllm_options_unused(opts, "--engine auto runs transformers here (vLLM runs by default only on CUDA)")
     if not installed:
         raise SpecdraftError(f"--engine vllm: vLLM is not installed; {INSTALL_HINT}")
     target_config = read_config(model, trust_remote_code)
@@ -147,6 +147,16 @@ def choose_engine(opts: EngineOptions, model: str, trust_remote_code: bool = Fal
         raise SpecdraftError(f"--engine vllm: vLLM {vllm_version()} does not support the architecture {archs}; "
                              "use --engine hf")
     return "vllm"
+
+
+def vllm_options_unused(opts: EngineOptions, why: str) -> str:
+    """'hf', unless vLLM-only settings were given: those are refused, never dropped without a word."""
+    given = [flag for flag, on in (("--engine-args", bool(opts.engine_args)),
+                                       ("--tensor-parallel-size", opts.tensor_parallel_size != 1)) if on]
+    if given:
+        raise SpecdraftError(f"{' and '.join(given)}: vLLM settings, but {why}; pass --engine vllm, or drop "
+                             f"{' and '.join(given)}")
+    return "hf"
 
 
 def supported_architecture(target_config) -> bool:
