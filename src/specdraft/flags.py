@@ -76,7 +76,7 @@ def out_option(here: str, required: bool = False):
 
 
 MAX_NEW_TOKENS_HELP = "New tokens per answer at most."
-VERIFY_ROWS = typer.Option(None, "--verify-rows", min=1, help=(
+VERIFY_ROWS = typer.Option(None, "--verify-rows", help=(
     "Target rows of every decoding round: the root, the drafts, pad rows after them. Runs with the same R emit "
     "the same tokens with or without a drafter, in any dtype (bf16 too). Default: 1 + the method's largest "
     "draft (plain decoding: 1)."))
@@ -112,6 +112,7 @@ NUMBER_BOUNDS = {
     "top_p": ((lambda v: 0 < v <= 1), "must be in (0, 1]"),
     "margin": ((lambda v: v >= 0), "must be >= 0"),
     "draft_ms": ((lambda v: v > 0), "must be > 0"),
+    "verify_rows": between(1, 1024),
 }
 
 
