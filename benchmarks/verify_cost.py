@@ -67,11 +67,11 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     cache = DynamicCache(config=model.config)
     with_cache = {cache_kwarg(model): cache}
+    context_ids = torch.randint(0, vocab, (1, args.context), generator=g)        # [1, context], every mode's
     with torch.inference_mode():
-        model(input_ids=torch.randint(0, vocab, (1, args.context), generator=g), use_cache=True, **with_cache,
-              logits_to_keep=1)
+        model(input_ids=context_ids, use_cache=True, **with_cache, logits_to_keep=1)
 
-    prefix = torch.randint(0, vocab, (args.context,), generator=g).tolist()
+    prefix = context_ids[0].tolist()
     runners = {}
     for n in range(1, args.n_max + 1):                                          # the loop's shape: R = n rows
         runners[n] = TargetRunner(model, None, Profile(), rows=n, max_len=args.context + n + 1)
