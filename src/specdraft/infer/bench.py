@@ -23,7 +23,7 @@ from specdraft.infer.ngram import NgramProposer
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.tree import TreeShape
 from specdraft.infer.speculative import (Generation, Profile, eos_ids_of, generate, per_position_accept,
-                                        round_rows)
+                                        checked_rows)
 from specdraft.infer.timing import busy_warning, machine_load, rotated, spread
 from specdraft.io import atomic_path
 from specdraft.metrics import tau_source
@@ -278,14 +278,6 @@ def run_one(model, method: Method, ids: list[int], max_new_tokens: int, eos: set
     return generate(model, ids, method.proposer, max_new_tokens, sampling, eos, on_tokens, sync_cuda=sync, rows=rows)
 
 
-def check_rows(methods: list[Method], rows: int | None) -> None:
-    """--verify-rows below what a method's round needs: refused before any generation runs."""
-    short = [(m.name, round_rows(m.proposer)) for m in methods if not m.hf and rows and rows < round_rows(m.proposer)]
-    if short:
-        raise SpecdraftError(f"--verify-rows {rows}: {short[0][0]} needs {short[0][1]} rows per round (the root and "
-                             f"its drafts); pass --verify-rows {max(n for _, n in short)} or lower -k")
-
-
 def summarize(name: str, runs: list[Generation], reference: list[list[int]] | None) -> dict:
     """Speed and acceptance of one pass over the prompts (acceptance is deterministic under greedy)."""
     tokens = sum(len(r.token_ids) for r in runs)
@@ -357,7 +349,9 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
     if rows and "plain" not in names:                                 # ... and plain, at the same rows
         names.append("plain")
     methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min, draft_stop, ngram_k)
-    check_rows(methods, rows)
+    for m in methods:                                                 # --verify-rows refused before any run
+        if not m.hf:
+            checked_rows(m.proposer, rows, m.name)
     for m in methods:                                                 # warm-up
         run_one(model, m, prompts[0], min(8, max_new_tokens), eos, rows=rows)
     load_start = machine_load()

@@ -164,7 +164,7 @@ def cache_kwarg(model) -> str:
 
 def static_cache(model, max_len: int):
     """transformers' Cache made of StaticLayers: keys/values preallocated for `max_len` slots, written
-    where the runner says (set_write_slot). Every layer full-attention: a sliding-window target is
+    where the runner says (TargetRunner._forward sets each layer's write slot). Every layer full-attention: a sliding-window target is
     refused when the context could outgrow its window (the masks here do not slide)."""
     from transformers.cache_utils import Cache, StaticLayer
 
@@ -262,6 +262,15 @@ def round_rows(proposer: "Proposer | None") -> int:
     return 1 + (proposer.max_nodes if proposer is not None else 0)
 
 
+def checked_rows(proposer: "Proposer | None", rows: int | None, method: str = "this method") -> int:
+    """R for a run: `rows` (--verify-rows) when given, refused below what a round needs; else round_rows."""
+    need = round_rows(proposer)
+    if rows is not None and rows < need:
+        raise SpecdraftError(f"--verify-rows {rows}: a round of {method} needs {need} rows (the root and its "
+                             "drafts); raise it or lower -k")
+    return rows or need
+
+
 def sample_chain(draft: Draft, logits: torch.Tensor, sampling: Sampling,
                  generator: torch.Generator) -> tuple[list[int], int]:
     """Rejection sampling along a chain. logits [N+1, V] -> (accepted path, next token)."""
@@ -289,10 +298,7 @@ def generate(model, prompt_ids: list[int], proposer: Proposer | None = None, max
     sampling = sampling or Sampling()
     eos = eos_ids_of(model) if eos_token_ids is None else eos_token_ids
     profile = Profile(sync_cuda=sync_cuda)
-    rows = rows or round_rows(proposer)
-    if rows < round_rows(proposer):
-        raise SpecdraftError(f"--verify-rows {rows}: a round of this method needs {round_rows(proposer)} rows "
-                             "(the root and its drafts); raise it or lower -k")
+    rows = checked_rows(proposer, rows)
     runner = TargetRunner(model, proposer.aux_layer_ids if proposer else None, profile, rows,
                           max_len=len(prompt_ids) + max(max_new_tokens, 1) + rows)
     generator = sampling.generator(runner.device)
