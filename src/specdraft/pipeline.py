@@ -292,8 +292,9 @@ def closing(model: str, recipe: Recipe, run: Path, export: Path, bench: dict, k:
         verdict = ("τ is fine but this machine does not turn it into speed (see above); a GPU serving engine "
                    "does")
         step = serve
+    engines = card.engines_line(card.export_config(export), run, export.parent / "sglang")
     return {"headline": headline, "hybrid": hybrid_line(run), "verdict": verdict, "next_step": step,
-            "export": str(export.resolve()), "serve": serve}
+            "export": str(export.resolve()), "serve": serve, "engines": engines}
 
 
 def hybrid_line(run: Path) -> str | None:
@@ -345,7 +346,7 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
         console.print(summary["why_not_faster"], highlight=False, soft_wrap=True, markup=False)
     if summary.get("doctor"):
         console.print(summary["doctor"], highlight=False, soft_wrap=True, markup=False)
-    for label in ("headline", "hybrid", "verdict", "next_step", "export", "serve"):
+    for label in ("headline", "hybrid", "verdict", "next_step", "export", "serve", "engines"):
         if summary.get(label):
             console.print(Text.assemble((f"{label.replace('_', ' ') + ':':11s}", "bold"), f" {summary[label]}"),
                           highlight=False, soft_wrap=True)

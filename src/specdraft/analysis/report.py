@@ -22,7 +22,7 @@ from specdraft import run_layout
 from specdraft.analysis import compare
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
-from specdraft.families import family
+from specdraft.families import family_of
 from specdraft.formats import card
 from specdraft.infer import kernels
 from specdraft.infer.bench import why_not_faster
@@ -320,24 +320,23 @@ def export_html(run: Path) -> str:
             continue
         parts.append(f"<p><b>{esc(e['out'])}</b> <span class=meta>{esc(e.get('layout'))} layout, "
                      f"{esc(e.get('dtype'))}</span></p>")
-        vllm_keys, sglang_lacks = served_as(e["out"])
+        vllm_keys, sglang_lacks, sglang_needs = served_as(e["out"])
         for engine, note, command in card.serve_commands(target, e["out"], e.get("num_speculative_tokens", DRAFT_LENGTH),
-                                                         e.get("layout", "speculators"), sglang_lacks, vllm_keys):
+                                                         e.get("layout", "speculators"), sglang_lacks, vllm_keys,
+                                                         sglang_needs):
             parts.append(f"<p>Serve with {esc(engine)}{': ' + esc(note) if note else ''}</p>"
                          + (f"<pre>{esc(command)}</pre>" if command else ""))
     return "".join(parts)
 
 
-def served_as(export: str) -> tuple[dict, str | None]:
-    """How vLLM selects the exported drafter (its family's speculative-config keys) and what SGLang
-    lacks for it, from its config.json (EAGLE-3's defaults when that cannot be read)."""
-    try:
-        config = json.loads((Path(export) / "config.json").read_text())
-        fam = family(config.get("speculators_model_type", "eagle3"))
-        return dict(fam.vllm_speculative), card.sglang_missing(
-            fam.config_type.from_dict(config["specdraft"]["drafter_config"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, SpecdraftError):
-        return {"method": "eagle3"}, None
+def served_as(export: str) -> tuple[dict, str | None, str | None]:
+    """How vLLM selects the exported drafter (its family's speculative-config keys), what SGLang lacks
+    for it and the SGLang release it needs, from its config.json (EAGLE-3's defaults when that cannot
+    be read)."""
+    cfg = card.export_config(export)
+    if cfg is None:
+        return {"method": "eagle3"}, None, None
+    return dict(family_of(cfg).vllm_speculative), card.sglang_missing(cfg), card.sglang_needs(cfg)
 
 
 def stages_html(run: Path) -> str:
