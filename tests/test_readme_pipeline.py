@@ -41,11 +41,42 @@ def scaled(argv: list[str], target: Path) -> list[str]:
     return out[1:] + EXTRA.get(out[1], [])
 
 
+TAU_VALUE = re.compile(r"τ\s*[=:]?\s*[-+]?\d")                 # a τ followed by a number
+TAU_FORMAT = re.compile(r"τ \d+\.\d+ at K=\d+ on \S")              # metrics.tau_text's one format
+
+
+def scan_tau(texts: list[str]) -> None:
+    """Every τ printed with a number reads "τ 1.23 at K=3 on <prompts>" (metrics.tau_text)."""
+    bare = [text[max(m.start() - 40, 0):m.start() + 60] for text in texts for m in TAU_VALUE.finditer(text)
+            if not TAU_FORMAT.match(text, m.start())]
+    assert not bare, bare
+
+
+def html_text(page: str) -> str:
+    from html.parser import HTMLParser
+
+    parts = []
+    parser = HTMLParser()
+    parser.handle_data = parts.append
+    parser.feed(page)
+    return " | ".join(parts)
+
+
+def test_scan_tau_finds_a_tau_without_its_k():
+    scan_tau(["eval: τ 1.815 at K=3 on 26 held-out store samples", "τ loss 0.47", "τ (K)", "τ by K  K=1:1.43"])
+    for bare in ("doctor: τ 1.47 < 2.0", "val τ 1.7120", "τ=1.47", "τ 1.86 on held-out store samples"):
+        try:
+            scan_tau([bare])
+        except AssertionError:
+            continue
+        raise AssertionError(f"scan_tau let {bare!r} through")
+
+
 def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target, tmp_path):
     commands = readme_commands()
     assert [c[1] for c in commands][:6] == ["info", "prepare", "capture", "vocab", "train", "eval"], commands
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "SPECDRAFT_LOG_EVERY_S": "0"}
-    stderr = {}
+    stderr, printed = {}, []
     for argv in commands:
         if argv[1] in SKIP:
             continue
@@ -56,6 +87,7 @@ def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target
         assert "Traceback" not in run.stderr, run.stderr
         assert not [line for line in run.stderr.splitlines() if line.startswith("error")], run.stderr
         stderr[args[0]] = run.stderr
+        printed.append(run.stdout + run.stderr)
     # data-quality notes where they are found: 2 held-out samples (a quarter of 8) make a noisy τ
     assert "warning: τ from 2 sample(s) is noisy" in stderr["eval"], stderr["eval"]
     run_dir = tmp_path / "ws" / "runs" / "a"
@@ -73,6 +105,8 @@ def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target
              "store samples</b>")                                # τ with its K and its samples (issue 36)
     assert shown in report, "the eval τ is missing from the report"
     assert f"{int(samples.group(1)):,} samples, {int(samples.group(2)):,} tokens" in report
+    # issue 36: no τ the pipeline shows a person (console, journal, card, report) without its K and prompts
+    scan_tau(printed + [(run_dir / "journal.md").read_text(), card, html_text(report)])
     # --split all measures on the samples the drafter trained on too, and says so
     every = subprocess.run([sys.executable, "-m", "specdraft.cli", "eval", "--model", str(tiny_target), "--drafter",
                             "ws/runs/a", "--store", "ws/hidden", "--split", "all"], cwd=tmp_path, env=env,
