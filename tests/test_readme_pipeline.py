@@ -129,3 +129,15 @@ def test_readme_first_screen_names_the_recipe_the_doctor_and_benchs_time():
     serve = text[text.index("## Serve it"):]
     assert "fc_norm" in serve[:800] and "sgl-project/sglang#24663" in serve[:800]
     assert "norm_before_residual" in serve[:800] and "--no-norm-before-residual" in serve[:800]
+
+
+def test_docs_examples_print_tau_in_the_one_format():
+    """Issue 36 item 3: docs/analysis.md showed the doctor's output as "τ 1.86 on held-out store
+    samples (4 draft positions)" and "τ 1.47 < 2.0": every example block in the README and docs/
+    shows τ the way metrics.tau_text prints it."""
+    blocks = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        parts = path.read_text().split("```")
+        blocks += [f"{path.name}: {block}" for block in parts[1::2]]
+    assert len(blocks) > 10
+    scan_tau(blocks)
