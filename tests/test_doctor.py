@@ -419,7 +419,8 @@ def test_demo_runs_the_doctor_as_a_logged_timed_stage_against_the_ceiling_of_its
     from specdraft import pipeline
 
     def bench(tau, k):
-        return {"methods": {"eagle3": {"accept_len": tau}}, "config": {"k": k}}
+        return {"methods": {"eagle3": {"accept_len": tau}},
+                "config": {"k": k, "prompts": "builtin-holdout", "num_prompts": 6}}
 
     run = copy_run(ws, tmp_path)
     log = tmp_path / "recipe.log"
@@ -433,7 +434,7 @@ def test_demo_runs_the_doctor_as_a_logged_timed_stage_against_the_ceiling_of_its
     if saved["causes"]:
         assert saved["causes"][0]["fix"] in line
     else:
-        assert "at K=3 is under 2.00 (ceiling 4)" in line
+        assert "doctor: τ 1.50 at K=3 on 6 builtin hold-out prompts is under 2.00 (ceiling 4)" in line
     text = log.read_text()
     assert f"$ specdraft doctor {run}" in text and "doctor: 11/11 checks" in text and "exit 0 after" in text
     stages = json.loads((tmp_path / pipeline.STAGES_FILE).read_text())

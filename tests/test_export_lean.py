@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import load_checkpoint, load_drafter, save_checkpoint
 from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.model.eagle3.module import Eagle3Drafter, KVCache, causal_mask
@@ -186,24 +187,46 @@ def test_export_is_recorded_in_the_run_for_its_report(made, tmp_path, monkeypatc
         assert command in readme
 
 
-def test_a_drafter_sglang_cannot_serve_gets_vllm_commands_only(tmp_path):
-    """An EAGLE-3.1 drafter (fc_norm / norm_output, the quick profile's): the card and the report
-    name the engine that serves it and say why SGLang does not, instead of an export that fails."""
+def test_an_eagle31_drafter_serves_on_both_engines_and_norm_before_residual_on_vllm_only(tmp_path):
+    """Issue 36 item 9: the quick profile's EAGLE-3.1 drafter (fc_norm / norm_output) was refused by
+    `export --format sglang` though SGLang reads both since sgl-project/sglang#24663: the card and
+    the report give both engines' commands and the SGLang release it needs; a drafter SGLang cannot
+    serve (norm_before_residual) gets vLLM's command, the reason, and the export's refusal names the
+    retrain flag."""
     from specdraft.analysis.report import served_as
     from specdraft.formats import card
     from specdraft.model.eagle3 import sglang
 
     from test_formats import tiny_config
 
-    assert sglang.unsupported(tiny_config()) is None
+    assert sglang.unsupported(tiny_config()) is None and sglang.needs(tiny_config()) is None
     cfg = tiny_config(fc_norm=True, norm_output=True)
-    missing = sglang.unsupported(cfg)
-    assert "norm_output" in missing
-    commands = card.serve_commands("tiny/target", tmp_path, 3, "speculators", missing)
+    assert sglang.unsupported(cfg) is None
+    needs = sglang.needs(cfg)
+    assert "fc_norm and norm_output" in needs and "sgl-project/sglang#24663" in needs
+    commands = card.serve_commands("tiny/target", tmp_path, 3, "speculators", None, None, needs)
+    assert [engine for engine, _, _ in commands] == ["vLLM", "SGLang"]
+    assert commands[1][1].startswith("This drafter needs an SGLang with EAGLE-3.1 drafters")
+    assert "--format sglang" in commands[1][1] and "--speculative-algorithm EAGLE3" in commands[1][2]
+    (tmp_path / "config.json").write_text(json.dumps({"specdraft": {"drafter_config": cfg.to_dict()}}))
+    assert served_as(str(tmp_path)) == ({"method": "eagle3"}, None, needs)
+    line = card.engines_line(cfg, "ws/runs/quick", "ws/export/sglang")
+    assert line.startswith("vLLM (this export) and SGLang (specdraft export ws/runs/quick --format sglang "
+                           "--out ws/export/sglang; needs an SGLang with EAGLE-3.1")
+
+    residual = tiny_config(norm_before_residual=True)
+    assert sglang.unsupported(residual) == "norm_before_residual"
+    commands = card.serve_commands("tiny/target", tmp_path, 3, "speculators", sglang.unsupported(residual))
     assert [engine for engine, _, _ in commands] == ["vLLM", "SGLang"] and "SGLang cannot serve" in commands[1][1]
     assert commands[1][2] == "" and "SGLang" not in commands[0][1]     # the note under its own heading, no command
-    (tmp_path / "config.json").write_text(json.dumps({"specdraft": {"drafter_config": cfg.to_dict()}}))
-    assert served_as(str(tmp_path)) == ({"method": "eagle3"}, missing)
+    assert card.engines_line(residual, "r", "s") == ("vLLM (this export); not SGLang: it does not implement "
+                                                     "norm_before_residual")
+    with pytest.raises(SpecdraftError) as refused:
+        sglang.build_config(residual, "bfloat16", "ws/runs/a/best")
+    assert str(refused.value) == ("ws/runs/a/best: the drafter uses norm_before_residual, which SGLang's "
+                                  "LlamaForCausalLMEagle3 does not implement; serve it with vLLM (export --format "
+                                  "speculators), or retrain it for SGLang with `specdraft train ... "
+                                  "--no-norm-before-residual`")
     assert len(card.serve_commands("tiny/target", tmp_path, 3, "speculators")) == 2
 
 

@@ -41,11 +41,42 @@ def scaled(argv: list[str], target: Path) -> list[str]:
     return out[1:] + EXTRA.get(out[1], [])
 
 
+TAU_VALUE = re.compile(r"τ\s*[=:]?\s*[-+]?\d")                 # a τ followed by a number
+TAU_FORMAT = re.compile(r"τ \d+\.\d+ at K=\d+ on \S")              # metrics.tau_text's one format
+
+
+def scan_tau(texts: list[str]) -> None:
+    """Every τ printed with a number reads "τ 1.23 at K=3 on <prompts>" (metrics.tau_text)."""
+    bare = [text[max(m.start() - 40, 0):m.start() + 60] for text in texts for m in TAU_VALUE.finditer(text)
+            if not TAU_FORMAT.match(text, m.start())]
+    assert not bare, bare
+
+
+def html_text(page: str) -> str:
+    from html.parser import HTMLParser
+
+    parts = []
+    parser = HTMLParser()
+    parser.handle_data = parts.append
+    parser.feed(page)
+    return " | ".join(parts)
+
+
+def test_scan_tau_finds_a_tau_without_its_k():
+    scan_tau(["eval: τ 1.815 at K=3 on 26 held-out store samples", "τ loss 0.47", "τ (K)", "τ by K  K=1:1.43"])
+    for bare in ("doctor: τ 1.47 < 2.0", "val τ 1.7120", "τ=1.47", "τ 1.86 on held-out store samples"):
+        try:
+            scan_tau([bare])
+        except AssertionError:
+            continue
+        raise AssertionError(f"scan_tau let {bare!r} through")
+
+
 def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target, tmp_path):
     commands = readme_commands()
     assert [c[1] for c in commands][:6] == ["info", "prepare", "capture", "vocab", "train", "eval"], commands
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "SPECDRAFT_LOG_EVERY_S": "0"}
-    stderr = {}
+    stderr, printed = {}, []
     for argv in commands:
         if argv[1] in SKIP:
             continue
@@ -56,6 +87,7 @@ def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target
         assert "Traceback" not in run.stderr, run.stderr
         assert not [line for line in run.stderr.splitlines() if line.startswith("error")], run.stderr
         stderr[args[0]] = run.stderr
+        printed.append(run.stdout + run.stderr)
     # data-quality notes where they are found: 2 held-out samples (a quarter of 8) make a noisy τ
     assert "warning: τ from 2 sample(s) is noisy" in stderr["eval"], stderr["eval"]
     run_dir = tmp_path / "ws" / "runs" / "a"
@@ -73,6 +105,8 @@ def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target
              "store samples</b>")                                # τ with its K and its samples (issue 36)
     assert shown in report, "the eval τ is missing from the report"
     assert f"{int(samples.group(1)):,} samples, {int(samples.group(2)):,} tokens" in report
+    # issue 36: no τ the pipeline shows a person (console, journal, card, report) without its K and prompts
+    scan_tau(printed + [(run_dir / "journal.md").read_text(), card, html_text(report)])
     # --split all measures on the samples the drafter trained on too, and says so
     every = subprocess.run([sys.executable, "-m", "specdraft.cli", "eval", "--model", str(tiny_target), "--drafter",
                             "ws/runs/a", "--store", "ws/hidden", "--split", "all"], cwd=tmp_path, env=env,
@@ -83,7 +117,8 @@ def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target
 def test_readme_first_screen_names_the_recipe_the_doctor_and_benchs_time():
     """Issue 36: the first screen explained the test internals but not how to train a drafter for
     your own model; `doctor` was never mentioned; the bench line gave no time expectation; SGLang was
-    presented as an equal target for the quick recipe's drafter, which it cannot serve."""
+    presented as an equal target for the quick recipe's drafter, which export refused: the Serve
+    section says which SGLang release serves it (EAGLE-3.1's options) and what SGLang still lacks."""
     text = (ROOT / "README.md").read_text()
     first_screen = "\n".join(text.splitlines()[:15])
     assert "specdraft recipe MODEL" in first_screen
@@ -92,4 +127,17 @@ def test_readme_first_screen_names_the_recipe_the_doctor_and_benchs_time():
     bench = next(line for line in text.splitlines() if line.startswith("specdraft bench"))
     assert "min on 2 CPU cores" in bench
     serve = text[text.index("## Serve it"):]
-    assert "fc_norm" in serve[:800] and "SGLang cannot" in serve[:800]
+    assert "fc_norm" in serve[:800] and "sgl-project/sglang#24663" in serve[:800]
+    assert "norm_before_residual" in serve[:800] and "--no-norm-before-residual" in serve[:800]
+
+
+def test_docs_examples_print_tau_in_the_one_format():
+    """Issue 36 item 3: docs/analysis.md showed the doctor's output as "τ 1.86 on held-out store
+    samples (4 draft positions)" and "τ 1.47 < 2.0": every example block in the README and docs/
+    shows τ the way metrics.tau_text prints it."""
+    blocks = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        parts = path.read_text().split("```")
+        blocks += [f"{path.name}: {block}" for block in parts[1::2]]
+    assert len(blocks) > 10
+    scan_tau(blocks)

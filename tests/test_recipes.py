@@ -122,6 +122,41 @@ def test_shipped_recipes_are_train_configs_with_their_stage_settings():
     cfg = resolve_config(recipe_file("quick"))        # what `train --config quick.yaml` trains with
     assert (cfg.ttt_steps, cfg.epochs, cfg.lr, cfg.max_tokens, cfg.train_on_prompts) == (2, 5, 3e-3, 512, True)
     assert resolve_config(recipe_file("full")).ttt_steps == 3
+    # issue 36 item 9: the two recipes train the same drafter layout (EAGLE-3.1's fc_norm and
+    # norm_output, the best held-out τ of docs/recipes.md's ablation 7), which vLLM and SGLang serve
+    for name in ("quick", "full"):
+        cfg = resolve_config(recipe_file(name))
+        assert (cfg.fc_norm, cfg.norm_output, cfg.norm_before_residual) == (True, True, False), name
+
+
+def test_the_closing_lines_say_which_engines_serve_the_export(tmp_path, capsys):
+    """Issue 36 item 9: the demo's closing lines gave the vLLM command only; they now say which
+    engines serve the exported drafter (SGLang with its export command and the release it needs)."""
+    from rich.console import Console
+
+    from specdraft.pipeline import closing, print_summary
+    from specdraft.model.eagle3.config import DrafterConfig
+
+    run, export = tmp_path / "ws" / "runs" / "quick", tmp_path / "ws" / "export" / "speculators"
+    run.mkdir(parents=True)
+    export.mkdir(parents=True)
+    cfg = DrafterConfig(hidden_size=16, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=4, vocab_size=50, draft_vocab_size=10, aux_layer_ids=[2, 4, 5], fc_norm=True,
+                        norm_output=True)
+    (export / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3",
+                                                    "specdraft": {"drafter_config": cfg.to_dict()}}))
+    (run / "exports.json").write_text(json.dumps({"exports": [{"out": str(export.resolve()),
+                                                               "num_speculative_tokens": 2}]}))
+    bench = {"methods": {"eagle3": {"accept_len": 1.9, "speedup": 1.2}}, "config": {"k": 2}}
+    lines = closing("default", load_recipe(recipe_file("quick")), run, export, bench, 2, None)
+    assert lines["engines"] == (f"vLLM (this export) and SGLang (specdraft export {run} --format sglang --out "
+                                f"{export.parent / 'sglang'}; needs an SGLang with EAGLE-3.1 drafters (fc_norm and "
+                                "norm_output: sgl-project/sglang#24663, May 2026); an older SGLang ignores them "
+                                "without a word (and skips the fc_norm weights) and accepts few drafts)")
+    summary = {"tokens_per_s": {}, "accept_lens": {}, "speedup": {}, "identical_to_greedy": {}, "seconds": 60.0,
+               **lines}
+    print_summary(Console(width=400), summary, run / "report.html")
+    assert "engines:    vLLM (this export) and SGLang" in capsys.readouterr().out
 
 
 def test_bad_recipe_section_is_refused(tmp_path):

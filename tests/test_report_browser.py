@@ -116,6 +116,9 @@ def rendered_text(page) -> str:
 
 
 def test_report_in_chromium_leads_with_the_answer(run):
+    from test_analysis_report import plan_result
+
+    (run.parent.parent / "plan.json").write_text(json.dumps(plan_result()))   # the recipe workspace's plan
     out = report.build([run])                                # --out defaults to RUN/report.html
     assert out == run / "report.html"
     text = rendered_text(out)
@@ -136,6 +139,11 @@ def test_report_in_chromium_leads_with_the_answer(run):
     assert f'"model": "{export}", "num_speculative_tokens": 4' in text
     assert f"--speculative-draft-model-path {export}-sglang" in text
     assert "kill it: see https://example.com/" in text
+    # the plan's result (issue 36): chosen K, predicted speedup, verify costs, the floor line, the K served
+    assert ("chosen K (draft tokens per round) 2 predicted speedup over plain decoding 1.43x (31.1 tok/s) "
+            "predicted tokens per target forward 1.71 at K=2") in text
+    assert "verify 1..n tokens 46.0 47.5 49.0 51.5 ms weight-streaming floor floor: 538 MB" in text
+    assert "the export serves K=4, plan chose K=2" in text
     assert "train 4.2 min specdraft train" in text and "prepare 1.6 min" in text
     page = out.read_text()
     assert page.count('src="data:image/png;base64,') == 2      # bench.png and the curves

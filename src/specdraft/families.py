@@ -39,6 +39,7 @@ class Layout:
     write: Callable[[Any, dict, str, str], tuple[dict, dict]]
     unsupported: Callable[[Any], str | None] = lambda cfg: None   # what of this drafter the engine lacks
     looks_like: str = ""                                    # how its config.json is recognised, for errors
+    needs: Callable[[Any], str | None] = lambda cfg: None         # the engine release this drafter needs, if newer
 
 
 @dataclass(frozen=True)

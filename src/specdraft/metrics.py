@@ -108,7 +108,7 @@ class MetricsLog:
         from rich.table import Table
 
         table = Table(title=f"epoch {epoch + 1}  ({tokens_per_s:,.0f} train tok/s)", title_justify="left")
-        cols = ["split", "loss"] + [f"acc_{k}" for k in range(steps)] + [f"cond_{k}" for k in range(steps)] + ["τ"]
+        cols = ["split", "loss"] + [f"acc_{k}" for k in range(steps)] + [f"cond_{k}" for k in range(steps)] + [f"τ at K={steps}"]
         for c in cols:
             table.add_column(c, justify="right")
         for split, m in rows:

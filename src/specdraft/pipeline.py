@@ -30,7 +30,7 @@ from rich.text import Text
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder, write_json
-from specdraft.metrics import tau_source
+from specdraft.metrics import tau_source, tau_text
 from specdraft.train.config import resolve_config
 
 RECIPES = Path(__file__).with_name("recipes")       # the shipped recipe files (package data)
@@ -264,8 +264,10 @@ def diagnose_low_tau(model: str, ws: Path, run: Path, bench: dict, log: Path | N
     from specdraft.analysis import doctor     # torch: not at the CLI's start
 
     result = json.loads((run / doctor.REPORT_FILE).read_text())
+    cfg = bench.get("config") or {}
+    measured = tau_text(tau, k, cfg.get("prompts"), cfg.get("num_prompts"))
     return doctor.top_cause_line(result) or (
-        f"doctor: τ {tau:.2f} at K={k} is under {threshold:.2f} (ceiling {k + 1}), and no measured cause holds")
+        f"doctor: {measured} is under {threshold:.2f} (ceiling {k + 1}), and no measured cause holds")
 
 
 def closing(model: str, recipe: Recipe, run: Path, export: Path, bench: dict, k: int | None,
@@ -292,15 +294,14 @@ def closing(model: str, recipe: Recipe, run: Path, export: Path, bench: dict, k:
         verdict = ("τ is fine but this machine does not turn it into speed (see above); a GPU serving engine "
                    "does")
         step = serve
+    engines = card.engines_line(card.export_config(export), run, export.parent / "sglang")
     return {"headline": headline, "hybrid": hybrid_line(run), "verdict": verdict, "next_step": step,
-            "export": str(export.resolve()), "serve": serve}
+            "export": str(export.resolve()), "serve": serve, "engines": engines}
 
 
 def hybrid_line(run: Path) -> str | None:
     """The natural set's τ of hybrid (drafter + n-gram, one verify) beside n-gram's, as its own line:
     a headline beside the drafter's, never in its place (no serving engine runs hybrid yet)."""
-    from specdraft.metrics import tau_text
-
     path = run / run_layout.BENCH_NATURAL
     report = json.loads(path.read_text()) if path.is_file() else {}
     methods, cfg = report.get("methods") or {}, report.get("config") or {}
@@ -345,7 +346,7 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
         console.print(summary["why_not_faster"], highlight=False, soft_wrap=True, markup=False)
     if summary.get("doctor"):
         console.print(summary["doctor"], highlight=False, soft_wrap=True, markup=False)
-    for label in ("headline", "hybrid", "verdict", "next_step", "export", "serve"):
+    for label in ("headline", "hybrid", "verdict", "next_step", "export", "serve", "engines"):
         if summary.get(label):
             console.print(Text.assemble((f"{label.replace('_', ' ') + ':':11s}", "bold"), f" {summary[label]}"),
                           highlight=False, soft_wrap=True)

@@ -22,8 +22,9 @@ from specdraft import run_layout
 from specdraft.analysis import compare
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
-from specdraft.families import family
+from specdraft.families import family_of
 from specdraft.formats import card
+from specdraft.infer import kernels
 from specdraft.infer.bench import why_not_faster
 from specdraft.io import atomic_path, check_fields
 
@@ -38,7 +39,7 @@ pre{background:#f7f7f7;padding:.8em;font-size:12px;white-space:pre-wrap;overflow
 .decision{border-color:#36c}.result{border-color:#3a3}.probe{border-color:#a6c}.hypothesis{border-color:#c93}
 .meta{color:#666;font-size:12px}.bad{color:#c33}"""
 
-OTHER_RESULTS = ("probe*.json", "plan.json")     # bench.json and eval*.json get their own tables
+OTHER_RESULTS = ("probe*.json",)     # bench.json, eval*.json and plan.json get their own sections
 REPORT_FILE = "report.html"
 
 
@@ -69,7 +70,15 @@ BENCH_FIELDS = {"config": dict, "config.num_prompts": int, "config.prompts": str
 EVAL_FIELDS = {"cond_acc": list, "cond_acc.*": NUMBER, "full_acc": list, "full_acc.*": NUMBER,
                "accept_len_by_k": list, "accept_len_by_k.*": NUMBER, "accept_len": NUMBER, "split": str,
                "drafter": str}
-RESULT_FIELDS = {"verdict": str, "best": dict, "best.k": int, "best.tokens_per_s": NUMBER}   # probe-*, plan
+RESULT_FIELDS = {"verdict": str, "best": dict, "best.k": int, "best.tokens_per_s": NUMBER}   # probe-*
+PLAN_FIELDS = {"best": dict, "best.k": int, "best.tokens_per_s": NUMBER, "best.speedup": NUMBER,
+               "best.tokens_per_cycle": NUMBER, "options": list, "options.*": dict, "options.*.k": int,
+               "options.*.tokens_per_cycle": NUMBER, "options.*.cycle_ms": NUMBER, "options.*.tokens_per_s": NUMBER,
+               "options.*.speedup": NUMBER, "options.*.draft_share": NUMBER, "options.*.verify_share": NUMBER,
+               "verify_ms": list, "verify_ms.*": NUMBER, "draft_ms": NUMBER, "accept": dict, "accept.source": str,
+               "accept.cond_acc": list, "accept.cond_acc.*": NUMBER, "timing": dict, "timing.floor": dict,
+               "timing.floor.weight_mb": NUMBER, "timing.floor.bandwidth_gbs": NUMBER,
+               "timing.floor.floor_ms": NUMBER, "warnings": list, "warnings.*": str}
 INPUTS_FIELDS = {"num_samples": int, "num_tokens": int, "target": dict, "target.id": str}
 EXPORTS_FIELDS = {"exports": list, "exports.*": dict, "exports.*.out": str, "exports.*.layout": str,
                   "exports.*.dtype": str, "exports.*.num_speculative_tokens": int}
@@ -311,24 +320,23 @@ def export_html(run: Path) -> str:
             continue
         parts.append(f"<p><b>{esc(e['out'])}</b> <span class=meta>{esc(e.get('layout'))} layout, "
                      f"{esc(e.get('dtype'))}</span></p>")
-        vllm_keys, sglang_lacks = served_as(e["out"])
+        vllm_keys, sglang_lacks, sglang_needs = served_as(e["out"])
         for engine, note, command in card.serve_commands(target, e["out"], e.get("num_speculative_tokens", DRAFT_LENGTH),
-                                                         e.get("layout", "speculators"), sglang_lacks, vllm_keys):
+                                                         e.get("layout", "speculators"), sglang_lacks, vllm_keys,
+                                                         sglang_needs):
             parts.append(f"<p>Serve with {esc(engine)}{': ' + esc(note) if note else ''}</p>"
                          + (f"<pre>{esc(command)}</pre>" if command else ""))
     return "".join(parts)
 
 
-def served_as(export: str) -> tuple[dict, str | None]:
-    """How vLLM selects the exported drafter (its family's speculative-config keys) and what SGLang
-    lacks for it, from its config.json (EAGLE-3's defaults when that cannot be read)."""
-    try:
-        config = json.loads((Path(export) / "config.json").read_text())
-        fam = family(config.get("speculators_model_type", "eagle3"))
-        return dict(fam.vllm_speculative), card.sglang_missing(
-            fam.config_type.from_dict(config["specdraft"]["drafter_config"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, SpecdraftError):
-        return {"method": "eagle3"}, None
+def served_as(export: str) -> tuple[dict, str | None, str | None]:
+    """How vLLM selects the exported drafter (its family's speculative-config keys), what SGLang lacks
+    for it and the SGLang release it needs, from its config.json (EAGLE-3's defaults when that cannot
+    be read)."""
+    cfg = card.export_config(export)
+    if cfg is None:
+        return {"method": "eagle3"}, None, None
+    return dict(family_of(cfg).vllm_speculative), card.sglang_missing(cfg), card.sglang_needs(cfg)
 
 
 def stages_html(run: Path) -> str:
@@ -378,6 +386,53 @@ def results_html(run: Path) -> str:
     return "".join(parts)
 
 
+def plan_file(run: Path) -> Path | None:
+    """RUN/plan.json (`specdraft plan --run RUN`), else WS/plan.json when `run` is a recipe's WS/runs/NAME."""
+    here = run / "plan.json"
+    workspace = run.resolve().parent.parent / "plan.json" if run.resolve().parent.name == "runs" else None
+    return here if here.is_file() else workspace if workspace is not None and workspace.is_file() else None
+
+
+def plan_html(run: Path) -> str:
+    """plan.json's result as plan prints it: the chosen K, its predicted speedup and tokens per cycle,
+    the acceptance it used, the draft and verify costs (and the weight-streaming floor when measured),
+    every K it ranked, its warnings; the JSON folded."""
+    path = plan_file(run)
+    if path is None:
+        return ""
+    data = read_json(path, PLAN_FIELDS)
+    if not isinstance(data, dict) or not isinstance(data.get("best"), dict):
+        return f"<h3>Plan ({esc(path)})</h3><p class=meta>not valid JSON or no best K, skipped</p>"
+    best, accept = data["best"], data.get("accept") if isinstance(data.get("accept"), dict) else {}
+    verify, k = data.get("verify_ms") or [], best.get("k", "?")
+    rows = [["chosen K (draft tokens per round)", str(k)],
+            ["predicted speedup over plain decoding",
+             f"{number(best.get('speedup'))}x ({number(best.get('tokens_per_s'), '.1f')} tok/s)"],
+            ["predicted tokens per target forward", f"{number(best.get('tokens_per_cycle'))} at K={k}"],
+            ["acceptance per position", " ".join(number(a) for a in accept.get("cond_acc") or []) or "-"],
+            ["acceptance from", str(accept.get("source", "unknown"))],
+            ["draft step", f"{number(data.get('draft_ms'))} ms"],
+            ["verify 1..n tokens", " ".join(number(v, ".1f") for v in verify) + " ms" if verify else "unknown"]]
+    floor = (data.get("timing") or {}).get("floor")
+    if isinstance(floor, dict) and all(isinstance(floor.get(f), (int, float))
+                                       for f in ("weight_mb", "bandwidth_gbs", "floor_ms")):
+        rows.append(["weight-streaming floor", kernels.floor_line(floor, verify or None)])
+    options = [[str(o.get("k")) + ("  <- best" if o.get("k") == best.get("k") else ""),
+                number(o.get("tokens_per_cycle")), number(o.get("cycle_ms")), number(o.get("tokens_per_s"), ".1f"),
+                f"{number(o.get('speedup'))}x", number(o.get("draft_share"), ".0%"), number(o.get("verify_share"), ".0%")]
+               for o in data.get("options") or [] if isinstance(o, dict)]
+    warnings = "".join(f"<p class=bad>{esc(w)}</p>" for w in data.get("warnings") or [])
+    served = served_k(run)
+    if isinstance(k, int) and isinstance(served, int) and served != k:
+        warnings += (f"<p class=bad>the export serves K={served}, plan chose K={k}: specdraft export {esc(run)} "
+                     f"--out EXPORT_DIR -k {k} serves plan's K</p>")
+    return (f"<h3>Plan: the draft length K (specdraft plan)</h3><p class=meta>{esc(path)}</p>"
+            + table_html([], rows)
+            + (table_html(["K", "tokens per cycle (τ)", "cycle ms", "tok/s", "speedup", "draft", "verify"], options)
+               if options else "")
+            + warnings + f"<details><summary>JSON</summary><pre>{esc(json.dumps(data, indent=2))}</pre></details>")
+
+
 def config_html(run: Path) -> str:
     for name in ("config.yaml", "config.yml", "config.json"):
         if (run / name).exists():
@@ -388,7 +443,7 @@ def config_html(run: Path) -> str:
 
 def run_html(run: Path) -> str:
     return (f"<h2>Run {esc(run.name)}</h2><p class=meta>{esc(run.resolve())}</p>{bench_html(run)}{eval_html(run)}"
-            f"{export_html(run)}{stages_html(run)}{results_html(run)}<h3>Journal</h3>{journal_html(run)}"
+            f"{export_html(run)}{plan_html(run)}{stages_html(run)}{results_html(run)}<h3>Journal</h3>{journal_html(run)}"
             f"<h3>Config</h3>{config_html(run)}")
 
 

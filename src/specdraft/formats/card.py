@@ -13,7 +13,8 @@ from pathlib import Path
 from filelock import FileLock
 
 from specdraft import run_layout
-from specdraft.families import family_of, layout
+from specdraft.errors import SpecdraftError
+from specdraft.families import family, family_of, layout
 from specdraft.io import write_json
 from specdraft.metrics import tau_source, tau_text
 
@@ -234,7 +235,7 @@ def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: 
         lines += [f"| {t['tau']:.2f} | {t['k']} | {tau_source(t['prompts'], t['count'])} | {t['source']} |"
                   for t in facts["taus"]] + [""]
     for engine, note, command in serve_commands(target, export, speculative_tokens, layout, sglang_missing(cfg),
-                                                dict(family_of(cfg).vllm_speculative)):
+                                                dict(family_of(cfg).vllm_speculative), sglang_needs(cfg)):
         lines += [f"## Serve with {engine}", ""] + ([note, ""] if note else []) + (
             ["```bash", command, "```", ""] if command else [])
     lines += ["See specdraft's docs/serving.md for what each engine reads from this folder.", ""]
@@ -268,13 +269,44 @@ def sglang_missing(cfg) -> str | None:
     return f"{family_of(cfg).model_type} drafters" if sglang is None else sglang.unsupported(cfg)
 
 
+def sglang_needs(cfg) -> str | None:
+    """The SGLang release this drafter needs when it is newer than EAGLE-3's first (EAGLE-3.1's options)."""
+    sglang = layout(family_of(cfg), "sglang")
+    return None if sglang is None else sglang.needs(cfg)
+
+
+def export_config(export: str | Path):
+    """The drafter config an export folder records (config.json's specdraft block), None when unreadable."""
+    try:
+        config = json.loads((Path(export) / "config.json").read_text())
+        return family(config.get("speculators_model_type", "eagle3")).config_type.from_dict(
+            config["specdraft"]["drafter_config"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, SpecdraftError):
+        return None
+
+
+def engines_line(cfg, run: str | Path, sglang_out: str | Path) -> str:
+    """Which engines serve this drafter, in one line (the recipe's closing lines): vLLM from the
+    speculators export; SGLang from its own export (the command), with the release it needs, or why not."""
+    if cfg is None:
+        return "vLLM (this export); SGLang: unknown (the export's config.json has no drafter config)"
+    missing = sglang_missing(cfg)
+    if missing:
+        return f"vLLM (this export); not SGLang: it does not implement {missing}"
+    needs = sglang_needs(cfg)
+    return (f"vLLM (this export) and SGLang (specdraft export {run} --format sglang --out {sglang_out}"
+            + (f"; {needs})" if needs else ")"))
+
+
 def serve_commands(target: str, export: str | Path, speculative_tokens: int, layout: str,
-                   sglang_missing: str | None = None, vllm_keys: dict | None = None) -> list[tuple[str, str, str]]:
+                   sglang_missing: str | None = None, vllm_keys: dict | None = None,
+                   sglang_needs: str | None = None) -> list[tuple[str, str, str]]:
     """(engine, note, command) to paste for an export folder: the model card and `specdraft report`
     both show these, so the two never disagree. SGLang reads only the SGLang layout: for another
     layout the note says to export again, and the command names that second folder; a drafter using
     what SGLang lacks (`sglang_missing`) gets vLLM's command only. `vllm_keys`: the family's keys of
-    vLLM's speculative config (P-EAGLE: eagle3 with parallel_drafting, DFlash: dflash)."""
+    vLLM's speculative config (P-EAGLE: eagle3 with parallel_drafting, DFlash: dflash).
+    `sglang_needs`: the SGLang release an EAGLE-3.1 drafter needs, said before SGLang's command."""
     serve_target = target if target and target != UNKNOWN else "TARGET"
     export, k = str(export), int(speculative_tokens)
     spec = json.dumps({**(vllm_keys or {"method": "eagle3"}), "model": export, "num_speculative_tokens": k})
@@ -288,6 +320,8 @@ def serve_commands(target: str, export: str | Path, speculative_tokens: int, lay
     if layout != "sglang":
         sglang_path = export + "-sglang"
         note = f"SGLang reads the SGLang layout: export again with `--format sglang --out {sglang_path}`, then"
+    if sglang_needs:
+        note = f"This drafter {sglang_needs}." + (f" {note}" if note else "")
     sglang = (f"python -m sglang.launch_server --model-path {serve_target} \\\n"
               f"  --speculative-algorithm EAGLE3 \\\n  --speculative-draft-model-path {sglang_path} \\\n"
               f"  --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")

@@ -472,7 +472,8 @@ def plot(report: dict, path: Path) -> None:
     bars = ax.bar(names, speeds, color=["#888888"] + ["#3b7dd8"] * (len(names) - 1))
     for bar, n in zip(bars, names):
         m = report["methods"][n]
-        ax.annotate(f"{m['speedup']:.2f}x\nτ={m['accept_len']:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+        tau = "" if n in ("greedy", "plain") else f"\nτ {m['accept_len']:.2f} at K={method_k(n, report['config'])}"
+        ax.annotate(f"{m['speedup']:.2f}x{tau}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("tokens / s")
     cfg = report["config"]

@@ -188,7 +188,7 @@ def end_epoch(t: Training, epoch: int, epoch_sums: dict | None, tokens_per_s: fl
     save(t, run_layout.checkpoint_dir(t.run_dir, "epoch", epoch + 1), t.last_val)
     if new_best and runtime.is_main:
         note(t.run_dir, "result", f"new best: epoch {epoch + 1}, step {state.step}, "
-                                  f"{state.tokens_seen:,} tokens: {val_summary(t.last_val)} -> {t.run_dir / 'best'}")
+                                  f"{state.tokens_seen:,} tokens: {val_summary(t.last_val, t.cfg.ttt_steps)} -> {t.run_dir / 'best'}")
     return behind
 
 

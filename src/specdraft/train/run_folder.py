@@ -11,6 +11,7 @@ from specdraft import journal
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder
+from specdraft.metrics import tau_text
 from specdraft.train.config import RunConfig
 from specdraft.train.runtime import Runtime, any_rank
 
@@ -158,10 +159,13 @@ def note(run_dir: Path, kind: str, text: str) -> None:
     journal.record(run_dir, kind, text, source="train")
 
 
-def val_summary(metrics: dict) -> str:
-    """The validation numbers a journal entry quotes."""
-    names = {"loss": "loss", "full_acc_0": "full_acc_0", "accept_len": "τ"}   # τ: accept_len's one name in text
-    return ", ".join(f"val {name} {metrics[k]:.4f}" for k, name in names.items() if k in metrics)
+def val_summary(metrics: dict, steps: int) -> str:
+    """The validation numbers a journal entry quotes; τ (accept_len) over the `steps` trained draft
+    positions, in the one τ format."""
+    parts = [f"val {name} {metrics[name]:.4f}" for name in ("loss", "full_acc_0") if name in metrics]
+    if "accept_len" in metrics:
+        parts.append("val " + tau_text(metrics["accept_len"], steps, "held-out", digits=4))
+    return ", ".join(parts)
 
 
 def start_summary(cfg: RunConfig, resume_from: Path | None, remap_report: dict | None, total_steps: int,

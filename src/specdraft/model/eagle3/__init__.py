@@ -63,7 +63,7 @@ def sglang_write(cfg, weights: dict, dtype: str, where: str):
 
 
 SGLANG = Layout("sglang", sglang_detect, sglang_read, sglang_write, sglang.unsupported,
-                "config.json with architectures ['LlamaForCausalLMEagle3'] (SGLang / EAGLE repo)")
+                "config.json with architectures ['LlamaForCausalLMEagle3'] (SGLang / EAGLE repo)", needs=sglang.needs)
 
 FAMILY = register(Family(model_type="eagle3", config_type=DrafterConfig, new_config=new_config, build=Eagle3Drafter,
                          init_from_target=init_from_target, objective=training_objective, proposer=EagleProposer,

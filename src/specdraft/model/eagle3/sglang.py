@@ -2,6 +2,12 @@
 `architectures: ["LlamaForCausalLMEagle3"]` and `draft_vocab_size`, tensors named `midlayer.*`
 instead of `layers.0.*` (fc, norm, lm_head, embed_tokens, d2t, t2d unchanged).
 
+EAGLE-3.1's options (`fc_norm`: tensors `fc_norm.{i}.weight`, SGLang's names too; `norm_output`)
+are written as the top-level config keys SGLang's LlamaForCausalLMEagle3 reads since
+sgl-project/sglang#24663 (May 2026); an older SGLang loads such a folder without its fc_norm weights
+(unknown names are skipped), so the card says which release it needs. `norm_before_residual` has no
+SGLang counterpart: that export is refused, naming the retrain flag.
+
 Aux layer ids: SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` and captures layer
 id+1's input ("the output of layer i"), so it stores OUR id - 1 there. vLLM reads the
 top-level `eagle_aux_hidden_state_layer_ids` with our meaning, so both are written."""
@@ -20,7 +26,8 @@ OURS, THEIRS = "layers.0.", "midlayer."
 SGLANG_FIELDS = {**LLAMA_FIELDS, "draft_vocab_size": int, "eagle_config": dict,
                  "eagle_config.eagle_aux_hidden_state_layer_ids": list,
                  "eagle_config.eagle_aux_hidden_state_layer_ids.*": int, "eagle_aux_hidden_state_layer_ids": list,
-                 "eagle_aux_hidden_state_layer_ids.*": int, "norm_before_residual": bool, "specdraft": dict,
+                 "eagle_aux_hidden_state_layer_ids.*": int, "norm_before_residual": bool, "fc_norm": bool,
+                 "norm_output": bool, "specdraft": dict,
                  "specdraft.drafter_config": dict, **dataclass_fields(DrafterConfig, "specdraft.drafter_config.")}
 
 
@@ -32,25 +39,33 @@ def to_canonical_names(tensors: dict) -> dict:
     return {(OURS + k[len(THEIRS):] if k.startswith(THEIRS) else k): v for k, v in tensors.items()}
 
 
+# SGLang's EAGLE-3.1 support: the pull request that made LlamaForCausalLMEagle3 read fc_norm / norm_output
+SGLANG_EAGLE31 = "sgl-project/sglang#24663, May 2026"
+
+
 def unsupported(cfg: DrafterConfig) -> str | None:
     """What of this drafter SGLang's LlamaForCausalLMEagle3 does not implement, or None."""
-    if cfg.norm_before_residual:
-        return "norm_before_residual"
-    if cfg.norm_output:
-        return "norm_output (post-norm hidden fed back)"
-    if cfg.fc_norm:
-        return "fc_norm (EAGLE-3.1: a norm per aux chunk before fc)"
-    return None
+    return "norm_before_residual" if cfg.norm_before_residual else None
+
+
+def needs(cfg: DrafterConfig) -> str | None:
+    """The SGLang release an EAGLE-3.1 drafter needs (older ones skip its fc_norm weights), or None."""
+    used = [name for name in ("fc_norm", "norm_output") if getattr(cfg, name)]
+    if not used:
+        return None
+    return (f"needs an SGLang with EAGLE-3.1 drafters ({' and '.join(used)}: {SGLANG_EAGLE31}); an older "
+            "SGLang ignores them without a word (and skips the fc_norm weights) and accepts few drafts")
 
 
 def build_config(cfg: DrafterConfig, dtype: str, where: str) -> dict:
-    missing = unsupported(cfg)
-    if missing:
-        raise SpecdraftError(f"{where}: the drafter uses {missing}, which SGLang's LlamaForCausalLMEagle3 does not "
-                             "implement; export --format speculators (vLLM)")
+    if unsupported(cfg):
+        raise SpecdraftError(f"{where}: the drafter uses norm_before_residual, which SGLang's LlamaForCausalLMEagle3 "
+                             "does not implement; serve it with vLLM (export --format speculators), or retrain it "
+                             "for SGLang with `specdraft train ... --no-norm-before-residual`")
     config = llama_layer_dict(cfg, dtype)
     config.update({"architectures": [ARCHITECTURE], "draft_vocab_size": cfg.draft_vocab_size,
                    "tie_word_embeddings": False, "norm_before_residual": False,
+                   "fc_norm": bool(cfg.fc_norm), "norm_output": bool(cfg.norm_output),
                    "specdraft": {"format_version": FORMAT_VERSION, "drafter_config": cfg.to_dict()}})
     if cfg.aux_layer_ids:
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.aux_layer_ids],
@@ -73,4 +88,5 @@ def parse_config(config: dict, where: str, lm_head_rows: int | None) -> DrafterC
     return drafter_config_from_llama(
         config, where, draft_vocab_size=int(draft_vocab), aux_layer_ids=aux,
         norm_before_residual=bool(config.get("norm_before_residual", False)),
+        fc_norm=bool(config.get("fc_norm", False)), norm_output=bool(config.get("norm_output", False)),
         verifier="")  # EAGLE configs do not name the verifier
