@@ -109,3 +109,86 @@ def test_the_checker_finds_a_command_that_does_not_parse():
     for command in ("specdraft plan -k 3", "specdraft export RUN --json FILE", "specdraft eval --drafter RUN -k many"):
         args = words(command)
         assert parse_error(root.commands[args[0]], args[0], args[1:]), command
+
+
+# ----------------------------------------------------------------------------- 6. a killed write never blocks its fix
+
+# Runs the CLI in a new process that SIGKILLs itself at the N-th call of MODULE.FUNC (after the
+# call returns, or, with "inside", after writing half a file where the call would write): a real
+# kill, so no `finally` or `except` of ours runs, as when a user's job is killed.
+KILLER = r"""
+import os, signal, sys, importlib
+module, func, nth, inside = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "inside"
+owner = importlib.import_module(module)
+real, calls = getattr(owner, func), [0]
+def killing(*args, **kwargs):
+    calls[0] += 1
+    if calls[0] == nth and inside:
+        target = next(a for a in [*args, *kwargs.values()] if isinstance(a, (str, os.PathLike)))
+        target = os.path.join(target, "model.safetensors") if os.path.isdir(target) else target
+        with open(target, "wb") as f:
+            f.write(b"half a file")
+        os.kill(os.getpid(), signal.SIGKILL)
+    result = real(*args, **kwargs)
+    if calls[0] == nth:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+setattr(owner, func, killing)
+sys.argv = ["specdraft", *sys.argv[5:]]
+from specdraft import cli
+cli.main()
+"""
+
+
+def killed_run(where: str, nth: int, inside: bool, args: list) -> None:
+    import os
+    import subprocess
+    import sys
+
+    module, func = where.rsplit(".", 1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC.parent), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", KILLER, module, func, str(nth), "inside" if inside else "after",
+                           *map(str, args)], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == -9, f"not killed (exit {proc.returncode}):\n{proc.stderr}"
+
+
+def one_line(code: int, err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("note:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_store_convert_after_a_kill_finishes_or_refuses_in_one_line(ws, tmp_path, monkeypatch, capsys):
+    """A conversion killed while writing its second shard (a half-written temp file left), or right
+    after its first: the unfinished store is never read as complete, the source is untouched, the
+    same command again finishes it with the shards an uninterrupted run writes, and another format
+    into it is one line. Before: the re-run was refused ("exists and is not empty") and the folder
+    had to be found and deleted by hand; a kill before the first shard left no manifest at all."""
+    from bad_workspace import tree_hash
+    from specdraft.data.store import HiddenStore, read_manifest
+    from specdraft.errors import SpecdraftError
+
+    src = ws["root"] / "hidden"
+    assert len(read_manifest(src)["shards"]) >= 3    # the kill lands mid-store
+    before = tree_hash(src)
+    clean = tmp_path / "clean-fp8"
+    assert run_cli(monkeypatch, capsys, ["store", "convert", src, "--store-format", "fp8", "--out", clean])[0] == 0
+    for nth, inside in ((2, True), (1, False)):
+        out = tmp_path / f"fp8-killed-{nth}"
+        killed_run("safetensors.torch.save_file", nth, inside, ["store", "convert", src, "--store-format", "fp8",
+                                                                "--out", out])
+        assert tree_hash(src) == before
+        assert (out / "manifest.json").is_file() and not read_manifest(out)["complete"]
+        try:
+            HiddenStore(out)
+            raise AssertionError("an unfinished conversion was read as a store")
+        except SpecdraftError as e:
+            assert "conversion did not finish" in str(e) and f"store convert {src} --store-format fp8" in str(e)
+        line = one_line(*run_cli(monkeypatch, capsys, ["store", "convert", src, "--store-format", "compact",
+                                                       "--out", out])[:2])
+        assert "store_format \"fp8\"" in line and "pass --store-format fp8 to finish it" in line, line
+        code, err, _ = run_cli(monkeypatch, capsys, ["store", "convert", src, "--store-format", "fp8", "--out", out])
+        assert code == 0, err
+        assert tree_hash(out) == tree_hash(clean) and tree_hash(src) == before
+        assert len(HiddenStore(out, verify=True)) == len(HiddenStore(src))
