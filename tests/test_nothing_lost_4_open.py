@@ -118,29 +118,33 @@ def test_the_checker_finds_a_command_that_does_not_parse():
 # kill, so no `finally` or `except` of ours runs, as when a user's job is killed.
 KILLER = r"""
 import os, signal, sys, importlib
-module, func, nth, inside = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "inside"
+module, func, nth, mode, match = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 owner = importlib.import_module(module)
 real, calls = getattr(owner, func), [0]
 def killing(*args, **kwargs):
+    if match not in repr((args, kwargs)):
+        return real(*args, **kwargs)
     calls[0] += 1
-    if calls[0] == nth and inside:
+    if calls[0] == nth and mode == "inside":
         target = next(a for a in [*args, *kwargs.values()] if isinstance(a, (str, os.PathLike)))
-        target = os.path.join(target, "model.safetensors") if os.path.isdir(target) else target
         with open(target, "wb") as f:
             f.write(b"half a file")
+    if calls[0] == nth and mode in ("inside", "before"):
         os.kill(os.getpid(), signal.SIGKILL)
     result = real(*args, **kwargs)
     if calls[0] == nth:
         os.kill(os.getpid(), signal.SIGKILL)
     return result
 setattr(owner, func, killing)
-sys.argv = ["specdraft", *sys.argv[5:]]
+sys.argv = ["specdraft", *sys.argv[6:]]
 from specdraft import cli
 cli.main()
 """
 
 
-def killed_run(where: str, nth: int, inside: bool, args: list) -> None:
+def killed_run(where: str, nth: int, mode: str, args: list, match: str = "") -> None:
+    """The CLI with `args` in a new process that SIGKILLs itself at the nth call of `where` whose
+    arguments contain `match`: before it, after it, or inside it (half a file written to its path)."""
     import os
     import subprocess
     import sys
@@ -148,8 +152,8 @@ def killed_run(where: str, nth: int, inside: bool, args: list) -> None:
     module, func = where.rsplit(".", 1)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC.parent), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", KILLER, module, func, str(nth), "inside" if inside else "after",
-                           *map(str, args)], capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run([sys.executable, "-c", KILLER, module, func, str(nth), mode, match, *map(str, args)],
+                          capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == -9, f"not killed (exit {proc.returncode}):\n{proc.stderr}"
 
 
@@ -174,10 +178,10 @@ def test_store_convert_after_a_kill_finishes_or_refuses_in_one_line(ws, tmp_path
     before = tree_hash(src)
     clean = tmp_path / "clean-fp8"
     assert run_cli(monkeypatch, capsys, ["store", "convert", src, "--store-format", "fp8", "--out", clean])[0] == 0
-    for nth, inside in ((2, True), (1, False)):
+    for nth, mode in ((2, "inside"), (1, "after")):
         out = tmp_path / f"fp8-killed-{nth}"
-        killed_run("safetensors.torch.save_file", nth, inside, ["store", "convert", src, "--store-format", "fp8",
-                                                                "--out", out])
+        killed_run("safetensors.torch.save_file", nth, mode, ["store", "convert", src, "--store-format", "fp8",
+                                                              "--out", out])
         assert tree_hash(src) == before
         assert (out / "manifest.json").is_file() and not read_manifest(out)["complete"]
         try:
@@ -192,3 +196,46 @@ def test_store_convert_after_a_kill_finishes_or_refuses_in_one_line(ws, tmp_path
         assert code == 0, err
         assert tree_hash(out) == tree_hash(clean) and tree_hash(src) == before
         assert len(HiddenStore(out, verify=True)) == len(HiddenStore(src))
+
+
+def test_export_out_between_a_kill_and_the_re_run(ws, tmp_path, monkeypatch, capsys):
+    """export killed while writing the weights (first export into --out), and killed between the two
+    renames that swap a new export in over an old one (--out then missing, the old export set aside):
+    the next run, even one that fails, puts the old export back first; the re-run finishes with the
+    files a clean export writes and leaves no leftover. Before: a failed re-run after the second kill
+    left --out missing and the set-aside export was deleted by the next export."""
+    from specdraft.formats.checkpoints import load_checkpoint
+
+    src = ws["root"] / "drafter"
+    files = ("config.json", "model.safetensors")
+
+    def export(out, *extra):
+        return run_cli(monkeypatch, capsys, ["export", src, "--out", out, *extra])
+
+    def hashes(out):
+        import hashlib
+        return {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in files}
+
+    assert export(tmp_path / "clean")[0] == 0
+    clean = hashes(tmp_path / "clean")
+
+    out = tmp_path / "first"
+    killed_run("safetensors.torch.save_file", 1, "inside", ["export", src, "--out", out])
+    assert not (out / "config.json").exists()     # nothing there passes for an export
+    code, err, _ = export(out)
+    assert code == 0, err
+    assert hashes(out) == clean and load_checkpoint(out)[1] is not None
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+    out = tmp_path / "swapped"
+    assert export(out, "--weights-dtype", "float32")[0] == 0
+    old = hashes(out)
+    killed_run("os.replace", 1, "after", ["export", src, "--out", out], match=".old")
+    assert not out.exists()                       # the kill came between the two renames
+    line = one_line(*export(out, "--weights-dtype", "int8")[:2])
+    assert "--weights-dtype int8" in line, line
+    assert hashes(out) == old                     # the old export is back, whole
+    code, err, _ = export(out)
+    assert code == 0, err
+    assert hashes(out) == clean
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
