@@ -239,3 +239,46 @@ def test_export_out_between_a_kill_and_the_re_run(ws, tmp_path, monkeypatch, cap
     assert code == 0, err
     assert hashes(out) == clean
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+# ----------------------------------------------------------------------------- 1. stores that share some samples
+
+def test_partly_overlapping_stores_train_each_sample_once(ws, tmp_path, monkeypatch, capsys):
+    """`train --store A --store B` where B shares 5 of its 10 samples with A (two captures of
+    overlapping data): the copies are dropped with one warning line naming both stores, the run
+    trains on the 15 distinct samples, and no validation sample has an exact copy in training.
+    Before: 20 samples, the shared ones twice, some of them on both sides of the split."""
+    from bad_workspace import conv, write_jsonl
+    from rich.console import Console
+    from specdraft.data import capture as cap
+    from specdraft.data.prepare import prepare
+    from specdraft.data.store_parts import StoreParts
+    from specdraft.train.batches import split_samples
+
+    records = [conv(f"question {i}", f"answer number {i} " * 3) for i in range(5, 15)]   # A holds 0..9
+    prepare(model=ws["target"], source=str(write_jsonl(tmp_path / "b.jsonl", records)), out=tmp_path / "data-b",
+            console=Console(stderr=True, quiet=True))
+    cap.capture(model=ws["target"], data=tmp_path / "data-b", out=tmp_path / "hidden-b", layers=[2, 4, 5],
+                dtype="float32", shard_tokens=200, progress=False)
+    a, b = ws["root"] / "hidden", tmp_path / "hidden-b"
+
+    union = StoreParts([a, b])
+    tokens = [tuple(union[i]["input_ids"].tolist()) for i in range(len(union))]
+    train_ids, val_ids = split_samples(len(union), 0.3, 0)
+    assert val_ids and not {tokens[i] for i in val_ids} & {tokens[i] for i in train_ids}
+    assert len(union) == len(set(tokens)) == 15
+    assert union.num_tokens == sum(map(len, tokens)) < union.parts[0].num_tokens + union.parts[1].num_tokens
+    capsys.readouterr()
+
+    out = tmp_path / "run-overlap"
+    code, err, _ = run_cli(monkeypatch, capsys, ["train", "--store", a, "--store", b, "--vocab",
+                                                 ws["root"] / "vocab.safetensors", "--model", ws["target"], "--out", out,
+                                                 "--epochs", "1", "--max-tokens", "256", "--val-fraction", "0.3",
+                                                 "--no-progress"])
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:") and "same tokens" in line]
+    assert len(warnings) == 1 and f"--store {b}: 5 of its 10 samples" in warnings[0], err
+    assert f"5 in --store {a}" in warnings[0], warnings
+    import json
+    inputs = json.loads(next(out.glob("checkpoints/*/inputs.json")).read_text())
+    assert inputs["num_samples"] == 15, inputs
