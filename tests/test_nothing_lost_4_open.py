@@ -282,3 +282,122 @@ def test_partly_overlapping_stores_train_each_sample_once(ws, tmp_path, monkeypa
     import json
     inputs = json.loads(next(out.glob("checkpoints/*/inputs.json")).read_text())
     assert inputs["num_samples"] == 15, inputs
+
+
+# ----------------------------------------------------------------------------- 2. resume: options outside RunConfig
+
+def test_train_resume_refuses_hidden_states_of_another_store_format(ws, tmp_path, monkeypatch, capsys):
+    """--store-format is no RunConfig setting (a store's format is its manifest's; online, a launch
+    flag), so `--resume` took fp8 (or bf16) hidden states into a run begun on the other without a
+    word. Now the checkpoint records the format and the resume is one line naming it and the fix."""
+    from specdraft.data.store_convert import convert_store
+
+    vocab, model = ws["root"] / "vocab.safetensors", ws["target"]
+    common = ["--vocab", vocab, "--model", model, "--max-tokens", "256", "--epochs", "2", "--save-every", "1",
+              "--no-progress"]
+    run = tmp_path / "run-bf16"
+    code, err, _ = run_cli(monkeypatch, capsys, ["train", "--store", ws["root"] / "hidden", "--out", run,
+                                                 "--stop-after", "1", *common])
+    assert code == 0, err
+    fp8 = tmp_path / "hidden-fp8"
+    convert_store(ws["root"] / "hidden", fp8, "fp8")
+    line = one_line(*run_cli(monkeypatch, capsys, ["train", "--out", run, "--resume", "--store", fp8])[:2])
+    assert "store format:" in line and "trained on bf16 hidden states" in line and "are fp8" in line, line
+    assert f"resume with a bf16 store (--store {ws['root'] / 'hidden'})" in line, line
+
+    online = tmp_path / "run-online-fp8"
+    code, err, _ = run_cli(monkeypatch, capsys, ["train", "--online", "--prepared", ws["root"] / "data",
+                                                 "--store-format", "fp8", "--engine", "hf", "--out", online,
+                                                 "--stop-after", "1", *common])
+    assert code == 0, err
+    line = one_line(*run_cli(monkeypatch, capsys, ["train", "--online", "--prepared", ws["root"] / "data",
+                                                   "--engine", "hf", "--out", online, "--resume"])[:2])
+    assert "trained on fp8 hidden states" in line and "resume with --online --store-format fp8" in line, line
+    code, err, _ = run_cli(monkeypatch, capsys, ["train", "--online", "--prepared", ws["root"] / "data",
+                                                 "--store-format", "fp8", "--engine", "hf", "--out", online,
+                                                 "--resume"])
+    assert code == 0, err      # the same format resumes
+
+
+def test_capture_resume_says_it_keeps_the_recorded_batch_tokens(ws, tmp_path, monkeypatch, capsys):
+    """capture --resume keeps the store's batch_tokens (shards byte-identical), which a different
+    --batch-tokens silently lost; it now says so."""
+    import shutil
+
+    out = tmp_path / "hidden-resumed"
+    shutil.copytree(ws["root"] / "hidden", out)
+    code, err, _ = run_cli(monkeypatch, capsys, ["capture", "--prepared", ws["root"] / "data", "--model", ws["target"],
+                                                 "--layers", "2,4,5", "--store-dtype", "float32", "--shard-tokens",
+                                                 "200", "--out", out, "--resume", "--batch-tokens", "999"])
+    assert code == 0, err
+    assert "note: --batch-tokens 999:" in err and "captured with batch_tokens 4096, which the rest of it keeps" in err, err
+
+
+def test_prepare_again_with_other_settings_takes_them(ws, tmp_path, monkeypatch, capsys):
+    """prepare resumes regeneration from OUT/regen.jsonl, keyed by conversation and settings: a re-run
+    with another --max-new-tokens (or other --conversations) is honoured, never mixed with the
+    answers of the first run: its data equal a fresh prepare's with the new settings."""
+    from specdraft.data.prepared import load_prepared
+
+    def prepare(out, tokens):
+        code, err, _ = run_cli(monkeypatch, capsys, ["prepare", "--model", ws["target"], "--conversations",
+                                                     ws["root"] / "good.jsonl", "--regenerate", "--limit", "4",
+                                                     "--max-new-tokens", str(tokens), "--engine", "hf", "--out", out])
+        assert code == 0, err
+        ds, meta = load_prepared(out)
+        return ds["input_ids"], meta
+
+    again = tmp_path / "data-again"
+    first, _ = prepare(again, 3)
+    second, meta = prepare(again, 9)
+    fresh, _ = prepare(tmp_path / "data-fresh", 9)
+    assert second == fresh != first and meta["regeneration"]["max_new_tokens"] == 9
+
+
+def test_recipe_refuses_finished_stages_made_with_other_settings(ws, tmp_path, monkeypatch):
+    """A recipe re-run skips finished stages: data of other --conversations, another samples or
+    max_new_tokens, or a vocab of another size were used silently. Now one line names the file,
+    the field, the recorded value and the fix, before any stage runs; matching settings continue."""
+    import json
+    import shutil
+
+    from specdraft import pipeline
+    from specdraft.errors import SpecdraftError
+
+    workspace = tmp_path / "ws-recipe"
+    shutil.copytree(ws["root"] / "data", workspace / "data")
+    meta = json.loads((workspace / "data" / "prepare.json").read_text())
+    meta.update(source="builtin", limit=6, regeneration={"max_new_tokens": 12})
+    (workspace / "data" / "prepare.json").write_text(json.dumps(meta))
+    recipe_text = ("epochs: 1\nrecipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 32, "
+                   "bench_prompts: 2, bench_tokens: 10, k: 2, bench_rounds: 1}\n")
+
+    class Ran(Exception):
+        pass
+
+    def first_stage(console, args, log, name=None):
+        raise Ran(args[0])
+
+    monkeypatch.setattr(pipeline, "run_stage", first_stage)
+
+    def recipe(text: str, data: str = "builtin") -> str:
+        path = tmp_path / "r.yaml"
+        path.write_text(text)
+        try:
+            pipeline.run_recipe(ws["target"], workspace, recipe=path, data=data)
+        except Ran as e:
+            return f"ran {e}"
+        except SpecdraftError as e:
+            return str(e)
+        raise AssertionError("no stage ran")
+
+    assert recipe(recipe_text) == "ran capture"           # the same settings: prepare is skipped
+    said = recipe(recipe_text, data="self:6")
+    assert "prepare.json: field 'source' is \"builtin\"" in said and "pass --conversations builtin" in said, said
+    said = recipe(recipe_text.replace("samples: 6", "samples: 12"))
+    assert "field 'limit' is 6" in said and "samples: 6" in said, said
+    said = recipe(recipe_text.replace("max_new_tokens: 12", "max_new_tokens: 64"))
+    assert "field 'regeneration.max_new_tokens' is 12" in said, said
+    shutil.copy(ws["root"] / "vocab.safetensors", workspace / "vocab.safetensors")    # 32 entries
+    said = recipe(recipe_text.replace("draft_vocab: 32", "draft_vocab: 64"))
+    assert "vocab.safetensors: draft_vocab_size is 32" in said and "draft_vocab: 32" in said, said
