@@ -333,6 +333,17 @@ def test_capture_resume_says_it_keeps_the_recorded_batch_tokens(ws, tmp_path, mo
     assert "note: --batch-tokens 999:" in err and "captured with batch_tokens 4096, which the rest of it keeps" in err, err
 
 
+def test_capture_resume_with_other_layers_names_them_as_typed(ws, tmp_path, monkeypatch, capsys):
+    """(class 7) the fix said `pass --layers [2, 4, 5]`, which --layers does not parse."""
+    import shutil
+
+    out = tmp_path / "hidden-layers"
+    shutil.copytree(ws["root"] / "hidden", out)
+    line = one_line(*run_cli(monkeypatch, capsys, ["capture", "--prepared", ws["root"] / "data", "--model",
+                                                   ws["target"], "--layers", "2,4", "--out", out, "--resume"])[:2])
+    assert "pass --layers 2,4,5 or another --out" in line, line
+
+
 def test_prepare_again_with_other_settings_takes_them(ws, tmp_path, monkeypatch, capsys):
     """prepare resumes regeneration from OUT/regen.jsonl, keyed by conversation and settings: a re-run
     with another --max-new-tokens (or other --conversations) is honoured, never mixed with the

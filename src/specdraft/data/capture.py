@@ -246,7 +246,8 @@ def _resume_manifest(out: Path, want: dict) -> dict:
         if key == "store_format":   # stores from before formats existed are bf16
             have, wanted = sf.manifest_format(manifest), sf.manifest_format(want)
         if have != wanted:
-            shown = "/".join(map(str, have)) if key == "part" and have else have
+            shown = ("/".join(map(str, have)) if key == "part" and have else   # as the flag is typed
+                     ",".join(map(str, have)) if key == "layer_ids" and isinstance(have, list) else have)
             raise SpecdraftError(f"{out}: store has {key} {json.dumps(have)} but this capture would use "
                                  f"{json.dumps(wanted)}; pass {option} {shown} or another --out")
     have_engine = (manifest.get("engine") or {}).get("name", "transformers")
