@@ -337,6 +337,8 @@ def own_folder(path: str | os.PathLike, command: str) -> Iterator[Path]:
     import fcntl
 
     path = Path(path)
+    if not path.exists() and path.parent.is_dir():
+        clean_leftovers(path.parent)   # a swap killed between its renames: put the previous result back first
     created = not path.exists()
     ensure_writable_dir(path)
     lock = path / LOCK_NAME

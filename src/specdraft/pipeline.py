@@ -29,7 +29,7 @@ from rich.text import Text
 
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
-from specdraft.io import own_folder, write_json
+from specdraft.io import own_folder, read_json, write_json
 from specdraft.metrics import tau_source, tau_text
 from specdraft.train.config import resolve_config
 
@@ -178,6 +178,7 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     console.print(Text.assemble(("specdraft recipe", "bold"),
                                 f" {model} · {recipe.path} · engine {engine} · workspace {ws}"), highlight=False)
     started = time.perf_counter()
+    check_finished_stages(ws, recipe, data)
 
     if not (ws / "data" / "prepare.json").exists():
         run_stage(console, ["prepare", "--model", model, "--conversations", data, "--regenerate",
@@ -222,6 +223,36 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
                    **closing(model, recipe, run, export, bench, k, doctor_line))
     print_summary(console, summary, run / "report.html")
     return summary
+
+
+def check_finished_stages(ws: Path, recipe: Recipe, data: str) -> None:
+    """A re-run skips the stages whose output exists, so their settings must be this run's: finished
+    data of other conversations, sample count or answer length, or a vocab of another size, would be
+    used silently. One line naming the file, the field, the recorded value and the fix. (The target is
+    checked by the stages that still run: train refuses a store of another target.)"""
+    prepared = ws / "data" / "prepare.json"
+    if prepared.is_file():
+        meta = read_json(prepared, "prepare record")
+        meta = meta if isinstance(meta, dict) else {}
+        regen = meta.get("regeneration") if isinstance(meta.get("regeneration"), dict) else {}
+        for field, have, want, fix in (
+                ("source", meta.get("source"), data, f"pass --conversations {meta.get('source')}"),
+                ("limit", meta.get("limit"), recipe.samples, f"set recipe: samples: {meta.get('limit')} in {recipe.path}"),
+                ("regeneration.max_new_tokens", regen.get("max_new_tokens"), recipe.max_new_tokens,
+                 f"set recipe: max_new_tokens: {regen.get('max_new_tokens')} in {recipe.path}")):
+            if have != want:
+                raise SpecdraftError(f"{prepared}: field '{field}' is {json.dumps(have)}, but this recipe asks for "
+                                     f"{json.dumps(want)} and would reuse the finished data; {fix} to continue "
+                                     f"this workspace, or pass another --workspace")
+    vocab_file = ws / "vocab.safetensors"
+    if vocab_file.is_file():
+        from specdraft.vocab import load as load_vocab     # torch: not at the CLI's start
+
+        size = load_vocab(vocab_file).draft_vocab_size
+        if size != recipe.draft_vocab:
+            raise SpecdraftError(f"{vocab_file}: draft_vocab_size is {size}, but this recipe asks for "
+                                 f"{recipe.draft_vocab} and would reuse it; set recipe: draft_vocab: {size} in "
+                                 f"{recipe.path} to continue this workspace, or pass another --workspace")
 
 
 def served_k(bench: dict) -> int | None:

@@ -631,7 +631,7 @@ def read_exports(run: Path) -> list[ExportEntry]:
     if not path.is_file():
         return []
     return read_model(path, ExportsFile, "exports", f"fix or delete {path}, then re-export "
-                      f"(specdraft export {run} --out EXPORT records it again)").exports
+                      f"(`specdraft export {run} --out EXPORT` records it again)").exports
 
 
 def check_round_cost(d: Doctor) -> Finding:

@@ -246,7 +246,8 @@ def _resume_manifest(out: Path, want: dict) -> dict:
         if key == "store_format":   # stores from before formats existed are bf16
             have, wanted = sf.manifest_format(manifest), sf.manifest_format(want)
         if have != wanted:
-            shown = "/".join(map(str, have)) if key == "part" and have else have
+            shown = ("/".join(map(str, have)) if key == "part" and have else   # as the flag is typed
+                     ",".join(map(str, have)) if key == "layer_ids" and isinstance(have, list) else have)
             raise SpecdraftError(f"{out}: store has {key} {json.dumps(have)} but this capture would use "
                                  f"{json.dumps(wanted)}; pass {option} {shown} or another --out")
     have_engine = (manifest.get("engine") or {}).get("name", "transformers")
@@ -362,7 +363,11 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
         _clean_temp_files(out)
         manifest = _resume_manifest(out, want)
         # The stored batch layout keeps resumed shards byte-identical to an uninterrupted run.
-        batch_tokens = int(manifest.get("batch_tokens", batch_tokens))
+        recorded = int(manifest.get("batch_tokens", batch_tokens))
+        if recorded != batch_tokens:
+            print(f"note: --batch-tokens {batch_tokens}: {out} was captured with batch_tokens {recorded}, which the "
+                  "rest of it keeps (its shards stay byte-identical to an uninterrupted capture)", file=sys.stderr)
+        batch_tokens = recorded
     elif resume and not nothing and any(p for p in out.iterdir() if not p.name.endswith(".tmp") and p.name != LOCK_NAME):
         raise SpecdraftError(f"{out}: has files but no {st.MANIFEST}, so there is nothing to resume; "
                              "choose another --out or empty it")

@@ -445,9 +445,13 @@ class HiddenStore(torch.utils.data.Dataset):
         self.root = Path(path)
         self.manifest = read_manifest(self.root)
         if not self.manifest.get("complete", False) and not allow_incomplete:
-            raise SpecdraftError(f"{self.root}: capture did not finish ({len(self.manifest['shards'])} shards, "
-                                 f"{self.manifest['num_samples']} samples so far); "
-                                 "re-run `specdraft capture --resume` with the same --out")
+            source = (self.manifest.get("converted_from") or {}).get("path") \
+                if isinstance(self.manifest.get("converted_from"), dict) else None
+            again = (f"`specdraft store convert {source} --store-format {sf.manifest_format(self.manifest)} --out "
+                     f"{self.root}`" if source else "`specdraft capture --resume` with the same --out")
+            raise SpecdraftError(f"{self.root}: {'conversion' if source else 'capture'} did not finish "
+                                 f"({len(self.manifest['shards'])} shards, {self.manifest['num_samples']} samples so "
+                                 f"far); re-run {again}")
         if verify:
             verify_shards(self.root, self.manifest)
         self.shards = self.manifest["shards"]

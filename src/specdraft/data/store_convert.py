@@ -1,9 +1,17 @@
 """`specdraft store convert`: re-write a finished store in another store format, shard by shard,
-with the same samples in the same shards (data/store_formats.py says what each format keeps)."""
+with the same samples in the same shards (data/store_formats.py says what each format keeps).
+
+The manifest goes down (complete: false, `converted_from` naming the source) before the first shard
+and after each, as capture's does, so a conversion killed midway leaves an unfinished store that no
+reader takes as complete; the same command again continues it from its first missing or bad shard
+(the shards come out byte-identical to an uninterrupted run). The source is only read."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import json
+import sys
 
 import torch
 
@@ -14,6 +22,7 @@ from specdraft.io import LOCK_NAME
 
 # the manifest fields that describe the shards, not the capture: rewritten by the writer
 SHARD_FIELDS = ("shards", "num_samples", "num_tokens", "complete", "store_format", "group_size", "teacher_topk")
+CONVERTED_FROM = "converted_from"   # the manifest field naming the source store (its path)
 
 
 def converted_manifest(manifest: dict, store_format: str, topk: int) -> dict:
@@ -22,6 +31,43 @@ def converted_manifest(manifest: dict, store_format: str, topk: int) -> dict:
                ("format", "format_version", "target", "layer_ids", "dtype", "hidden_size")}
     return st.new_manifest(manifest["target"], manifest["layer_ids"], manifest["dtype"], manifest["hidden_size"],
                            store_format=store_format, topk=topk, **capture)
+
+
+def unfinished_conversion(src: Path, out: Path, want: dict) -> dict | None:
+    """The manifest of an unfinished conversion of `src` to `want`'s format in `out`, cut back to its
+    shards that are present and hash-correct (None when `out` is empty or new). Anything else in
+    `out` is refused in one line: a finished store, another conversion, files that are not a store."""
+    names = [p.name for p in out.iterdir() if p.name != LOCK_NAME and not p.name.endswith(".tmp")] \
+        if out.is_dir() else []
+    if not out.exists() or not names:
+        return None
+    if not out.is_dir() or st.MANIFEST not in names:
+        raise SpecdraftError(f"{out}: exists and is not empty; pass a new folder as --out (the source is kept)")
+    have = st.read_manifest(out)
+    if have.get("complete"):
+        raise SpecdraftError(f"{out}: already holds a finished store; pass a new folder as --out (the source is kept)")
+    written = ("shards", "num_samples", "num_tokens", "complete")   # the progress, not the settings
+    for key in ["store_format", CONVERTED_FROM, *sorted(set(have) | set(want))]:   # the likely one first
+        if key in written or have.get(key) == want.get(key):
+            continue
+        was = have.get(key)
+        fix = (f"pass --store-format {was} to finish it" if key == "store_format" else
+               f"pass {was.get('path')} as the source to finish it" if key == CONVERTED_FROM and isinstance(was, dict)
+               else "it is not a conversion of this store")
+        raise SpecdraftError(f"{out / st.MANIFEST}: an unfinished conversion with {key} {json.dumps(was)}, but this "
+                             f"one would write {json.dumps(want.get(key))}; {fix}, or delete {out} or pass a new --out")
+    for tmp in out.glob(".*.tmp"):   # a shard or manifest half-written when the run was killed
+        tmp.unlink(missing_ok=True)
+    good = []
+    for entry in have["shards"]:
+        path = st.safe_shard_path(out, entry["file"])
+        if not path.is_file() or st.sha256_file(path) != entry["sha256"]:
+            break
+        good.append(entry)
+    print(f"note: {out} holds an unfinished conversion of {src} ({len(good)} good shards); continuing it",
+          file=sys.stderr)
+    return {**have, "shards": good, "num_samples": good[-1]["samples"][1] if good else 0,
+            "num_tokens": sum(e["num_tokens"] for e in good), "complete": False}
 
 
 def teacher_for(manifest: dict, model: str | None, trust_remote_code: bool) -> sf.TopKTeacher:
@@ -54,11 +100,14 @@ def convert_store(src: str | Path, out: str | Path, store_format: str, model: st
                              f"cannot become {store_format}; convert the bf16 or fp8 store, or re-capture")
     if have == store_format:
         raise SpecdraftError(f"{src}: already store_format {have}; nothing to convert")
-    if out.exists() and (not out.is_dir() or any(p.name != LOCK_NAME for p in out.iterdir())):
-        raise SpecdraftError(f"{out}: exists and is not empty; pass a new folder as --out (the source is kept)")
+    want = {**converted_manifest(store.manifest, store_format, topk), CONVERTED_FROM: {"path": str(src)}}
+    manifest = unfinished_conversion(src, out, want) or want
     teacher = teacher_for(store.manifest, model, trust_remote_code) if store_format == "compact" else None
-    writer = st.StoreWriter(out, converted_manifest(store.manifest, store_format, topk), teacher)
+    writer = st.StoreWriter(out, manifest, teacher)
+    writer.save()    # before the first shard: a kill from here on leaves an unfinished store, never a bare folder
     for k, entry in enumerate(store.shards):
+        if k < writer.next_shard:
+            continue     # written by the run this one continues
         handle = store._handle(k)
         hidden = sf.decode(store.manifest, handle.get_tensor, torch.float32)     # the whole shard
         writer.write_shard(hidden["aux"], hidden["last"], handle.get_tensor("input_ids"),

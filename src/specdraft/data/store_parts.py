@@ -1,12 +1,18 @@
 """Training on a store captured in parts: `capture --part I/N` on N nodes, then `train --store A
 --store B ...`. The parts must be of one capture (target, aux layers, format...); their samples are
 put back in the whole set's order (part I's sample j is sample (I-1) + j*N), so a run on the
-parts sees exactly the samples, split and batches of a run on one store of the same data."""
+parts sees exactly the samples, split and batches of a run on one store of the same data.
+
+Stores that are not parts of one capture may share samples (two captures of overlapping prepared
+data): a sample whose tokens equal an earlier one's is dropped with one warning line per store, so
+every sample is trained once and no validation sample has an exact copy in training. A store of the
+same samples as another (equal data fingerprint: passed twice, a copy) is refused."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 from specdraft.data import store_formats as sf
@@ -61,6 +67,36 @@ def sample_order(parts: list[HiddenStore]) -> list[tuple[int, int]]:
     return [(k, i) for _, k, i in whole]
 
 
+def sample_keys(store: HiddenStore) -> list[bytes]:
+    """A digest of each sample's tokens, in store order (reads the input_ids, not the hidden states)."""
+    keys = []
+    for k in range(len(store.shards)):
+        ids, off = store._handle(k).get_tensor("input_ids").numpy(), store._shard_offsets(k)
+        keys += [hashlib.sha256(ids[a:b].tobytes()).digest() for a, b in zip(off[:-1], off[1:])]
+    return keys
+
+
+def without_copies(parts: list[HiddenStore], order: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`order` less every sample whose tokens equal an earlier sample's (in another store), with one
+    warning line per store that had such copies."""
+    keys = [sample_keys(store) for store in parts]
+    first: dict[bytes, int] = {}
+    kept, dropped = [], {}
+    for k, i in order:
+        owner = first.setdefault(keys[k][i], k)
+        if owner == k:
+            kept.append((k, i))
+        else:
+            dropped.setdefault(k, {}).setdefault(owner, 0)
+            dropped[k][owner] += 1
+    for k, owners in dropped.items():
+        also = ", ".join(f"{n} in --store {parts[o].root}" for o, n in owners.items())
+        print(f"warning: --store {parts[k].root}: {sum(owners.values())} of its {len(parts[k])} samples have the "
+              f"same tokens as samples of another store ({also}); each is trained on once, so no validation "
+              "sample has a copy in training", file=sys.stderr)
+    return kept
+
+
 class StoreParts:
     """Several HiddenStores read as one (the interface StoreBatches and train/inputs.py use)."""
 
@@ -68,6 +104,8 @@ class StoreParts:
         self.parts = [HiddenStore(p, verify=verify) for p in paths]
         check_parts_agree(self.parts)
         self.order = sample_order(self.parts)
+        if not all(p.manifest.get("part") for p in self.parts):   # parts of one capture are disjoint by index
+            self.order = without_copies(self.parts, self.order)
         first = self.parts[0]
         fingerprints = "|".join(str((p.manifest.get("data") or {}).get("fingerprint", "")) for p in self.parts)
         self.manifest = {**first.manifest, "num_samples": len(self.order), "num_tokens": self.num_tokens,
@@ -88,7 +126,7 @@ class StoreParts:
 
     @property
     def num_tokens(self) -> int:
-        return sum(p.num_tokens for p in self.parts)
+        return sum(self.sample_lengths)
 
     # the same in every part (check_parts_agree)
     hidden_size = property(lambda self: self.parts[0].hidden_size)

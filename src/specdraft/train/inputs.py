@@ -25,7 +25,7 @@ def store_data(cfg: RunConfig, runtime: Runtime) -> TrainData:
     val = StoreBatches(store, val_ids, shuffle=False, **common) if val_ids else None
     data = store.manifest.get("data") if isinstance(store.manifest.get("data"), dict) else {}
     identity = {"data_fingerprint": data.get("fingerprint", ""), "num_samples": len(store),
-                "num_tokens": store.num_tokens}
+                "num_tokens": store.num_tokens, "store_format": store.store_format}
     return TrainData(train, val, store.hidden_size, store.layer_ids, store.target, " + ".join(cfg.stores), identity)
 
 
@@ -65,7 +65,7 @@ def check_inputs(cfg: RunConfig, data: TrainData, target, vocab) -> None:
 INPUTS_FILE = "inputs.json"   # in each training checkpoint: the data it trained on (data_identity)
 # the fields of it that check_resume_inputs reads
 INPUTS_FIELDS = {"store": str, "target": dict, "target.fingerprint": str, "data_fingerprint": str,
-                 "num_samples": int, "num_tokens": int}
+                 "num_samples": int, "num_tokens": int, "store_format": str}
 
 
 def data_identity(data: TrainData) -> dict:
@@ -98,3 +98,12 @@ def check_resume_inputs(resume_from: Path, drafter: "torch.nn.Module", data: Tra
         if was and have and was != have:
             raise SpecdraftError(f"{what}: checkpoint {resume_from} was trained on store {saved.get('store')} "
                                  f"({key} {was}) but --store {data.source} has {key} {have}; {fix}")
+    # hidden states of another store format (fp8, compact: other values, another teacher) would be mixed
+    # into the run silently; checkpoints from before the field was recorded are not checked
+    was, have = saved.get("store_format"), now.get("store_format")
+    if was and have and was != have:
+        online = str(saved.get("store", "")).endswith("(online)")
+        again = (f"resume with --online --store-format {was}" if online else
+                 f"resume with a {was} store (--store {run_store}), or start a new run in another --out")
+        raise SpecdraftError(f"store format: checkpoint {resume_from} was trained on {was} hidden states "
+                             f"({saved.get('store')}) but this run's are {have} ({data.source}); {again}")

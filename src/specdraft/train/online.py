@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from specdraft.data import store_formats as sf
-from specdraft.data.capture import capture_samples, hidden_state_engine
+from specdraft.data.capture import capture_samples, hidden_state_engine, sample_columns
 from specdraft.data.prepared import check_prepared_for, load_prepared
 from specdraft.data.vllm_engine import choose_engine
 from specdraft.errors import SpecdraftError
@@ -161,7 +161,10 @@ def online_data(cfg, runtime, target, data: str | Path, layer_ids: list[int] | N
                   rank=runtime.rank, world_size=runtime.world_size)
     train = OnlineBatches(samples, train_ids, shuffle=True, **common)
     val = OnlineBatches(samples, val_ids, shuffle=False, **common) if val_ids else None
-    return TrainData(train, val, samples.hidden_size, samples.layer_ids, samples.target, f"{data} (online)")
+    # what a checkpoint records, as the store path does: --resume refuses other data or another --store-format
+    identity = {"data_fingerprint": sample_columns(load_prepared(data)[0])[1], "num_samples": len(samples),
+                "store_format": store_format}
+    return TrainData(train, val, samples.hidden_size, samples.layer_ids, samples.target, f"{data} (online)", identity)
 
 
 def online_setup(data: str | Path | None, engine=None, store_format: str = sf.DEFAULT_FORMAT):
