@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from specdraft.errors import SpecdraftError
 from specdraft.io import check_fields
-from specdraft.model.eagle3.checkpoint import (FIX, FORMAT_VERSION, LLAMA_FIELDS, config_file, dataclass_fields,
-                                               drafter_config_from_llama, llama_layer_dict)
+from specdraft.model.common.checkpoint import (FIX, FORMAT_VERSION, LLAMA_FIELDS, config_file, config_from_llama,
+                                               dataclass_fields, llama_layer_dict)
 from specdraft.model.eagle3.config import DrafterConfig
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -70,7 +70,7 @@ def parse_config(config: dict, where: str, lm_head_rows: int | None) -> DrafterC
     else:
         aux = list(config.get("eagle_aux_hidden_state_layer_ids") or [])
     draft_vocab = config.get("draft_vocab_size") or lm_head_rows or config.get("vocab_size")
-    return drafter_config_from_llama(
-        config, where, draft_vocab_size=int(draft_vocab), aux_layer_ids=aux,
+    return config_from_llama(
+        DrafterConfig, config, where, draft_vocab_size=int(draft_vocab), aux_layer_ids=aux,
         norm_before_residual=bool(config.get("norm_before_residual", False)),
         verifier="")  # EAGLE configs do not name the verifier
