@@ -203,7 +203,8 @@ def test_a_drafter_sglang_cannot_serve_gets_vllm_commands_only(tmp_path):
     assert [engine for engine, _, _ in commands] == ["vLLM", "SGLang"] and "SGLang cannot serve" in commands[1][1]
     assert commands[1][2] == "" and "SGLang" not in commands[0][1]     # the note under its own heading, no command
     (tmp_path / "config.json").write_text(json.dumps({"specdraft": {"drafter_config": cfg.to_dict()}}))
-    assert served_as(str(tmp_path)) == ({"method": "eagle3"}, missing)
+    fam, lacks = served_as(str(tmp_path))
+    assert (fam.model_type, dict(fam.vllm_speculative), lacks) == ("eagle3", {"method": "eagle3"}, missing)
     assert len(card.serve_commands("tiny/target", tmp_path, 3, "speculators")) == 2
 
 

@@ -22,7 +22,7 @@ from specdraft import run_layout
 from specdraft.analysis import compare
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
-from specdraft.families import family
+from specdraft.families import DEFAULT, family
 from specdraft.formats import card
 from specdraft.infer.bench import why_not_faster
 from specdraft.io import atomic_path, check_fields
@@ -97,10 +97,6 @@ def number(value, fmt: str = ".2f") -> str:
 
 
 # ----------------------------------------------------------------------------- facts from the run folder
-
-def eagle3_of(bench) -> dict:
-    return ((bench.get("methods") or {}).get("eagle3") or {}) if isinstance(bench, dict) else {}
-
 
 def checkpoint_inputs(run: Path) -> dict:
     """The training data recorded in the run's best checkpoint (else its newest epoch-N)."""
@@ -190,23 +186,24 @@ def headline_html(run: Path) -> str:
     bench = read_json(run / run_layout.BENCH, BENCH_FIELDS)
     for name in (run_layout.BENCH_NATURAL, run_layout.EVAL):
         read_json(run / name, BENCH_FIELDS if name == run_layout.BENCH_NATURAL else EVAL_FIELDS)   # types checked
-    eagle, cfg = eagle3_of(bench), (bench.get("config") or {}) if isinstance(bench, dict) else {}
+    drafter = metrics.drafter_method(bench)[1]          # the drafter's chain, whatever its family
+    cfg = (bench.get("config") or {}) if isinstance(bench, dict) else {}
     taus, served = card.tau_measurements(run), served_k(run)
     tau = (card.headline_text(taus, served), "the headline: the natural prompt set at the K the export serves "
            "where measured; every τ is in the table below") if taus else \
         ("unknown", "no bench.json, eval.json or validation in the run folder")
-    if isinstance(eagle.get("speedup"), (int, float)):
+    if isinstance(drafter.get("speedup"), (int, float)):
         greedy = (bench.get("methods") or {}).get("greedy") or {}
-        over_plain = eagle.get("speedup_over_plain")
-        speedup = (f"{eagle['speedup']:.2f}x", f"{number(eagle.get('tokens_per_s'), '.1f')} vs "
+        over_plain = drafter.get("speedup_over_plain")
+        speedup = (f"{drafter['speedup']:.2f}x", f"{number(drafter.get('tokens_per_s'), '.1f')} vs "
                    f"{number(greedy.get('tokens_per_s'), '.1f')} tok/s, {cfg.get('device', '?')}, batch 1"
                    + (f"; {over_plain:.2f}x over specdraft's loop without drafts (the rest is its kernel paths)"
                       if isinstance(over_plain, (int, float)) else ""))
     else:
-        speedup = ("unknown", "no eagle3 bench")
-    same = eagle.get("identical_to_greedy")
+        speedup = ("unknown", "no bench of the drafter's chain")
+    same = drafter.get("identical_to_greedy")
     identical = (("yes" if same else "NO") if isinstance(same, bool) else "unknown",
-                 f"{eagle.get('prompts_identical', '?')}/{cfg.get('num_prompts', '?')} prompts" if isinstance(same, bool)
+                 f"{drafter.get('prompts_identical', '?')}/{cfg.get('num_prompts', '?')} prompts" if isinstance(same, bool)
                  else "")
     rows = [["τ (tokens per target forward, at most K+1)", *tau], ["speedup vs greedy", *speedup],
             ["identical to greedy", *identical], ["training data", data_size(run), ""],
@@ -311,24 +308,23 @@ def export_html(run: Path) -> str:
             continue
         parts.append(f"<p><b>{esc(e['out'])}</b> <span class=meta>{esc(e.get('layout'))} layout, "
                      f"{esc(e.get('dtype'))}</span></p>")
-        vllm_keys, sglang_lacks = served_as(e["out"])
+        fam, sglang_lacks = served_as(e["out"])
         for engine, note, command in card.serve_commands(target, e["out"], e.get("num_speculative_tokens", DRAFT_LENGTH),
-                                                         e.get("layout", "speculators"), sglang_lacks, vllm_keys):
+                                                         e.get("layout", "speculators"), sglang_lacks, fam):
             parts.append(f"<p>Serve with {esc(engine)}{': ' + esc(note) if note else ''}</p>"
                          + (f"<pre>{esc(command)}</pre>" if command else ""))
     return "".join(parts)
 
 
-def served_as(export: str) -> tuple[dict, str | None]:
-    """How vLLM selects the exported drafter (its family's speculative-config keys) and what SGLang
-    lacks for it, from its config.json (EAGLE-3's defaults when that cannot be read)."""
+def served_as(export: str):
+    """(the exported drafter's family, what SGLang lacks for it) from its config.json: how the serve
+    commands select it (the default family, lacking nothing, when that cannot be read)."""
     try:
         config = json.loads((Path(export) / "config.json").read_text())
-        fam = family(config.get("speculators_model_type", "eagle3"))
-        return dict(fam.vllm_speculative), card.sglang_missing(
-            fam.config_type.from_dict(config["specdraft"]["drafter_config"]))
+        fam = family(config.get("speculators_model_type", DEFAULT))
+        return fam, card.sglang_missing(fam.config_type.from_dict(config["specdraft"]["drafter_config"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, SpecdraftError):
-        return {"method": "eagle3"}, None
+        return family(DEFAULT), None
 
 
 def stages_html(run: Path) -> str:

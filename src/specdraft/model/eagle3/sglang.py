@@ -43,6 +43,13 @@ def unsupported(cfg: DrafterConfig) -> str | None:
     return None
 
 
+def serve_command(target: str, folder: str, k: int) -> str:
+    """SGLang's launch line for this layout's folder, drafting K tokens per round (a chain: top-k 1)."""
+    return (f"python -m sglang.launch_server --model-path {target} \\\n"
+            f"  --speculative-algorithm EAGLE3 \\\n  --speculative-draft-model-path {folder} \\\n"
+            f"  --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
+
+
 def build_config(cfg: DrafterConfig, dtype: str, where: str) -> dict:
     missing = unsupported(cfg)
     if missing:
