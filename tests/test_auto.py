@@ -282,7 +282,8 @@ def test_bad_values_are_one_line_errors(argv, message):
     res = invoke("generate", "--prompt", "hi", "--method", "ngram", "-k", "auto")
     from specdraft import families                       # the message lists every registered family's chain
 
-    assert isinstance(res.exception, SpecdraftError) and f"--method {', '.join(families.names())};" in str(res.exception)
+    assert isinstance(res.exception, SpecdraftError)
+    assert f"--method {', '.join(families.names())};" in str(res.exception)
 
 
 def test_options_are_in_help():

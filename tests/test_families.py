@@ -291,3 +291,33 @@ def test_a_new_family_touches_its_folder_and_one_registry_line(toy_family, tmp_p
     (copy / "infer" / "bench.py").write_text((copy / "infer" / "bench.py").read_text() + "\n# the Toy family\n")
     assert shared_files_naming_a_family(copy, folders, registry.names()) == ["infer/bench.py: toy",
                                                                              "pipeline.py: dflash"]
+
+
+def test_the_recipe_and_the_readers_of_bench_json_use_the_runs_family(toy_family, tmp_path, monkeypatch):
+    """The recipe benches the family its training settings name (its tree only where the family
+    drafts one); the report, the card, plan's rates and the recipe's summary read that family's
+    chain from bench.json (`config.family`), and older files without it their first drafter method."""
+    import dataclasses
+
+    from specdraft.infer.costmodel import cond_rates_from
+    from specdraft.metrics import drafter_method
+    from specdraft.pipeline import bench_methods, load_recipe
+
+    path = tmp_path / "r.yaml"
+    path.write_text("family: toy\nepochs: 1\n"
+                    "recipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64}\n")
+    recipe = load_recipe(path)
+    assert recipe.family == "toy"
+    assert bench_methods(recipe.family, tree=True) == ["greedy", "plain", "ngram", "toy", "hybrid"]  # no toy tree
+    monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(TOY, tree=True))
+    assert bench_methods("toy", tree=True)[-1] == "toy-tree" and "toy-tree" not in bench_methods("toy", tree=False)
+
+    chain = {"accept_len": 1.5, "per_position_accept": [0.5]}
+    other = {"accept_len": 2.5, "per_position_accept": [0.9, 0.6]}
+    bench = {"methods": {"greedy": {"accept_len": 1.0}, "eagle3": other, "toy": chain, "hybrid": other},
+             "config": {"family": "toy"}}
+    assert drafter_method(bench) == ("toy", chain)
+    assert cond_rates_from(bench) == [0.5]
+    del bench["config"]["family"]                                    # a bench.json written before config.family
+    assert drafter_method(bench) == ("eagle3", other)
+    assert drafter_method({"methods": {"greedy": {}, "hybrid": other}}) == ("", {})

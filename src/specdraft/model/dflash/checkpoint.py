@@ -63,7 +63,8 @@ def build_config(cfg: DFlashConfig, dtype: str, speculative_tokens: int, verifie
 def parse_config(config: dict, where: str) -> DFlashConfig:
     check_fields(config, FIELDS, common.config_file(where), common.FIX)
     common.require_keys(config, ["transformer_layer_config", "draft_vocab_size", "aux_hidden_state_layer_ids",
-                                 "mask_token_id"], where, "a DFlash drafter names them; re-export it or fix config.json")
+                                 "mask_token_id"], where,
+                        "a DFlash drafter names them; re-export it or fix config.json")
     if config.get("sample_from_anchor"):
         raise SpecdraftError(f"{where}: sample_from_anchor is true (the anchor's row drafts too); specdraft's "
                              "DFlash drafts from the mask slots only")
