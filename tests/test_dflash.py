@@ -164,7 +164,8 @@ def test_the_card_serves_each_family_with_its_vllm_method(dflash_run, tmp_path):
     export(run, tmp_path / "export", "speculators", speculative_tokens=3)
     card_text = (tmp_path / "export" / "README.md").read_text()
     assert '"method": "dflash"' in card_text and "SGLang cannot serve" in card_text
-    assert served_as(str(tmp_path / "export"))[0] == {"method": "dflash"}
+    assert dict(served_as(str(tmp_path / "export"))[0].vllm_speculative) == {"method": "dflash"}
+    assert card_text.startswith("# DFlash drafter for ")                  # the family's title, not EAGLE-3's
     assert dict(family("peagle").vllm_speculative) == {"method": "eagle3", "parallel_drafting": True}
 
 

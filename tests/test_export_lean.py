@@ -209,7 +209,8 @@ def test_an_eagle31_drafter_serves_on_both_engines_and_norm_before_residual_on_v
     assert commands[1][1].startswith("This drafter needs an SGLang with EAGLE-3.1 drafters")
     assert "--format sglang" in commands[1][1] and "--speculative-algorithm EAGLE3" in commands[1][2]
     (tmp_path / "config.json").write_text(json.dumps({"specdraft": {"drafter_config": cfg.to_dict()}}))
-    assert served_as(str(tmp_path)) == ({"method": "eagle3"}, None, needs)
+    fam, lacks, needed = served_as(str(tmp_path))
+    assert (fam.model_type, dict(fam.vllm_speculative), lacks, needed) == ("eagle3", {"method": "eagle3"}, None, needs)
     line = card.engines_line(cfg, "ws/runs/quick", "ws/export/sglang")
     assert line.startswith("vLLM (this export) and SGLang (specdraft export ws/runs/quick --format sglang "
                            "--out ws/export/sglang; needs an SGLang with EAGLE-3.1")

@@ -3,7 +3,9 @@ trains through `train`, round-trips through the speculators layout and generates
 with no change to any file outside model/<family>/ and the registry."""
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
@@ -226,8 +228,10 @@ def test_the_toy_family_runs_bench_with_k_auto_and_plan(ws, toy_family, tmp_path
     assert choice["k_auto"] is True and choice["k"] in (0, 1) and len(choice["rates"]) == 1
     assert choice["draft_ms"] > 0 and report["config"]["k"] == choice["k"]
     assert report["methods"]["toy"]["identical_to_greedy"] is True
-    planned = plan.run(drafter=str(run / "best"), model=ws["model"], accept="0.6", context=16, rounds=1, k_max=2)
+    planned = plan.run(drafter=str(run / "best"), model=ws["model"], accept="0.6", context=16, rounds=1, k_max=1)
     assert planned["draft_ms"] > 0 and "draft" in planned["measured"] and planned["draft_in_one_forward"] is False
+    with pytest.raises(SpecdraftError, match=r"--max-k 2: .* drafts at most 1 tokens per round .*toy family"):
+        plan.run(drafter=str(run / "best"), model=ws["model"], accept="0.6", context=16, rounds=1, k_max=2)
 
 
 def test_tree_drafting_is_a_family_capability(toy_family, monkeypatch):
@@ -248,3 +252,72 @@ def test_tree_drafting_is_a_family_capability(toy_family, monkeypatch):
     with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 or toy and greedy"):
         generate_one("hi", "default", None, "toy", None, None, "4,4,16", Sampling(temperature=0.5), 8, (1, 3),
                      "cpu", "float32", False, False)
+
+
+def shared_files_naming_a_family(src: Path, family_folders: set[str], names: list[str]) -> list[str]:
+    """'file: name' for each source file under `src` outside model/<family>/ and families.py whose
+    text names a family (its model type, any case, not inside a longer word: code, strings, help
+    and comments alike)."""
+    leaks = []
+    for path in sorted(p for p in src.rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".jsonl")):
+        rel = path.relative_to(src)
+        if rel == Path("families.py") or rel.parts[:1] == ("model",) and rel.parts[1] in family_folders:
+            continue
+        text = path.read_text().lower()
+        leaks += [f"{rel}: {name}" for name in names if re.search(rf"(?<![a-z]){re.escape(name)}", text)]
+    return leaks
+
+
+def test_a_new_family_touches_its_folder_and_one_registry_line(toy_family, tmp_path):
+    """The seam, measured (issue 34). A family is its folder under model/ (config, module, objective,
+    proposer, checkpoint, and an __init__ that registers its Family) plus one line in
+    families.BUILTIN; the toy family is the same with its folder being this test. So no other source
+    file names a family: train/, infer/, formats/, analysis/, the CLI, the pipeline, the recipes and
+    model/common/ ask the registry (Family's fields, families.DEFAULT). A leak fails here by name."""
+    src = Path(registry.__file__).parent
+    folders = {module.rsplit(".", 1)[1] for module in registry.BUILTIN}
+    for module in registry.BUILTIN:                      # each registry line is one package under model/
+        assert module.startswith("specdraft.model.") and (src / "model" / module.rsplit(".", 1)[1]).is_dir()
+    assert all(registry.family(n).model_type in folders or n == "toy" for n in registry.names())
+    assert "toy" in registry.names()
+    assert shared_files_naming_a_family(src, folders, registry.names()) == []
+
+    # the check can fail: a shared file that names a family (here a copy of the tree with one leak) is found
+    copy = tmp_path / "specdraft"
+    for path in src.rglob("*.py"):
+        (copy / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        (copy / path.relative_to(src)).write_text(path.read_text())
+    (copy / "pipeline.py").write_text((copy / "pipeline.py").read_text() + '\nMETHOD = "dflash"\n')
+    (copy / "infer" / "bench.py").write_text((copy / "infer" / "bench.py").read_text() + "\n# the Toy family\n")
+    assert shared_files_naming_a_family(copy, folders, registry.names()) == ["infer/bench.py: toy",
+                                                                             "pipeline.py: dflash"]
+
+
+def test_the_recipe_and_the_readers_of_bench_json_use_the_runs_family(toy_family, tmp_path, monkeypatch):
+    """The recipe benches the family its training settings name (its tree only where the family
+    drafts one); the report, the card, plan's rates and the recipe's summary read that family's
+    chain from bench.json (`config.family`), and older files without it their first drafter method."""
+    import dataclasses
+
+    from specdraft.infer.costmodel import cond_rates_from
+    from specdraft.metrics import drafter_method
+    from specdraft.pipeline import bench_methods, load_recipe
+
+    path = tmp_path / "r.yaml"
+    path.write_text("family: toy\nepochs: 1\n"
+                    "recipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64}\n")
+    recipe = load_recipe(path)
+    assert recipe.family == "toy"
+    assert bench_methods(recipe.family, tree=True) == ["greedy", "plain", "ngram", "toy", "hybrid"]  # no toy tree
+    monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(TOY, tree=True))
+    assert bench_methods("toy", tree=True)[-1] == "toy-tree" and "toy-tree" not in bench_methods("toy", tree=False)
+
+    chain = {"accept_len": 1.5, "per_position_accept": [0.5]}
+    other = {"accept_len": 2.5, "per_position_accept": [0.9, 0.6]}
+    bench = {"methods": {"greedy": {"accept_len": 1.0}, "eagle3": other, "toy": chain, "hybrid": other},
+             "config": {"family": "toy"}}
+    assert drafter_method(bench) == ("toy", chain)
+    assert cond_rates_from(bench) == [0.5]
+    del bench["config"]["family"]                                    # a bench.json written before config.family
+    assert drafter_method(bench) == ("eagle3", other)
+    assert drafter_method({"methods": {"greedy": {}, "hybrid": other}}) == ("", {})

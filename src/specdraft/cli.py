@@ -13,6 +13,7 @@ from rich.console import Console
 
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
+from specdraft.families import DEFAULT as DEFAULT_FAMILY
 from specdraft.flags import (AS_JSON, COMPUTE_DTYPE, CONFIG_HELP, CONVERSATIONS_HELP, DEVICE, DRAFT_LENGTH_OR_AUTO,
                              DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS, MAX_NEW_TOKENS_HELP,
                              MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP, PREPARED_HELP, PROFILE_HELP,
@@ -246,15 +247,16 @@ def bench(
     model: str = MODEL,
     drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
     prompts: str = typer.Option("builtin-holdout", "--prompts", help=PROMPTS_HELP),
-    methods: str = typer.Option("greedy,plain,ngram,eagle3", "--methods", help="Comma list of greedy (transformers "
-                                "generate), plain (specdraft's loop, no drafter), ngram, eagle3, eagle3-tree, "
-                                "hybrid (the drafter and n-gram in one verify), ..."),
+    methods: str = typer.Option(f"greedy,plain,ngram,{DEFAULT_FAMILY}", "--methods", help="Comma list of greedy "
+                                "(transformers generate), plain (specdraft's loop, no drafter), ngram, a drafter "
+                                "family (its chain; `specdraft info` lists them), FAMILY-tree (where the family "
+                                "drafts trees), hybrid (the drafter and n-gram in one verify)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help=MAX_NEW_TOKENS_HELP + " Here: per prompt."),
     num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO,
     draft_stop: Optional[str] = DRAFT_STOP,
     rounds: int = typer.Option(3, "--rounds", help="Timing rounds, the order rotated per round; the medians count. "
                                "Here: each runs every method on every prompt."),
-    tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: for eagle3-tree (default 4,4,16)."),
+    tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: for FAMILY-tree (default 4,4,16)."),
     ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN,
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N. Here: prompts (builtin-holdout: 32)."),
     out: Optional[Path] = out_option("the results JSON and a .png chart."),
@@ -286,8 +288,8 @@ def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="User message (the chat template is applied)."),
     model: str = MODEL,
     drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
-    method: str = typer.Option("eagle3", "--method", help="greedy (no drafting), ngram, the drafter's family "
-                               "(eagle3, peagle, ...: `specdraft info` lists them), or hybrid (drafter + n-gram)."),
+    method: str = typer.Option(DEFAULT_FAMILY, "--method", help="greedy (no drafting), ngram, the drafter's family "
+                               "(`specdraft info` lists them), or hybrid (drafter + n-gram)."),
     num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO,
     draft_stop: Optional[str] = DRAFT_STOP,
     tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: greedy only."),
@@ -328,7 +330,7 @@ def export_cmd(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP + " Here: to check --no-embeddings "
                                         "against."),
     num_speculative_tokens: Optional[int] = typer.Option(None, NUM_SPEC, "-k", help=draft_length_help(
-        "Here: written into the speculators config (at most what a DFlash drafter was trained to draft); the "
+        "Here: written into the speculators config (at most what a block drafter was trained to draft); the "
         "model card quotes τ at it.")),
     as_json: bool = AS_JSON,
 ):

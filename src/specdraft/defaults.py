@@ -9,7 +9,8 @@ from typing import Optional
 from specdraft.errors import SpecdraftError
 
 DRAFT_LENGTH = 3     # draft tokens per round (vLLM's num_speculative_tokens) when -k is not given: the
-                     # default TTT depth and DFlash's default block (4 slots = anchor + 3), so it serves as trained
+                     # default TTT depth and a block family's default block (4 slots = anchor + 3), so it serves
+                     # as trained
 LONGEST_CHAIN = 8    # the longest draft chain -k auto and `specdraft plan` consider
 K_MAX = 256          # draft tokens per round: far beyond any drafter's use, far below a typo's
 NUM_SPEC = "--num-speculative-tokens"

@@ -1,6 +1,6 @@
 """Drafter families, registered under their speculators model type.
 
-A family is one package under model/ (model/eagle3/ is the first) that fills in a `Family`: its
+A family is one package under model/ that fills in a `Family`: its
 config, its module, its training forward, its proposer for the generation loop and its checkpoint
 schema. train/, infer/ and formats/ reach a drafter only through these functions (they never import
 model/), so a new family is its own folder plus one line in BUILTIN (or a `register` call, as the
@@ -13,12 +13,16 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from specdraft.errors import SpecdraftError
 
+if TYPE_CHECKING:    # torch loads with the first family, not with this module (the CLI names DEFAULT)
+    import torch
+
+# The family of `train` without --family, of bench's and generate's default method, of a config
+# naming none: the only place outside its folder that a family is named, with BUILTIN.
+DEFAULT = "eagle3"
 BUILTIN = (
     "specdraft.model.eagle3",
     "specdraft.model.peagle",
@@ -40,6 +44,8 @@ class Layout:
     unsupported: Callable[[Any], str | None] = lambda cfg: None   # what of this drafter the engine lacks
     looks_like: str = ""                                    # how its config.json is recognised, for errors
     needs: Callable[[Any], str | None] = lambda cfg: None         # the engine release this drafter needs, if newer
+    # (target, folder of this layout, K) -> the command that serves it (the model card's, the report's)
+    serve: Callable[[str, str, int], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,11 @@ class Family:
     # config -> the longest draft it was trained to serve (DFlash: its block's slots), or None for no limit
     max_draft: Callable[[Any], int | None] = lambda cfg: None
     # the keys of vLLM's --speculative-config that select this family (besides model and K)
-    vllm_speculative: tuple[tuple[str, Any], ...] = (("method", "eagle3"),)
+    vllm_speculative: tuple[tuple[str, Any], ...] = (("method", DEFAULT),)
+    title: str = ""                  # how people name it: the model card's title ("EAGLE-3 drafter for ...")
+    # the drafter config's fields a --from-pretrained run cannot change, each with the train flag that
+    # sets it: the flag given with another value is refused, not recorded and ignored
+    shape_flags: tuple[tuple[str, str], ...] = ()
 
 
 FAMILIES: dict[str, Family] = {}
@@ -101,7 +111,7 @@ def family(model_type: str) -> Family:
 def family_of(obj) -> Family:
     """The family of a drafter module or of its config (both carry `model_type`)."""
     cfg = getattr(obj, "config", obj)
-    return family(getattr(cfg, "model_type", "eagle3"))
+    return family(getattr(cfg, "model_type", DEFAULT))
 
 
 def names() -> list[str]:

@@ -141,6 +141,20 @@ class Run:
         return {int(r["epoch"]): r for r in self.split("val") if "epoch" in r}
 
 
+NOT_DRAFTERS = ("greedy", "plain", "ngram", "hybrid")   # bench's methods that are not a drafter's chain
+
+
+def drafter_method(bench: dict) -> tuple[str, dict]:
+    """(name, result) of the drafter's chain in a bench.json: the method of the family bench recorded
+    (`config.family`), else (older files) the first drafter method measured; ("", {}) when bench
+    measured none. The report, the card and the recipe read τ and speed from it."""
+    methods = bench.get("methods") if isinstance(bench, dict) and isinstance(bench.get("methods"), dict) else {}
+    config = bench.get("config") if isinstance(bench, dict) and isinstance(bench.get("config"), dict) else {}
+    names = [n for n, m in methods.items() if isinstance(m, dict) and n not in NOT_DRAFTERS and "-" not in n]
+    name = config.get("family") if config.get("family") in names else (names[0] if names else "")
+    return name, (methods.get(name) or {}) if name else {}
+
+
 def flatten(record: dict) -> dict:
     """Metrics may sit at the top level or under "metrics"; callers see one flat dict."""
     flat = {k: v for k, v in record.items() if k != "metrics"}

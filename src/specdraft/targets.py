@@ -150,7 +150,7 @@ def load_tokenizer(model: str, trust_remote_code: bool = False):
 
 
 def check_decoder_only(cfg, model: str) -> None:
-    """EAGLE-3 drafts for a decoder-only causal LM and taps 3 of its layers: refuse anything else
+    """specdraft drafts for a decoder-only causal LM and taps 3 of its layers: refuse anything else
     from its config, before any weights load (a BERT config would otherwise load as
     BertLMHeadModel with random weights, and `info` would print negative aux layer ids)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -158,19 +158,19 @@ def check_decoder_only(cfg, model: str) -> None:
     kind = getattr(cfg, "model_type", None) or "?"
     where = f"--model {model}: {kind}"
     if getattr(cfg, "is_encoder_decoder", False):
-        raise SpecdraftError(f"{where} is an encoder-decoder model; EAGLE-3 drafts for decoder-only "
+        raise SpecdraftError(f"{where} is an encoder-decoder model; specdraft drafts for decoder-only "
                              "causal LMs (Llama, Qwen, Mistral, ...): pass one of those")
     # BERT-family configs carry is_decoder/add_cross_attention: bidirectional encoders unless is_decoder
     if getattr(cfg, "is_decoder", None) is False and hasattr(cfg, "add_cross_attention"):
-        raise SpecdraftError(f"{where} is a bidirectional encoder, not a causal LM; EAGLE-3 drafts for "
+        raise SpecdraftError(f"{where} is a bidirectional encoder, not a causal LM; specdraft drafts for "
                              "decoder-only causal LMs (Llama, Qwen, Mistral, ...): pass one of those")
     remote = "AutoModelForCausalLM" in (getattr(cfg, "auto_map", None) or {})
     if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
-        raise SpecdraftError(f"{where} has no causal-LM class in transformers; EAGLE-3 drafts for "
+        raise SpecdraftError(f"{where} has no causal-LM class in transformers; specdraft drafts for "
                              "decoder-only causal LMs (Llama, Qwen, Mistral, ...): pass one of those")
     layers = getattr(cfg, "num_hidden_layers", None)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 3:
-        raise SpecdraftError(f"{where} has num_hidden_layers {layers!r}; EAGLE-3 taps 3 aux layers, so the "
+        raise SpecdraftError(f"{where} has num_hidden_layers {layers!r}; the default capture taps 3 aux layers, so the "
                              "target needs at least 3 decoder layers: pass a deeper target (or fix config.json)")
 
 
@@ -500,7 +500,7 @@ def default_aux_layers(num_layers: int) -> list[int]:
 
 
 def check_aux_layers(layer_ids: list[int], num_layers: int, where: str = "--layers") -> list[int]:
-    """Any number of distinct layer ids (EAGLE-3 taps 3 by default; a family may ask for more)."""
+    """Any number of distinct layer ids (capture taps 3 by default; a family may ask for more)."""
     if not layer_ids or len(set(layer_ids)) != len(layer_ids):
         raise SpecdraftError(f"{where}: {layer_ids}: give one or more distinct aux layer ids, such as "
                              f"{','.join(map(str, default_aux_layers(num_layers)))}")
@@ -513,7 +513,7 @@ def check_aux_layers(layer_ids: list[int], num_layers: int, where: str = "--laye
 
 
 # ---------------------------------------------------------------------------- taps
-# What EAGLE-3 reads of a target, defined once (docs/DESIGN.md, "Aux layers"): capture, online
+# What a drafter reads of a target, defined once (docs/DESIGN.md, "Aux layers"): capture, online
 # training, probe and the generation loop all reach the target's layers and final norm here.
 
 

@@ -73,12 +73,12 @@ def save_tiny_target(folder: str | Path, template: str = "chatml", **kw) -> Path
     return folder
 
 
-def tiny_drafter_for(target, aux_layer_ids: list[int], every: int = 3, seed: int = 0, family: str = "eagle3"):
-    """Random drafter of `family` over a partial draft vocab (every `every`-th target id, so d2t offsets
-    are non-zero), initialised from `target` as training would."""
-    from specdraft.families import family as family_named
+def tiny_drafter_for(target, aux_layer_ids: list[int], every: int = 3, seed: int = 0, family: str | None = None):
+    """Random drafter of `family` (the default family when None) over a partial draft vocab (every
+    `every`-th target id, so d2t offsets are non-zero), initialised from `target` as training would."""
+    from specdraft.families import DEFAULT, family as family_named
 
-    fam = family_named(family)
+    fam = family_named(family or DEFAULT)
     V = target.config.vocab_size
     torch.manual_seed(seed)
     draft_targets = torch.arange(0, V, every)

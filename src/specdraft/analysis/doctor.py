@@ -151,17 +151,21 @@ class Doctor:
         return int(self.config.get("ttt_steps", 3))
 
     @cached_property
+    def draft_limit(self) -> int | None:
+        """The longest draft the drafter's family serves it for (its max_draft: a block's draft slots),
+        None for no limit."""
+        return family_of(self.drafter).max_draft(self.drafter.config)
+
+    @cached_property
     def trained_positions(self) -> int:
-        """Draft positions the run trained: its TTT steps, or where the family's config names a block
-        (DFlash's block_size: the anchor and its draft slots), the block's draft slots."""
-        block = getattr(self.drafter.config, "block_size", None)
-        return int(block) - 1 if block else self.ttt_steps
+        """Draft positions the run trained: its TTT steps, or the family's limit where it has one."""
+        return self.draft_limit if self.draft_limit is not None else self.ttt_steps
 
     @cached_property
     def steps(self) -> int:
         """Draft positions measured: the trained ones and two more (where too few TTT steps show); a
-        block family drafts no further than its block, so only its trained slots."""
-        extra = 0 if getattr(self.drafter.config, "block_size", None) else 2
+        family with a limit drafts no further, so only its trained positions."""
+        extra = 0 if self.draft_limit is not None else 2
         return min(MAX_TTT_STEPS, self.trained_positions + extra)
 
     @cached_property
@@ -377,8 +381,7 @@ def check_aux_layers(d: Doctor) -> Finding:
 
 def aux_ids_key(config: dict, where: str) -> str:
     """The top-level config.json field the serving engine reads the aux layer ids from, as the family's
-    own reader says (eagle_aux_hidden_state_layer_ids for EAGLE-3, aux_hidden_state_layer_ids for
-    DFlash): the list of ints whose change changes the served aux_layer_ids."""
+    own parse_config says: the list of ints whose change changes the served aux_layer_ids."""
     if "speculators_model_type" in config:
         served = served_config(config, where).aux_layer_ids
         for name, value in config.items():

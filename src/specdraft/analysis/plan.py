@@ -18,7 +18,7 @@ from specdraft.analysis.probe import drafter_metrics, sample_batch
 from specdraft.data.store import HiddenStore
 from specdraft.defaults import LONGEST_CHAIN
 from specdraft.errors import SpecdraftError
-from specdraft.families import Family, family
+from specdraft.families import DEFAULT, Family, family
 from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer import kernels
 from specdraft.infer.auto import checkpoint_accept, draft_timer, measure_costs
@@ -70,28 +70,31 @@ def accept_from_store(drafter, model: str, store: str | Path, samples: int = 64,
 
 
 def check_max_k(drafter, k_max: int) -> int:
-    """--max-k within what a block family drafts (DFlash's config.json `block_size`: the anchor and
-    block_size - 1 draft slots): the default is cut to the block, a larger --max-k given is refused
-    by plan's own flag."""
+    """--max-k within what the drafter's family serves it for (its max_draft: a block family's draft
+    slots): the default is cut to it, a larger --max-k given is refused by plan's own flag."""
     if drafter is None or str(drafter).startswith("untrained"):
         return k_max
-    config = read_json(resolve_checkpoint(drafter) / "config.json", "drafter config")
-    block = config.get("block_size") if drafter_family(drafter).drafts_in_one_forward else None
-    if not isinstance(block, int) or isinstance(block, bool) or k_max <= block - 1:
+    folder = resolve_checkpoint(drafter)
+    config = read_json(folder / "config.json", "drafter config")
+    if not isinstance(config, dict) or "speculators_model_type" not in config:
+        return k_max                           # another engine's layout: its family drafts any length
+    fam = drafter_family(drafter)
+    limit = fam.max_draft(fam.parse_config(config, str(folder)))
+    if limit is None or k_max <= limit:
         return k_max
     if k_max == LONGEST_CHAIN:   # the default: the longest chain this drafter drafts
-        return block - 1
-    raise SpecdraftError(f"--max-k {k_max}: --drafter {drafter} drafts at most {block - 1} tokens per round "
-                         f"(block_size {block}); pass --max-k {block - 1} or less")
+        return limit
+    raise SpecdraftError(f"--max-k {k_max}: --drafter {drafter} drafts at most {limit} tokens per round "
+                         f"(what its {fam.model_type} family trained it for); pass --max-k {limit} or less")
 
 
 def drafter_family(spec) -> Family:
-    """The family of --drafter (its config.json's speculators_model_type; an SGLang layout or
-    `untrained` is EAGLE-3), without loading its weights."""
+    """The family of --drafter (its config.json's speculators_model_type; another engine's layout or
+    `untrained` is the default family), without loading its weights."""
     if str(spec).startswith("untrained"):
-        return family("eagle3")
+        return family(DEFAULT)
     config = read_json(resolve_checkpoint(spec) / "config.json", "drafter config")
-    return family(config.get("speculators_model_type", "eagle3") if isinstance(config, dict) else "eagle3")
+    return family(config.get("speculators_model_type", DEFAULT) if isinstance(config, dict) else DEFAULT)
 
 
 def store_sample_batch(sample: dict) -> dict:

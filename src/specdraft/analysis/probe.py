@@ -159,11 +159,11 @@ def sample_batch(input_ids, aux, last, loss_mask) -> dict[str, torch.Tensor]:
 
 def drafter_metrics(net, target_model, batches, steps: int) -> dict[str, float]:
     """The metrics of `net` (as it is, no training) summed over `batches`, from its family's own training
-    forward in eval mode (EAGLE-3's TTT unroll, P-EAGLE's mask slots, DFlash's blocks)."""
+    forward in eval mode (Family.objective: a TTT unroll, mask slots, blocks)."""
     if not 1 <= steps <= MAX_TTT_STEPS:
         raise SpecdraftError(f"--num-speculative-tokens {steps}: must be in 1..{MAX_TTT_STEPS}")
     limit = family_of(net).max_draft(net.config)
-    if limit is not None and steps > limit:    # DFlash: its block's draft slots
+    if limit is not None and steps > limit:    # Family.max_draft: a block's draft slots
         raise SpecdraftError(f"-k {steps}: this {family_of(net).model_type} drafter was trained to draft {limit} "
                              f"tokens per round; measure with -k {limit} or less")
     teacher = TeacherHead.from_target(target_model, net.d2t)

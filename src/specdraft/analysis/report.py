@@ -22,7 +22,7 @@ from specdraft import run_layout
 from specdraft.analysis import compare
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
-from specdraft.families import family_of
+from specdraft.families import DEFAULT, family, family_of
 from specdraft.formats import card
 from specdraft.infer import kernels
 from specdraft.infer.bench import why_not_faster
@@ -106,10 +106,6 @@ def number(value, fmt: str = ".2f") -> str:
 
 
 # ----------------------------------------------------------------------------- facts from the run folder
-
-def eagle3_of(bench) -> dict:
-    return ((bench.get("methods") or {}).get("eagle3") or {}) if isinstance(bench, dict) else {}
-
 
 def checkpoint_inputs(run: Path) -> dict:
     """The training data recorded in the run's best checkpoint (else its newest epoch-N)."""
@@ -199,23 +195,24 @@ def headline_html(run: Path) -> str:
     bench = read_json(run / run_layout.BENCH, BENCH_FIELDS)
     for name in (run_layout.BENCH_NATURAL, run_layout.EVAL):
         read_json(run / name, BENCH_FIELDS if name == run_layout.BENCH_NATURAL else EVAL_FIELDS)   # types checked
-    eagle, cfg = eagle3_of(bench), (bench.get("config") or {}) if isinstance(bench, dict) else {}
+    drafter = metrics.drafter_method(bench)[1]          # the drafter's chain, whatever its family
+    cfg = (bench.get("config") or {}) if isinstance(bench, dict) else {}
     taus, served = card.tau_measurements(run), served_k(run)
     tau = (card.headline_text(taus, served), "the headline: the natural prompt set at the K the export serves "
            "where measured; every τ is in the table below") if taus else \
         ("unknown", "no bench.json, eval.json or validation in the run folder")
-    if isinstance(eagle.get("speedup"), (int, float)):
+    if isinstance(drafter.get("speedup"), (int, float)):
         greedy = (bench.get("methods") or {}).get("greedy") or {}
-        over_plain = eagle.get("speedup_over_plain")
-        speedup = (f"{eagle['speedup']:.2f}x", f"{number(eagle.get('tokens_per_s'), '.1f')} vs "
+        over_plain = drafter.get("speedup_over_plain")
+        speedup = (f"{drafter['speedup']:.2f}x", f"{number(drafter.get('tokens_per_s'), '.1f')} vs "
                    f"{number(greedy.get('tokens_per_s'), '.1f')} tok/s, {cfg.get('device', '?')}, batch 1"
                    + (f"; {over_plain:.2f}x over specdraft's loop without drafts (the rest is its kernel paths)"
                       if isinstance(over_plain, (int, float)) else ""))
     else:
-        speedup = ("unknown", "no eagle3 bench")
-    same = eagle.get("identical_to_greedy")
+        speedup = ("unknown", "no bench of the drafter's chain")
+    same = drafter.get("identical_to_greedy")
     identical = (("yes" if same else "NO") if isinstance(same, bool) else "unknown",
-                 f"{eagle.get('prompts_identical', '?')}/{cfg.get('num_prompts', '?')} prompts" if isinstance(same, bool)
+                 f"{drafter.get('prompts_identical', '?')}/{cfg.get('num_prompts', '?')} prompts" if isinstance(same, bool)
                  else "")
     rows = [["τ (tokens per target forward, at most K+1)", *tau], ["speedup vs greedy", *speedup],
             ["identical to greedy", *identical], ["training data", data_size(run), ""],
@@ -320,23 +317,23 @@ def export_html(run: Path) -> str:
             continue
         parts.append(f"<p><b>{esc(e['out'])}</b> <span class=meta>{esc(e.get('layout'))} layout, "
                      f"{esc(e.get('dtype'))}</span></p>")
-        vllm_keys, sglang_lacks, sglang_needs = served_as(e["out"])
+        fam, sglang_lacks, sglang_needs = served_as(e["out"])
         for engine, note, command in card.serve_commands(target, e["out"], e.get("num_speculative_tokens", DRAFT_LENGTH),
-                                                         e.get("layout", "speculators"), sglang_lacks, vllm_keys,
+                                                         e.get("layout", "speculators"), sglang_lacks, fam,
                                                          sglang_needs):
             parts.append(f"<p>Serve with {esc(engine)}{': ' + esc(note) if note else ''}</p>"
                          + (f"<pre>{esc(command)}</pre>" if command else ""))
     return "".join(parts)
 
 
-def served_as(export: str) -> tuple[dict, str | None, str | None]:
-    """How vLLM selects the exported drafter (its family's speculative-config keys), what SGLang lacks
-    for it and the SGLang release it needs, from its config.json (EAGLE-3's defaults when that cannot
-    be read)."""
+def served_as(export: str):
+    """(the exported drafter's family, what SGLang lacks for it, the SGLang release it needs) from its
+    config.json: how the serve commands select it (the default family, lacking nothing, when that
+    cannot be read)."""
     cfg = card.export_config(export)
     if cfg is None:
-        return {"method": "eagle3"}, None, None
-    return dict(family_of(cfg).vllm_speculative), card.sglang_missing(cfg), card.sglang_needs(cfg)
+        return family(DEFAULT), None, None
+    return family_of(cfg), card.sglang_missing(cfg), card.sglang_needs(cfg)
 
 
 def stages_html(run: Path) -> str:

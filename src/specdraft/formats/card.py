@@ -14,9 +14,9 @@ from filelock import FileLock
 
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
-from specdraft.families import family, family_of, layout
+from specdraft.families import DEFAULT, Family, family, family_of, layout
 from specdraft.io import write_json
-from specdraft.metrics import tau_source, tau_text
+from specdraft.metrics import drafter_method, tau_source, tau_text
 
 UNKNOWN = "unknown"
 
@@ -114,18 +114,6 @@ def facts(ckpt: Path, cfg, target_identity: dict | None = None) -> dict:
 
 # ----------------------------------------------------------------------------- τ: one headline, the rest in a table
 
-NOT_DRAFTERS = ("greedy", "plain", "ngram")
-
-
-def drafter_method(bench: dict) -> tuple[str, dict]:
-    """(name, result) of the drafter's chain in a bench.json: eagle3, else the first drafter family
-    measured (peagle, dflash, ...); ("", {}) when bench measured none."""
-    methods = bench.get("methods") if isinstance(bench.get("methods"), dict) else {}
-    names = [n for n, m in methods.items() if isinstance(m, dict) and n not in NOT_DRAFTERS and "-" not in n]
-    name = "eagle3" if "eagle3" in names else (names[0] if names else "")
-    return name, (methods.get(name) or {}) if name else {}
-
-
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -208,7 +196,7 @@ def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: 
     emb = ("not included: vLLM and SGLang use the target's (verified equal at export)" if not embeddings
            else "included (a copy; vLLM shares the target's when they are equal)")
     lines = [
-        f"# EAGLE-3 drafter for {target}",
+        f"# {family_of(cfg).title or family_of(cfg).model_type} drafter for {target}",
         "",
         f"Exported by specdraft (`{layout}` layout, {dtype}). Lossless speculative decoding: the target's "
         "outputs are unchanged, the drafter only proposes tokens.",
@@ -235,7 +223,7 @@ def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: 
         lines += [f"| {t['tau']:.2f} | {t['k']} | {tau_source(t['prompts'], t['count'])} | {t['source']} |"
                   for t in facts["taus"]] + [""]
     for engine, note, command in serve_commands(target, export, speculative_tokens, layout, sglang_missing(cfg),
-                                                dict(family_of(cfg).vllm_speculative), sglang_needs(cfg)):
+                                                family_of(cfg), sglang_needs(cfg)):
         lines += [f"## Serve with {engine}", ""] + ([note, ""] if note else []) + (
             ["```bash", command, "```", ""] if command else [])
     lines += ["See specdraft's docs/serving.md for what each engine reads from this folder.", ""]
@@ -279,7 +267,7 @@ def export_config(export: str | Path):
     """The drafter config an export folder records (config.json's specdraft block), None when unreadable."""
     try:
         config = json.loads((Path(export) / "config.json").read_text())
-        return family(config.get("speculators_model_type", "eagle3")).config_type.from_dict(
+        return family(config.get("speculators_model_type", DEFAULT)).config_type.from_dict(
             config["specdraft"]["drafter_config"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError, SpecdraftError):
         return None
@@ -298,34 +286,35 @@ def engines_line(cfg, run: str | Path, sglang_out: str | Path) -> str:
             + (f"; {needs})" if needs else ")"))
 
 
-def serve_commands(target: str, export: str | Path, speculative_tokens: int, layout: str,
-                   sglang_missing: str | None = None, vllm_keys: dict | None = None,
+def serve_commands(target: str, export: str | Path, speculative_tokens: int, layout_name: str,
+                   sglang_missing: str | None = None, fam: Family | None = None,
                    sglang_needs: str | None = None) -> list[tuple[str, str, str]]:
     """(engine, note, command) to paste for an export folder: the model card and `specdraft report`
-    both show these, so the two never disagree. SGLang reads only the SGLang layout: for another
-    layout the note says to export again, and the command names that second folder; a drafter using
-    what SGLang lacks (`sglang_missing`) gets vLLM's command only. `vllm_keys`: the family's keys of
-    vLLM's speculative config (P-EAGLE: eagle3 with parallel_drafting, DFlash: dflash).
-    `sglang_needs`: the SGLang release an EAGLE-3.1 drafter needs, said before SGLang's command."""
+    both show these, so the two never disagree. vLLM selects the drafter by its family's keys of the
+    speculative config (`fam`, the default family when None). SGLang reads only the family's SGLang
+    layout, whose `serve` gives its command: for another layout the note says to export again, and
+    the command names that second folder; a drafter using what SGLang lacks (`sglang_missing`) gets
+    vLLM's command only. `sglang_needs`: the SGLang release the drafter needs, said before SGLang's command."""
+    fam = fam or family(DEFAULT)
     serve_target = target if target and target != UNKNOWN else "TARGET"
     export, k = str(export), int(speculative_tokens)
-    spec = json.dumps({**(vllm_keys or {"method": "eagle3"}), "model": export, "num_speculative_tokens": k})
+    spec = json.dumps({**dict(fam.vllm_speculative), "model": export, "num_speculative_tokens": k})
     vllm = f"vllm serve {serve_target} \\\n  --speculative-config '{spec}'"
-    if layout == "speculators":   # a speculators folder names its target: vLLM's short form
+    if layout_name == "speculators":   # a speculators folder names its target: vLLM's short form
         vllm = f"vllm serve {export}\n# or, with the draft length chosen here:\n" + vllm
+    sglang_layout = layout(fam, "sglang")
+    if sglang_layout is None or sglang_layout.serve is None:
+        sglang_missing = sglang_missing or f"{fam.model_type} drafters"
     if sglang_missing:
         return [("vLLM", "", vllm),
                 ("SGLang", f"SGLang cannot serve this drafter: it does not implement {sglang_missing}.", "")]
     note, sglang_path = "", export
-    if layout != "sglang":
+    if layout_name != "sglang":
         sglang_path = export + "-sglang"
         note = f"SGLang reads the SGLang layout: export again with `--format sglang --out {sglang_path}`, then"
     if sglang_needs:
         note = f"This drafter {sglang_needs}." + (f" {note}" if note else "")
-    sglang = (f"python -m sglang.launch_server --model-path {serve_target} \\\n"
-              f"  --speculative-algorithm EAGLE3 \\\n  --speculative-draft-model-path {sglang_path} \\\n"
-              f"  --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
-    return [("vLLM", "", vllm), ("SGLang", note, sglang)]
+    return [("vLLM", "", vllm), ("SGLang", note, sglang_layout.serve(serve_target, sglang_path, k))]
 
 
 def _data_size(f: dict) -> str:

@@ -117,7 +117,7 @@ def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> Non
 
 def draft_length(cfg, requested: int | None) -> int:
     """The num_speculative_tokens a checkpoint of `cfg` is written with: the one asked for, else the
-    default (DRAFT_LENGTH); never beyond what its family trained it to draft (DFlash: its block's slots)."""
+    default (DRAFT_LENGTH); never beyond what its family trained it to draft (Family.max_draft: a block's slots)."""
     limit = family_of(cfg).max_draft(cfg)
     if requested is None:
         return min(DRAFT_LENGTH, limit or DRAFT_LENGTH)

@@ -208,7 +208,7 @@ def decide(rates: list[float], verify_ms: list[float], draft_ms: float, k: int |
 def choose(target_model, drafter, spec, ids: list[int], k: int | None, stop: float | None, stop_auto: bool,
            k_max: int = K_MAX) -> AutoChoice:
     """Measure what the model needs and decide; k None = auto (never beyond what the family drafts:
-    DFlash's block)."""
+    its max_draft)."""
     limit = family_of(drafter).max_draft(drafter.config)
     k_max = min(k_max, limit) if limit is not None else k_max
     n_max = max(k_max, k or 0)

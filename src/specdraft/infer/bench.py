@@ -33,8 +33,8 @@ from specdraft.targets import default_aux_layers
 
 # greedy: transformers' generate (what a user runs without us; every speedup is against it).
 # plain: specdraft's own loop with no drafter, on the kernel paths measured for this machine
-# (infer/kernels.py): eagle3's speedup over plain is what the drafts alone bring.
-# Then a drafter's own chain under its family's name (eagle3, peagle, ...), eagle3-tree, and hybrid:
+# (infer/kernels.py): a drafter's speedup over plain is what the drafts alone bring.
+# Then a drafter's own chain under its family's name, FAMILY-tree where the family drafts trees, and hybrid:
 # the drafter's chain and the n-gram continuation verified together (infer/hybrid.py), any family.
 BASE_METHODS = ("greedy", "plain", "ngram")
 TREE = "-tree"
@@ -49,7 +49,7 @@ def needs_drafter(name: str) -> bool:
 
 
 def check_drafter_methods(names: list[str], drafter, flag: str = "--methods") -> None:
-    """A drafter method names the drafter's family: --methods peagle runs a P-EAGLE checkpoint
+    """A drafter method names the drafter's family: --methods FAMILY runs a drafter of that family
     (hybrid takes a drafter of any family). `flag`: the option the user typed (bench's --methods,
     generate's --method)."""
     wanted = [n for n in names if needs_drafter(n)]
@@ -74,7 +74,7 @@ def resolve_device(device: str) -> str:
 
 
 def untrained_drafter(target_model, draft_vocab_size: int = 8192, seed: int = 0, verifier: str = "",
-                      model_type: str = "eagle3"):
+                      model_type: str = families.DEFAULT):
     """Random drafter over the first N target ids (timing only: it is almost never accepted)."""
     from types import SimpleNamespace
 
@@ -507,11 +507,12 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
         raise SpecdraftError(f"--compute-dtype {dtype}: choose float32, bfloat16 or float16")
     if (k is None or stop is not None) and not chains:
         raise SpecdraftError("--num-speculative-tokens auto and --draft-stop: for a drafter's chain; add its family "
-                             "(eagle3, peagle, dflash, ...) to --methods")
+                             f"({', '.join(families.names())}) to --methods")
     # a setting no method uses is refused, never measured as if it took effect
     if tree is not None and not any(n.endswith(TREE) for n in names):
-        raise SpecdraftError(f"--tree {tree}: no method in --methods {methods} drafts a tree; add eagle3-tree or "
-                             "drop --tree")
+        trees = [n for n in all_methods() if n.endswith(TREE)]
+        raise SpecdraftError(f"--tree {tree}: no method in --methods {methods} drafts a tree; add "
+                             f"{' or '.join(trees) or 'a tree method'} or drop --tree")
     if k_text is not None and all(n in ("greedy", "plain") for n in names):
         raise SpecdraftError(f"-k {k_text}: no method in --methods {methods} drafts (greedy and plain decode one "
                              "token a step); add ngram or a drafter family, or drop -k")
@@ -522,7 +523,7 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     dev = resolve_device(device)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     draft_model = (load_drafter_for(drafter, target, dev, DTYPES[dtype]) if any(map(needs_drafter, names)) else None)
-    check_drafter_methods(names, draft_model)          # --methods peagle for a P-EAGLE drafter
+    check_drafter_methods(names, draft_model)          # --methods FAMILY for a drafter of that family
     k, stop, choice = resolve(target, draft_model, drafter, prompt_ids(target.tokenizer, conversations[0]), k, stop)
     total = len(conversations) * len(set(names) | {"greedy"}) * rounds
     with progress("bench", total, 0, "runs", console=Console(stderr=True)) as tracker:
@@ -533,7 +534,9 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
                         "draft_stop": stop, "rounds": rounds, "verify_rows": rows,
-                        "tree": [shape.depth, shape.topk, shape.total] if "eagle3-tree" in names else None,
+                        "family": family_of(draft_model).model_type if draft_model is not None else None,
+                        "tree": [shape.depth, shape.topk, shape.total] if any(n.endswith(TREE) for n in names)
+                        else None,
                         "ngram": list(ngram), **environment(dev, dtype)}
     return report
 

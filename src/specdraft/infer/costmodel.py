@@ -6,7 +6,7 @@ For a chain of K drafts with conditional acceptance a_1..a_K (a_k = P(draft k ac
     tokens(K) = 1 + sum_{k=1..K} prod_{i<=k} a_i        (the target's own token included)
 and costs
     cycle(K)  = K * draft + verify(K+1)                 (verify K drafts + the bonus position)
-A family that drafts a round in one forward (P-EAGLE, DFlash, DSpark: `one_forward`) pays its draft once:
+A family that drafts a round in one forward (`one_forward`: its Family.drafts_in_one_forward) pays its draft once:
     cycle(K)  = draft + verify(K+1)   (K >= 1; `draft` then is one such forward, timed at the largest K)
 so throughput is tokens(K) / cycle(K). Why measure verify(n) per n: on one GPU verify is nearly
 flat in n, but on 8 GPUs with tensor parallelism (the seed: ~30 ms verify, ~25 ms of it all-reduce)
@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass
 
 from specdraft.errors import SpecdraftError
+from specdraft.metrics import drafter_method
 
 
 @dataclass
@@ -111,9 +112,9 @@ def cond_rates_from(obj, where: str = "rates", prefix: str = "") -> list[float] 
     for key in ("metrics", "acceptance", "eval", "simulated", "result"):
         if isinstance(obj.get(key), dict) and (found := cond_rates_from(obj[key], where, f"{prefix}{key}.")):
             return found
-    methods = obj.get("methods")                     # a bench JSON: the EAGLE-3 chain's rates
+    methods = obj.get("methods")                     # a bench JSON: the drafter's chain's rates first
     if isinstance(methods, dict):
-        for name in ("eagle3", *methods):
+        for name in (drafter_method(obj)[0], *methods):
             if (found := cond_rates_from(methods.get(name), where, f"{prefix}methods.{name}.")):
                 return found
     if isinstance(obj.get("cond_acc"), list):

@@ -27,11 +27,11 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_te
         raise SpecdraftError(f"--method {method}: unknown; choose {', '.join(choices)}")
     if (k is None or stop is not None) and not chain:
         raise SpecdraftError("--num-speculative-tokens auto and --draft-stop: only with a drafter's chain (--method "
-                             "eagle3, peagle, dflash, ...; no --tree)")
+                             f"{', '.join(families.names())}; no --tree)")
     if dtype not in DTYPES:
         raise SpecdraftError(f"--compute-dtype {dtype}: choose float32, bfloat16 or float16")
     shape = TreeShape.parse(tree) if tree else None
-    tree_families = [n for n in families.names() if families.family(n).tree]    # the family says (eagle3)
+    tree_families = [n for n in families.names() if families.family(n).tree]    # the family says (Family.tree)
     if shape is not None and (method not in tree_families or not sampling.greedy):
         raise SpecdraftError(f"--tree: only with --method {' or '.join(tree_families)} and greedy decoding "
                              "(--temperature 0)")

@@ -15,6 +15,7 @@ from typing import Literal
 
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
+from specdraft.families import DEFAULT as DEFAULT_FAMILY
 from specdraft import trackers
 from specdraft.io import atomic_path, read_text
 from specdraft.watch import WatchConfig
@@ -51,13 +52,13 @@ class RunConfig:
     overwrite: bool = setting(False, "--out already holds a run: delete its files (metrics, checkpoints, best/, "
                               "journal) and start over (never saved as true).")
     # drafter
-    family: str = setting("eagle3", "Drafter family, by its speculators model type (`specdraft info` lists the "
+    family: str = setting(DEFAULT_FAMILY, "Drafter family, by its speculators model type (`specdraft info` lists the "
                           "registered ones).")
     norm_before_residual: bool = setting(False, "Drafter layout: norm the hidden state before the residual.")
     fc_norm: bool = setting(False, "EAGLE-3.1: an RMSNorm on each aux layer's state before fc (vLLM serves it).")
     norm_output: bool = setting(False, "EAGLE-3.1: feed the final-normed hidden state back to the next draft step.")
-    draft_layers: int = setting(1, "Decoder layers of a family that stacks them (DFlash); EAGLE-3 and P-EAGLE "
-                                "have one.", low=1, high=64)
+    draft_layers: int = setting(1, "Decoder layers of a family that stacks them; a family with one refuses "
+                                "more.", low=1, high=64)
     init_layer: Literal["fresh", "target"] = setting("fresh", "Decoder layer's start: fresh (random) or target "
                                                      "(copied from the target's last layer, zeros on the "
                                                      "embedding half of q/k/v).")

@@ -145,9 +145,9 @@ def wrap_ddp(model: torch.nn.Module, device: torch.device, find_unused_parameter
 def wrap_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool = False):
     """FSDP2 over the family's training objective: parameters become DTensors sharded on dim 0.
 
-    The family names its wide submodules (EAGLE-3: embed_tokens, fc and lm_head); each is its own
-    `fully_shard` unit, gathered only around its own calls. The objective is the root unit and
-    gathers the rest for the step (model/eagle3 says why its decoder layer stays there).
+    The family names its wide submodules (Family.fsdp_units: embed_tokens, fc and lm_head); each is
+    its own `fully_shard` unit, gathered only around its own calls. The objective is the root unit
+    and gathers the rest for the step (the family's fsdp_units says why a layer stays there).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

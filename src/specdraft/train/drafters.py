@@ -60,7 +60,7 @@ def pretrained_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int], log)
         target_rows = target.model.get_output_embeddings().weight.detach().float()
         weight, counts = vocab_mod.remap_lm_head(src.lm_head.weight.detach(), src_vocab, vocab, target_rows)
         tensors["lm_head.weight"] = weight
-        for name in fam.draft_vocab_rows:          # a family's other draft-id rows (DSpark's Markov bias)
+        for name in fam.draft_vocab_rows:          # a family's other draft-id rows (Family.draft_vocab_rows)
             if name != "lm_head.weight":
                 tensors[name] = vocab_mod.remap_lm_head(tensors[name], src_vocab, vocab)[0]
         report.update(remapped=True, overlap=d["overlap"]["count"],
@@ -76,22 +76,18 @@ def pretrained_drafter(cfg: RunConfig, target, vocab, layer_ids: list[int], log)
     return drafter.float().train(), report
 
 
-# the drafter config fields that run settings shape, as the user names them
-SHAPE_FLAGS = {"num_layers": "--draft-layers", "block_size": "--ttt-steps", "fc_norm": "--fc-norm",
-               "norm_output": "--norm-output", "norm_before_residual": "--norm-before-residual"}
-
-
 def check_shape_settings(cfg: RunConfig, fam, src_config, target, vocab, layer_ids: list[int], where: str) -> None:
     """A pretrained drafter keeps its architecture: a setting that would shape a fresh drafter
-    otherwise than the defaults (--draft-layers 2, --ttt-steps 5 of DFlash's block, --fc-norm) and
-    that the drafter does not have is refused, never recorded in config.yaml and silently dropped.
-    The family's own checks of the run's settings (DFlash refuses EAGLE-3 options) run here too."""
+    otherwise than the defaults (a family's `shape_flags`: --draft-layers 2, --fc-norm) and that the
+    drafter does not have is refused, never recorded in config.yaml and silently dropped. The
+    family's own checks of the run's settings (in its new_config) run here too."""
     wanted = fam.new_config(target.config, vocab.draft_vocab_size, layer_ids, target.name, cfg).to_dict()
     default = fam.new_config(target.config, vocab.draft_vocab_size, layer_ids, target.name).to_dict()
     kept = src_config.to_dict()
     dropped = [f for f in wanted if wanted[f] != default.get(f) and kept.get(f) != wanted[f]]
     if dropped:
-        asked = "; ".join(f"{SHAPE_FLAGS.get(f, f)} sets {f} {wanted[f]} but the drafter has {kept.get(f)}"
+        flags = dict(fam.shape_flags)
+        asked = "; ".join(f"{flags.get(f, f)} sets {f} {wanted[f]} but the drafter has {kept.get(f)}"
                           for f in dropped)
         raise SpecdraftError(f"{where}: a pretrained drafter keeps its architecture ({asked}); drop those flags to "
                              "fine-tune it as it is, or train from scratch without --from-pretrained")

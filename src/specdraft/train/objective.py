@@ -3,8 +3,8 @@ and lm_head rows over the draft vocab), the per-position losses, and the metric 
 
 Metric sums are plain 0-dim float64 tensors (numerators and denominators), so batches and ranks
 add them up (`add_sums`, or an all_reduce) and `finalize_metrics` turns them into rates: per
-draft step k, loss_sum_k / count_k and the full / conditional acceptance. EAGLE-3's TTT forward
-(model/eagle3/objective.py) is the first user.
+draft step k, loss_sum_k / count_k and the full / conditional acceptance. Each family's objective
+(model/FAMILY/objective.py, reached through Family.objective) uses them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The drafters' KV caches: KVCache (grows by concatenation, so the TTT unroll can backpropagate
 through it), GrowingKVCache (the generation loop's: preallocated buffers written in place, crop moves
-the end) and ContextCache (one GrowingKVCache per decoder layer: DFlash's and DSpark's context)."""
+the end) and ContextCache (one GrowingKVCache per decoder layer: a block drafter's context)."""
 
 from __future__ import annotations
 

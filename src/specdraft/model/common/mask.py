@@ -1,4 +1,5 @@
-"""The mask slots' token of the families that draft a round in one forward (P-EAGLE, DFlash, DSpark)."""
+"""The mask slots' token of the families that draft a round in one forward (mask slots after
+the last accepted token)."""
 
 from __future__ import annotations
 

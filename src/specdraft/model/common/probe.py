@@ -1,4 +1,4 @@
-"""The draft-cost probe of a family that drafts a round in one forward (P-EAGLE, DFlash, DSpark): what
+"""The draft-cost probe of a family that drafts a round in one forward (Family.drafts_in_one_forward): what
 `-k auto` and `plan` time as its draft cost, through the proposer's own loop path."""
 
 from __future__ import annotations

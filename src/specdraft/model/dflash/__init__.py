@@ -26,6 +26,10 @@ EAGLE_ONLY = (("fc_norm", False, "vLLM's DFlash has no fc_norm"),
               ("attention", "sdpa", "DFlash's block mask runs on sdpa"))
 
 
+# what --from-pretrained keeps: the drafter config fields the train flags set (the block: anchor + --ttt-steps slots)
+SHAPE_FLAGS = (("num_layers", "--draft-layers"), ("block_size", "--ttt-steps"))
+
+
 def check_run(run) -> None:
     for name, value, why in EAGLE_ONLY:
         if getattr(run, name) != value:
@@ -60,4 +64,4 @@ FAMILY = register(Family(model_type="dflash", config_type=DFlashConfig, new_conf
                          validate=checkpoint.validate,
                          fsdp_units=lambda drafter: [drafter.embed_tokens, drafter.fc, drafter.lm_head],
                          drafts_in_one_forward=True, vllm_speculative=(("method", "dflash"),),
-                         max_draft=lambda cfg: cfg.block_size - 1))
+                         max_draft=lambda cfg: cfg.block_size - 1, title="DFlash", shape_flags=SHAPE_FLAGS))

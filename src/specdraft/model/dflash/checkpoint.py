@@ -11,14 +11,13 @@ from __future__ import annotations
 from specdraft.errors import SpecdraftError
 from specdraft.io import check_fields
 from specdraft.model.dflash.module import DFlashConfig
-from specdraft.model.eagle3 import checkpoint as eagle3_checkpoint
-from specdraft.model.eagle3.tensors import check_tensors, require_keys
+from specdraft.model.common import checkpoint as common
 
 MODEL_TYPE = "dflash"
 FIELDS = {"aux_hidden_state_layer_ids": list, "aux_hidden_state_layer_ids.*": int, "mask_token_id": int,
           "draft_vocab_size": int, "transformer_layer_config": dict, "sample_from_anchor": bool,
-          "specdraft": dict, **eagle3_checkpoint.dataclass_fields(DFlashConfig, "specdraft.drafter_config."),
-          **{f"transformer_layer_config.{k}": v for k, v in eagle3_checkpoint.LLAMA_FIELDS.items()},
+          "specdraft": dict, **common.dataclass_fields(DFlashConfig, "specdraft.drafter_config."),
+          **{f"transformer_layer_config.{k}": v for k, v in common.LLAMA_FIELDS.items()},
           "transformer_layer_config.num_hidden_layers": int}
 
 
@@ -26,7 +25,7 @@ def layer_dict(cfg: DFlashConfig, dtype: str) -> dict:
     """The draft's decoder stack as a Qwen3 config dict (what DFlashQwen3ForCausalLM builds from)."""
     from transformers import Qwen3Config
 
-    d = eagle3_checkpoint.llama_layer_dict(cfg, dtype)
+    d = common.llama_layer_dict(cfg, dtype)
     qwen = Qwen3Config(**{k: v for k, v in d.items() if k not in ("model_type", "transformers_version", "num_hidden_layers")},
                        num_hidden_layers=cfg.num_layers, use_sliding_window=False).to_dict()
     for noise in ("id2label", "label2id", "architectures"):
@@ -39,7 +38,7 @@ def build_config(cfg: DFlashConfig, dtype: str, speculative_tokens: int, verifie
     return {
         "architectures": ["DFlashSpeculator"],
         "speculators_model_type": MODEL_TYPE,
-        "speculators_version": eagle3_checkpoint.SPECULATORS_VERSION,
+        "speculators_version": common.SPECULATORS_VERSION,
         "speculators_config": {
             "algorithm": MODEL_TYPE,
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
@@ -57,14 +56,15 @@ def build_config(cfg: DFlashConfig, dtype: str, speculative_tokens: int, verifie
         "block_size": int(cfg.block_size),
         "dtype": dtype,
         "torch_dtype": dtype,
-        "specdraft": {"format_version": eagle3_checkpoint.FORMAT_VERSION, "drafter_config": cfg.to_dict()},
+        "specdraft": {"format_version": common.FORMAT_VERSION, "drafter_config": cfg.to_dict()},
     }
 
 
 def parse_config(config: dict, where: str) -> DFlashConfig:
-    check_fields(config, FIELDS, eagle3_checkpoint.config_file(where), eagle3_checkpoint.FIX)
-    require_keys(config, ["transformer_layer_config", "draft_vocab_size", "aux_hidden_state_layer_ids",
-                          "mask_token_id"], where, "a DFlash drafter names them; re-export it or fix config.json")
+    check_fields(config, FIELDS, common.config_file(where), common.FIX)
+    common.require_keys(config, ["transformer_layer_config", "draft_vocab_size", "aux_hidden_state_layer_ids",
+                                 "mask_token_id"], where,
+                        "a DFlash drafter names them; re-export it or fix config.json")
     if config.get("sample_from_anchor"):
         raise SpecdraftError(f"{where}: sample_from_anchor is true (the anchor's row drafts too); specdraft's "
                              "DFlash drafts from the mask slots only")
@@ -72,13 +72,12 @@ def parse_config(config: dict, where: str) -> DFlashConfig:
     if block:
         return DFlashConfig.from_dict(block)
     layer = config["transformer_layer_config"]
-    base = eagle3_checkpoint.drafter_config_from_llama(
-        layer, f"{where} transformer_layer_config", draft_vocab_size=config["draft_vocab_size"],
+    return common.config_from_llama(
+        DFlashConfig, layer, f"{where} transformer_layer_config", draft_vocab_size=config["draft_vocab_size"],
         aux_layer_ids=list(config["aux_hidden_state_layer_ids"]),
-        verifier=((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
-    return DFlashConfig.from_dict({**base.to_dict(), "num_layers": layer.get("num_hidden_layers", 1),
-                                   "mask_token_id": config["mask_token_id"],
-                                   "block_size": config.get("block_size", 16)})
+        verifier=((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "",
+        num_layers=layer.get("num_hidden_layers", 1), mask_token_id=config["mask_token_id"],
+        block_size=config.get("block_size", 16))
 
 
 def expected_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
@@ -104,8 +103,8 @@ OPTIONAL = ("embed_tokens.weight", "d2t", "t2d")   # embed_tokens: vLLM shares t
 def validate(tensors: dict, cfg: DFlashConfig, where: str) -> None:
     """Fail on the first missing, unknown or misshapen tensor, a bad mapping, mask token or aux id."""
     shapes = expected_shapes(cfg)
-    check_tensors(tensors, shapes, [k for k in shapes if k not in OPTIONAL], cfg, where,
-                  f"{cfg.num_layers}-layer DFlash drafter")
+    common.check_tensors(tensors, shapes, [k for k in shapes if k not in OPTIONAL], cfg, where,
+                         f"{cfg.num_layers}-layer DFlash drafter")
     check_block_config(cfg, where)
 
 

@@ -23,12 +23,12 @@ from torch import nn
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from specdraft.model.eagle3.config import DrafterConfig
-from specdraft.model.eagle3.module import init_heads_from_target
+from specdraft.model.common.config import BaseConfig
+from specdraft.model.common.heads import init_heads_from_target
 
 
 @dataclass
-class DFlashConfig(DrafterConfig):
+class DFlashConfig(BaseConfig):
     model_type = "dflash"                 # the family (families.py); a class attribute, not a field
     num_layers: int = 1                   # decoder layers (the draft's num_hidden_layers in vLLM)
     mask_token_id: int = 0                # target token id in every mask slot (dflash_config.mask_token_id)

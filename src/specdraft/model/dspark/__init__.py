@@ -35,4 +35,4 @@ FAMILY = register(Family(model_type="dspark", config_type=DSparkConfig, new_conf
                          fsdp_units=lambda drafter: [drafter.embed_tokens, drafter.fc, drafter.lm_head],
                          drafts_in_one_forward=True, vllm_speculative=(("method", "dspark"),),
                          draft_vocab_rows=("lm_head.weight", "markov_head.markov_w2.weight"),
-                         max_draft=lambda cfg: cfg.block_size - 1))
+                         max_draft=lambda cfg: cfg.block_size - 1, title="DSpark", shape_flags=dflash.SHAPE_FLAGS))

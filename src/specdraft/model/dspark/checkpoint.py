@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from specdraft.errors import SpecdraftError
 from specdraft.io import check_fields
+from specdraft.model.common import checkpoint as common
 from specdraft.model.dflash import checkpoint as dflash_checkpoint
 from specdraft.model.dspark.module import DSparkConfig
-from specdraft.model.eagle3 import checkpoint as eagle3_checkpoint
-from specdraft.model.eagle3.tensors import check_tensors
 
 MODEL_TYPE = "dspark"
 ARCHITECTURE = "Qwen3DSparkModel"
 MARKOV_HEAD_TYPES = ("vanilla",)
 FIELDS = {**{k: v for k, v in dflash_checkpoint.FIELDS.items() if not k.startswith("specdraft.drafter_config.")},
-          **eagle3_checkpoint.dataclass_fields(DSparkConfig, "specdraft.drafter_config."),
+          **common.dataclass_fields(DSparkConfig, "specdraft.drafter_config."),
           "markov_rank": int, "markov_head_type": str, "enable_confidence_head": bool,
           "confidence_head_with_markov": bool, "block_size": int}
 
@@ -38,7 +37,7 @@ def build_config(cfg: DSparkConfig, dtype: str, speculative_tokens: int, verifie
 
 
 def parse_config(config: dict, where: str) -> DSparkConfig:
-    check_fields(config, FIELDS, eagle3_checkpoint.config_file(where), eagle3_checkpoint.FIX)
+    check_fields(config, FIELDS, common.config_file(where), common.FIX)
     if config.get("markov_rank") is None:
         raise SpecdraftError(f"{where}: missing config key markov_rank; a DSpark drafter names its Markov head's "
                              "rank; re-export it or fix config.json")
@@ -67,7 +66,7 @@ def expected_shapes(cfg: DSparkConfig) -> dict[str, tuple[int, ...]]:
 def validate(tensors: dict, cfg: DSparkConfig, where: str) -> None:
     """DFlash's checks (mask token, aux ids) plus the Markov and confidence heads' tensors."""
     shapes = expected_shapes(cfg)
-    check_tensors(tensors, shapes, [k for k in shapes if k not in dflash_checkpoint.OPTIONAL], cfg, where,
-                  f"{cfg.num_layers}-layer DSpark drafter (markov_rank {cfg.markov_rank}, confidence head "
-                  f"{'on' if cfg.enable_confidence_head else 'off'})")
+    common.check_tensors(tensors, shapes, [k for k in shapes if k not in dflash_checkpoint.OPTIONAL], cfg, where,
+                         f"{cfg.num_layers}-layer DSpark drafter (markov_rank {cfg.markov_rank}, confidence head "
+                         f"{'on' if cfg.enable_confidence_head else 'off'})")
     dflash_checkpoint.check_block_config(cfg, where)

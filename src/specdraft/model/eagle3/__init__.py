@@ -63,9 +63,15 @@ def sglang_write(cfg, weights: dict, dtype: str, where: str):
 
 
 SGLANG = Layout("sglang", sglang_detect, sglang_read, sglang_write, sglang.unsupported,
-                "config.json with architectures ['LlamaForCausalLMEagle3'] (SGLang / EAGLE repo)", needs=sglang.needs)
+                "config.json with architectures ['LlamaForCausalLMEagle3'] (SGLang / EAGLE repo)",
+                needs=sglang.needs, serve=sglang.serve_command)
+
+# what --from-pretrained keeps: the drafter config fields the train flags set
+SHAPE_FLAGS = (("fc_norm", "--fc-norm"), ("norm_output", "--norm-output"),
+               ("norm_before_residual", "--norm-before-residual"))
 
 FAMILY = register(Family(model_type="eagle3", config_type=DrafterConfig, new_config=new_config, build=Eagle3Drafter,
                          init_from_target=init_from_target, objective=training_objective, proposer=EagleProposer,
                          checkpoint_config=checkpoint.build_config, parse_config=checkpoint.parse_config,
-                         validate=tensors.validate, fsdp_units=fsdp_units, layouts=(SGLANG,), tree=True))
+                         validate=tensors.validate, fsdp_units=fsdp_units, layouts=(SGLANG,), tree=True,
+                         title="EAGLE-3", shape_flags=SHAPE_FLAGS))

@@ -25,8 +25,8 @@ from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, Ll
                                                       apply_rotary_pos_emb)
 
 from specdraft.model.common.cache import KVCache
+from specdraft.model.common.heads import init_heads_from_target
 from specdraft.model.eagle3.config import DrafterConfig
-from specdraft.targets import final_norm
 
 
 _compiled_flex = None
@@ -162,19 +162,6 @@ class Eagle3Drafter(nn.Module):
             getattr(mine.mlp, name).weight.copy_(last_layer[f"mlp.{name}.weight"].float())
         mine.hidden_norm.weight.copy_(last_layer["input_layernorm.weight"].float())
         mine.post_attention_layernorm.weight.copy_(last_layer["post_attention_layernorm.weight"].float())
-
-
-@torch.no_grad()
-def init_heads_from_target(drafter: nn.Module, target_model, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-    """Copy the target's embeddings (frozen), the vocab mapping, and start lm_head and the final norm
-    from the target's (its rows for the draft tokens), so a fresh drafter already speaks the target's
-    output space. Any family with embed_tokens, d2t, t2d, lm_head and norm."""
-    drafter.embed_tokens.weight.copy_(target_model.get_input_embeddings().weight.float())
-    drafter.d2t.copy_(d2t)
-    drafter.t2d.copy_(t2d)
-    draft_to_target = torch.arange(len(d2t)) + d2t
-    drafter.lm_head.weight.copy_(target_model.get_output_embeddings().weight[draft_to_target].float())
-    drafter.norm.weight.copy_(final_norm(target_model)[0].float())
 
 
 def causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from specdraft.errors import SpecdraftError
 from specdraft.io import check_fields
-from specdraft.model.eagle3.checkpoint import (FIX, FORMAT_VERSION, LLAMA_FIELDS, config_file, dataclass_fields,
-                                               drafter_config_from_llama, llama_layer_dict)
+from specdraft.model.common.checkpoint import (FIX, FORMAT_VERSION, LLAMA_FIELDS, config_file, config_from_llama,
+                                               dataclass_fields, llama_layer_dict)
 from specdraft.model.eagle3.config import DrafterConfig
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -57,6 +57,13 @@ def needs(cfg: DrafterConfig) -> str | None:
             "SGLang ignores them without a word (and skips the fc_norm weights) and accepts few drafts")
 
 
+def serve_command(target: str, folder: str, k: int) -> str:
+    """SGLang's launch line for this layout's folder, drafting K tokens per round (a chain: top-k 1)."""
+    return (f"python -m sglang.launch_server --model-path {target} \\\n"
+            f"  --speculative-algorithm EAGLE3 \\\n  --speculative-draft-model-path {folder} \\\n"
+            f"  --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
+
+
 def build_config(cfg: DrafterConfig, dtype: str, where: str) -> dict:
     if unsupported(cfg):
         raise SpecdraftError(f"{where}: the drafter uses norm_before_residual, which SGLang's LlamaForCausalLMEagle3 "
@@ -85,8 +92,8 @@ def parse_config(config: dict, where: str, lm_head_rows: int | None) -> DrafterC
     else:
         aux = list(config.get("eagle_aux_hidden_state_layer_ids") or [])
     draft_vocab = config.get("draft_vocab_size") or lm_head_rows or config.get("vocab_size")
-    return drafter_config_from_llama(
-        config, where, draft_vocab_size=int(draft_vocab), aux_layer_ids=aux,
+    return config_from_llama(
+        DrafterConfig, config, where, draft_vocab_size=int(draft_vocab), aux_layer_ids=aux,
         norm_before_residual=bool(config.get("norm_before_residual", False)),
         fc_norm=bool(config.get("fc_norm", False)), norm_output=bool(config.get("norm_output", False)),
         verifier="")  # EAGLE configs do not name the verifier

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from specdraft.errors import SpecdraftError
+from specdraft.model.common.checkpoint import check_tensors
 from specdraft.model.eagle3.config import DrafterConfig
-from specdraft.vocab import check_mapping
 
 LAYER = "layers.0."
 REQUIRED = ["fc.weight",
@@ -53,30 +53,6 @@ def fc_norm_names(cfg: DrafterConfig) -> list[str]:
     return [f"fc_norm.{i}.weight" for i in range(cfg.num_aux)] if cfg.fc_norm else []
 
 
-def check_tensors(tensors: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], required: list[str], cfg,
-                  where: str, what: str) -> None:
-    """Any family's tensor checks: the first missing, unknown or misshapen tensor (against `shapes`, the
-    config's), then the d2t/t2d mapping; one line each naming the tensor and `what` drafter it is."""
-    missing = [k for k in required if k not in tensors]
-    if missing:
-        raise SpecdraftError(f"{where}: missing tensor(s) {', '.join(missing[:5])}; not a complete {what}")
-    unknown = sorted(k for k in tensors if k not in shapes)
-    if unknown:
-        raise SpecdraftError(f"{where}: unexpected tensor(s) {', '.join(unknown[:5])}; expected only the tensors "
-                             f"of a {what}")
-    for name, t in tensors.items():
-        if tuple(t.shape) != shapes[name]:
-            raise SpecdraftError(f"{where}: tensor {name} has shape {list(t.shape)} but the config implies "
-                                 f"{list(shapes[name])} (hidden_size {cfg.hidden_size}, draft_vocab_size "
-                                 f"{cfg.draft_vocab_size}, vocab_size {cfg.vocab_size}); config and weights "
-                                 "disagree")
-    if "d2t" in tensors:
-        check_mapping(tensors["d2t"], tensors.get("t2d"), where, cfg.vocab_size)
-    elif cfg.draft_vocab_size != cfg.vocab_size:
-        raise SpecdraftError(f"{where}: no d2t tensor but draft_vocab_size {cfg.draft_vocab_size} != vocab_size "
-                             f"{cfg.vocab_size}; the draft-to-target mapping is required")
-
-
 def validate(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, where: str) -> None:
     """Fail on the first missing, unknown or misshapen tensor, a bad mapping or bad aux ids."""
     check_tensors(tensors, expected_shapes(cfg), REQUIRED + fc_norm_names(cfg), cfg, where,
@@ -87,9 +63,3 @@ def validate(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, where: str) -
         if bad:
             raise SpecdraftError(f"{where}: aux layer id(s) {bad} outside the verifier's "
                                  f"{cfg.target_num_layers} layers (valid 0..{cfg.target_num_layers - 1})")
-
-
-def require_keys(d: dict, keys: list[str], where: str, fix: str) -> None:
-    missing = [k for k in keys if d.get(k) is None]
-    if missing:
-        raise SpecdraftError(f"{where}: missing config key(s) {', '.join(missing)}; {fix}")

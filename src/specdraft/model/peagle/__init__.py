@@ -35,4 +35,5 @@ FAMILY = register(Family(model_type="peagle", config_type=PeagleConfig, new_conf
                          proposer=PeagleProposer, checkpoint_config=checkpoint.build_config,
                          parse_config=checkpoint.parse_config, validate=checkpoint.validate,
                          fsdp_units=eagle3.fsdp_units, drafts_in_one_forward=True,
-                         vllm_speculative=(("method", "eagle3"), ("parallel_drafting", True))))
+                         vllm_speculative=(("method", "eagle3"), ("parallel_drafting", True)),
+                         title="P-EAGLE", shape_flags=eagle3.SHAPE_FLAGS))
