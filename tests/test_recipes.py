@@ -119,6 +119,7 @@ def test_shipped_recipes_are_train_configs_with_their_stage_settings():
     assert (quick.samples, quick.draft_vocab, quick.bench_prompts) == (256, 4096, 6)
     assert (full.samples, full.draft_vocab, full.bench_prompts) == (2000, 8192, 16)
     assert (quick.bench_tree, full.bench_tree) == (False, True)   # the demo leaves the tree out (time)
+    assert (quick.conversations, full.conversations) == ("builtin:0.5,self:0.5", "builtin")   # issue 33's source ablation
     cfg = resolve_config(recipe_file("quick"))        # what `train --config quick.yaml` trains with
     assert (cfg.ttt_steps, cfg.epochs, cfg.lr, cfg.max_tokens, cfg.train_on_prompts) == (2, 5, 3e-3, 512, True)
     assert resolve_config(recipe_file("full")).ttt_steps == 3
@@ -173,13 +174,36 @@ def test_bad_recipe_section_is_refused(tmp_path):
     for bad, error in [("k: many", "k is 'many'; expected a whole number >= 1 or auto"),
                        ("draft_stop: 2", "draft_stop is 2"),
                        ("bench_tree: 1", "bench_tree is 1; expected true or false"),
-                       ("draft_stop: sometimes", "draft_stop is 'sometimes'")]:
+                       ("draft_stop: sometimes", "draft_stop is 'sometimes'"),
+                       ("conversations: 3", "conversations is 3; expected a source"),
+                       ("conversations: 'builtin:0.5,self:0'", "the weight must be a positive number")]:
         path.write_text(base + bad + "}\n")
         with pytest.raises(SpecdraftError, match=error):
             load_recipe(path)
     path.write_text("epochs: three\nrecipe: {samples: 6}\n")
     with pytest.raises(SpecdraftError, match="epochs is 'three'"):
         load_recipe(path)
+
+
+def test_the_recipes_prompt_source_and_the_engine_its_questions_need(tmp_path, capsys):
+    """A recipe names its prompt source (`conversations`, builtin by default); questions the target
+    writes itself are sampled in-process, so prepare runs on transformers there, with a note, while the
+    other stages keep the engine asked for."""
+    from rich.console import Console
+
+    from specdraft.pipeline import prepare_engine
+
+    path = tmp_path / "r.yaml"
+    path.write_text("epochs: 1\nrecipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64}\n")
+    assert load_recipe(path).conversations == "builtin"
+    console = Console(stderr=True)
+    assert prepare_engine(console, "builtin", 6, "vllm") == "vllm"
+    assert prepare_engine(console, "builtin:0.5,self:0.5", 6, "hf") == "hf"
+    assert capsys.readouterr().err == ""
+    assert prepare_engine(console, "builtin:0.5,self:0.5", 6, "vllm") == "hf"
+    assert prepare_engine(console, "self:8", 6, "auto") == "hf"
+    err = " ".join(capsys.readouterr().err.split())      # rich wraps the line at the terminal's width
+    assert "note: prepare runs on transformers" in err and "capture keeps --engine vllm" in err
 
 
 def test_recipe_log_holds_each_stage_output(tmp_path, capsys):

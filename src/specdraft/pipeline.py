@@ -28,6 +28,8 @@ from rich.table import Table
 from rich.text import Text
 
 from specdraft import run_layout
+from specdraft.data import mixture as mixtures
+from specdraft.data.conversations import source_kind
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder, read_json, write_json
 from specdraft.metrics import drafter_method, tau_source, tau_text
@@ -66,6 +68,7 @@ class Recipe:
     bench_rounds: int = 3        # bench rounds: every method on every prompt, order rotated (median, spread)
     bench_tree: bool = True      # bench FAMILY-tree next to the chain where the family drafts trees (the quick
                                  # recipe leaves it out: time)
+    conversations: str = "builtin"   # prepare --conversations: the prompt source, e.g. a mixture builtin:0.5,self:0.5
 
 
 def recipe_file(profile: str) -> Path:
@@ -91,6 +94,13 @@ def load_recipe(path: str | Path) -> Recipe:
                              f"known: {', '.join(f.name for f in knobs)}")
     for name, value in stages.items():
         if name == "k" and value == "auto" or name == "draft_stop" and is_draft_stop(value):
+            continue
+        if name == "conversations":
+            if not isinstance(value, str) or not value.strip():
+                raise SpecdraftError(f"{path}: recipe: conversations is {value!r}; expected a source such as "
+                                     "builtin, self:N or a mixture builtin:0.5,self:0.5")
+            if mixtures.is_mixture(value):
+                mixtures.parse_mixture(value, stages.get("samples"))   # a bad weight fails before any stage
             continue
         if name == "bench_tree":
             if not isinstance(value, bool):
@@ -169,16 +179,17 @@ def tee_command(command: list[str], log: Path) -> int:
         return child.wait()
 
 
-def run_recipe(model: str, workspace: str | Path, recipe: str | Path = "quick", data: str = "builtin",
+def run_recipe(model: str, workspace: str | Path, recipe: str | Path = "quick", data: str | None = None,
                engine: str = "auto") -> dict:
     """Run every stage for `model` into `workspace`; returns the bench summary. `recipe` is a
     shipped recipe's name (quick, full) or a recipe file's Path (tests use a tiny one). `engine` runs
     regeneration and capture (auto: vLLM on CUDA when installed, transformers otherwise). The
     workspace is held for the whole recipe (io.own_folder): a second recipe into it fails at once
-    instead of mixing stages."""
+    instead of mixing stages. `data`: prepare's --conversations, the recipe's `conversations` when None."""
     path = recipe_file(recipe) if isinstance(recipe, str) else recipe
+    loaded = load_recipe(path)
     with own_folder(workspace, "recipe"):
-        return _run_stages(model, Path(workspace), load_recipe(path), data, engine)
+        return _run_stages(model, Path(workspace), loaded, data or loaded.conversations, engine)
 
 
 def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) -> dict:
@@ -193,7 +204,7 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     if not (ws / "data" / "prepare.json").exists():
         run_stage(console, ["prepare", "--model", model, "--conversations", data, "--regenerate",
                             "--limit", str(recipe.samples), "--max-new-tokens", str(recipe.max_new_tokens),
-                            "--batch-size", str(recipe.regen_batch), "--engine", engine,
+                            "--batch-size", str(recipe.regen_batch), "--engine", prepare_engine(console, data, recipe.samples, engine),
                             "--out", str(ws / "data")], log)
     if not _store_complete(ws / "hidden"):
         resume = ["--resume"] if (ws / "hidden" / "manifest.json").exists() else []
@@ -233,6 +244,17 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
                    **closing(model, recipe, run, export, bench, k, doctor_line))
     print_summary(console, summary, run / "report.html")
     return summary
+
+
+def prepare_engine(console: Console, data: str, samples: int, engine: str) -> str:
+    """The engine of the prepare stage: questions the target writes itself (self:N, a mixture's self
+    part) are sampled in this process by transformers, so their answers are too; capture keeps `engine`."""
+    parts = [p.source for p in mixtures.parse_mixture(data, samples)] if mixtures.is_mixture(data) else [data]
+    if engine == "hf" or not any(source_kind(p) == "self" for p in parts):
+        return engine
+    console.print(Text(f"note: prepare runs on transformers (--engine hf): --conversations {data} has the target "
+                       "write questions in this process; capture keeps --engine " + engine), highlight=False)
+    return "hf"
 
 
 def check_finished_stages(ws: Path, recipe: Recipe, data: str) -> None:
