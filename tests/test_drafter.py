@@ -101,30 +101,24 @@ def test_fc_norm_norms_each_aux_chunk_and_round_trips_through_both_layouts(tmp_p
     for back in (load_drafter(tmp_path / "ours"),):
         for a, b in zip(run(model), run(back)):
             assert torch.equal(a, b)
-    # a speculators-trained file has no "specdraft" block: the top-level keys must carry the options
-    export(tmp_path / "ours", tmp_path / "exported", "speculators", dtype="float32")
-    config = json.loads((tmp_path / "exported" / "config.json").read_text())
-    del config["specdraft"]
-    (tmp_path / "exported" / "config.json").write_text(json.dumps(config))
-    foreign = load_drafter(tmp_path / "exported")
-    assert foreign.config.fc_norm and foreign.config.norm_output
-    for a, b in zip(run(model), run(foreign)):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    # SGLang reads fc_norm / norm_output from its config.json (sgl-project/sglang#24663): the SGLang
-    # export carries both as top-level keys and the fc_norm tensors under vLLM's (and SGLang's) names
-    export(tmp_path / "ours", tmp_path / "sglang", "sglang", dtype="float32")
-    sg_config = json.loads((tmp_path / "sglang" / "config.json").read_text())
-    assert sg_config["fc_norm"] is True and sg_config["norm_output"] is True
-    del sg_config["specdraft"]
-    (tmp_path / "sglang" / "config.json").write_text(json.dumps(sg_config))
-    from_sglang = load_drafter(tmp_path / "sglang")
-    assert from_sglang.config.fc_norm and from_sglang.config.norm_output
-    for a, b in zip(run(model), run(from_sglang)):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # a file another trainer wrote has no "specdraft" block: the top-level keys must carry the options.
+    # SGLang reads fc_norm / norm_output from its config.json too (sgl-project/sglang#24663), and the
+    # fc_norm tensors under vLLM's (and SGLang's) names
+    for layout in ("speculators", "sglang"):
+        export(tmp_path / "ours", tmp_path / layout, layout, dtype="float32")
+        config = json.loads((tmp_path / layout / "config.json").read_text())
+        assert config["fc_norm"] is True and config["norm_output"] is True
+        del config["specdraft"]
+        (tmp_path / layout / "config.json").write_text(json.dumps(config))
+        foreign = load_drafter(tmp_path / layout)
+        assert foreign.config.fc_norm and foreign.config.norm_output
+        for a, b in zip(run(model), run(foreign)):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    config = json.loads((tmp_path / "speculators" / "config.json").read_text())
     config["norm_before_fc"] = True
-    (tmp_path / "exported" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "speculators" / "config.json").write_text(json.dumps(config))
     with pytest.raises(SpecdraftError, match="norm_before_fc"):
-        load_drafter(tmp_path / "exported")
+        load_drafter(tmp_path / "speculators")
 
 
 def test_init_layer_from_target_computes_the_targets_last_layer():
