@@ -226,8 +226,8 @@ def test_an_eagle31_drafter_serves_on_both_engines_and_norm_before_residual_on_v
         sglang.build_config(residual, "bfloat16", "ws/runs/a/best")
     assert str(refused.value) == ("ws/runs/a/best: the drafter uses norm_before_residual, which SGLang's "
                                   "LlamaForCausalLMEagle3 does not implement; serve it with vLLM (export --format "
-                                  "speculators), or retrain it for SGLang with `specdraft train ... "
-                                  "--no-norm-before-residual`")
+                                  "speculators), or retrain it for SGLang with train's "
+                                  "--no-norm-before-residual")
     assert len(card.serve_commands("tiny/target", tmp_path, 3, "speculators")) == 2
 
 

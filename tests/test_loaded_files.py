@@ -423,7 +423,7 @@ def readers(tmp: Path):
     return [
         ("report bench.json", report.BENCH_FIELDS, run / "bench.json", as_json, report.headline_html, run),
         ("report eval.json", report.EVAL_FIELDS, run / "eval.json", as_json, report.eval_html, run),
-        ("report probe result", report.RESULT_FIELDS, run / "plan.json", as_json, report.results_html, run),
+        ("report probe result", report.RESULT_FIELDS, run / "probe.json", as_json, report.results_html, run),
         ("report inputs.json", report.INPUTS_FIELDS, run / "best" / "inputs.json", as_json, report.checkpoint_inputs,
          run),
         ("report exports.json", report.EXPORTS_FIELDS, run / "exports.json", as_json, report.export_html, run),

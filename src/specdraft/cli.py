@@ -368,8 +368,7 @@ def recipe(
                                           "src/specdraft/recipes/quick.yaml)."),
     workspace: Optional[Path] = typer.Option(None, "--workspace", help=WORKSPACE_HELP + " Here: default "
                                              "ws/<model>-<recipe name>."),
-    conversations: Optional[str] = typer.Option(None, "--conversations", help=CONVERSATIONS_HELP + " Here: default "
-                                                "the recipe's `conversations`."), engine: str = ENGINE,
+    conversations: Optional[str] = typer.Option(None, help=CONVERSATIONS_HELP + " Here: the recipe's."), engine: str = ENGINE,
 ):
     """Every stage, prepare to report, for any target. The recipe behind `make demo`."""
     from specdraft.data.vllm_engine import engine_options

@@ -421,8 +421,8 @@ def plan_html(run: Path) -> str:
     warnings = "".join(f"<p class=bad>{esc(w)}</p>" for w in data.get("warnings") or [])
     served = served_k(run)
     if isinstance(k, int) and isinstance(served, int) and served != k:
-        warnings += (f"<p class=bad>the export serves K={served}, plan chose K={k}: specdraft export {esc(run)} "
-                     f"--out EXPORT_DIR -k {k} serves plan's K</p>")
+        warnings += (f"<p class=bad>the export serves K={served}, plan chose K={k}; to serve plan's K: "
+                     f"specdraft export {esc(run)} --out EXPORT_DIR -k {k}</p>")
     return (f"<h3>Plan: the draft length K (specdraft plan)</h3><p class=meta>{esc(path)}</p>"
             + table_html([], rows)
             + (table_html(["K", "tokens per cycle (τ)", "cycle ms", "tok/s", "speedup", "draft", "verify"], options)

@@ -68,7 +68,7 @@ def build_config(cfg: DrafterConfig, dtype: str, where: str) -> dict:
     if unsupported(cfg):
         raise SpecdraftError(f"{where}: the drafter uses norm_before_residual, which SGLang's LlamaForCausalLMEagle3 "
                              "does not implement; serve it with vLLM (export --format speculators), or retrain it "
-                             "for SGLang with `specdraft train ... --no-norm-before-residual`")
+                             "for SGLang with train's --no-norm-before-residual")
     config = llama_layer_dict(cfg, dtype)
     config.update({"architectures": [ARCHITECTURE], "draft_vocab_size": cfg.draft_vocab_size,
                    "tie_word_embeddings": False, "norm_before_residual": False,
