@@ -5,7 +5,7 @@
 One batch of builtin prompts, greedy, through `regenerate.generate_batch` (prepare's own path), fp32
 and int8 interleaved twice in one process. The int8 copy quantizes every nn.Linear with per-channel
 weight scales (torch.ao's quantize_dynamic, deprecated but present in torch 2.13; torchao is not a
-dependency). A measurement, not a feature: on SmolLM2 it was 1.1-1.2x and matched fp32 on 0 of 64
+dependency). A measurement, not a feature: on SmolLM2 it was 0.97-1.4x and matched fp32 on 0 of 64
 answers (docs/recipes.md, issue 33), so prepare does not offer it.
 """
 
