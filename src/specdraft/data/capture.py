@@ -258,17 +258,7 @@ def _resume_manifest(out: Path, want: dict) -> dict:
     if manifest.get("data", {}).get("fingerprint") != want["data"]["fingerprint"]:
         raise SpecdraftError(f"{out}: store was captured from other prepared data than --prepared "
                              f"{want['data']['path']}; pass the same --prepared or another --out")
-    good = []
-    for entry in manifest["shards"]:
-        path = st.safe_shard_path(out, entry["file"])
-        if not path.is_file() or st.sha256_file(path) != entry["sha256"]:
-            break
-        good.append(entry)
-    manifest["shards"] = good
-    manifest["num_samples"] = good[-1]["samples"][1] if good else 0
-    manifest["num_tokens"] = sum(e["num_tokens"] for e in good)
-    manifest["complete"] = False
-    return manifest
+    return st.resumable(out, manifest)
 
 
 def _check_disk(out: Path, tokens: int, hidden_size: int, dtype: str, manifest: dict) -> None:

@@ -91,6 +91,19 @@ def safe_shard_path(root: Path, name: object) -> Path:
     return root / name
 
 
+def resumable(root: Path, manifest: dict) -> dict:
+    """An unfinished store's manifest cut to its leading shards whose files still hash as recorded
+    (what a resumed capture or conversion keeps), with the counts of those shards; never complete."""
+    good = []
+    for entry in manifest["shards"]:
+        path = safe_shard_path(root, entry["file"])
+        if not path.is_file() or sha256_file(path) != entry["sha256"]:
+            break
+        good.append(entry)
+    return {**manifest, "shards": good, "num_samples": good[-1]["samples"][1] if good else 0,
+            "num_tokens": sum(e["num_tokens"] for e in good), "complete": False}
+
+
 def is_int(value: object) -> bool:
     """A JSON integer (bool is an int subclass in Python, but not a count)."""
     return isinstance(value, int) and not isinstance(value, bool)

@@ -58,16 +58,10 @@ def unfinished_conversion(src: Path, out: Path, want: dict) -> dict | None:
                              f"one would write {json.dumps(want.get(key))}; {fix}, or delete {out} or pass a new --out")
     for tmp in out.glob(".*.tmp"):   # a shard or manifest half-written when the run was killed
         tmp.unlink(missing_ok=True)
-    good = []
-    for entry in have["shards"]:
-        path = st.safe_shard_path(out, entry["file"])
-        if not path.is_file() or st.sha256_file(path) != entry["sha256"]:
-            break
-        good.append(entry)
-    print(f"note: {out} holds an unfinished conversion of {src} ({len(good)} good shards); continuing it",
+    kept = st.resumable(out, have)
+    print(f"note: {out} holds an unfinished conversion of {src} ({len(kept['shards'])} good shards); continuing it",
           file=sys.stderr)
-    return {**have, "shards": good, "num_samples": good[-1]["samples"][1] if good else 0,
-            "num_tokens": sum(e["num_tokens"] for e in good), "complete": False}
+    return kept
 
 
 def teacher_for(manifest: dict, model: str | None, trust_remote_code: bool) -> sf.TopKTeacher:
