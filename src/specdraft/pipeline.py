@@ -202,9 +202,10 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     check_finished_stages(ws, recipe, data)
 
     if not (ws / "data" / "prepare.json").exists():
+        regen_engine = prepare_engine(console, data, recipe.samples, engine)
         run_stage(console, ["prepare", "--model", model, "--conversations", data, "--regenerate",
                             "--limit", str(recipe.samples), "--max-new-tokens", str(recipe.max_new_tokens),
-                            "--batch-size", str(recipe.regen_batch), "--engine", prepare_engine(console, data, recipe.samples, engine),
+                            "--batch-size", str(recipe.regen_batch), "--engine", regen_engine,
                             "--out", str(ws / "data")], log)
     if not _store_complete(ws / "hidden"):
         resume = ["--resume"] if (ws / "hidden" / "manifest.json").exists() else []
