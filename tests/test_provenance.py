@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from specdraft import __version__
-from specdraft.train.provenance import PROVENANCE, write_provenance
+from specdraft.run_layout import PROVENANCE
+from specdraft.train.provenance import write_provenance
 
 from bad_workspace import run_cli, ws  # noqa: F401  (ws is a fixture)
 

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 
 
@@ -113,9 +114,9 @@ def check_file_target(path: str | os.PathLike) -> Path:
 # made of: a single-file --out never replaces one (`eval --out RUN/metrics.jsonl` replaced the run's
 # log). Outputs a command re-writes on purpose (RUN/eval.json, bench.json, plan.json, report.html) are
 # not in it.
-OWNED_FILES = {"manifest.json", "prepare.json", "regen.jsonl", "questions.jsonl", "metrics.jsonl", "config.yaml",
+OWNED_FILES = {"manifest.json", "prepare.json", "regen.jsonl", "questions.jsonl", run_layout.METRICS, run_layout.CONFIG,
                "config.json", "progress.json", "trainer_state.pt", "inputs.json", "model.safetensors",
-               "model.safetensors.index.json", "journal.md", "provenance.json", "remap.json", "val.json",
+               "model.safetensors.index.json", run_layout.JOURNAL, run_layout.PROVENANCE, run_layout.REMAP, "val.json",
                "stages.json", ".specdraft.lock", ".journal.lock", ".exports.lock", "tokenizer.json", "tokenizer_config.json",
                "generation_config.json", "special_tokens_map.json"}
 OWNED_PATTERN = re.compile(r"^(shard-\d+\.safetensors|model-\d+-of-\d+\.safetensors)$")

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_path, read_text
 
 KINDS = ("hypothesis", "result", "decision", "warning", "probe")
-FILE = "journal.md"
 HEADER = re.compile(r"^## (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC) · (\w+)(?: · (.+))?$")
 
 
@@ -40,7 +40,7 @@ class Entry:
 
 
 def journal_path(run: str | Path) -> Path:
-    return Path(run) / FILE
+    return Path(run) / run_layout.JOURNAL
 
 
 @contextmanager

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_path, read_text
 from specdraft.trackers import open_trackers, scalars
-
-METRICS_FILE = "metrics.jsonl"
 
 
 # ----------------------------------------------------------------------------- τ, named one way
@@ -63,7 +62,7 @@ class MetricsLog:
     console table. Only the writing process (rank 0, `enabled`) opens the trackers; `with` closes them."""
 
     def __init__(self, run_dir: Path, enabled: bool, console, report_to: str = "none", config: dict | None = None):
-        self.path = run_dir / METRICS_FILE
+        self.path = run_layout.metrics_file(run_dir)
         self.enabled, self.console = enabled, console
         self.trackers = open_trackers(report_to, run_dir, config or {}) if enabled else []
 
@@ -131,7 +130,7 @@ class Run:
         """FILE:LINE of records[index], for messages that name a record."""
         if self.file is not None and index < len(self.lines):
             return f"{self.file}:{self.lines[index]}"
-        return str(self.path / METRICS_FILE)
+        return str(run_layout.metrics_file(self.path))
 
     def split(self, name: str) -> list[dict]:
         return [r for r in self.records if r.get("split") == name]
@@ -181,7 +180,7 @@ def check_record(flat: dict, where: str) -> None:
 def load_run(path: str | Path, name: str | None = None) -> Run:
     """A run folder holding metrics.jsonl, or the metrics.jsonl file itself."""
     path = Path(path)
-    file = path / METRICS_FILE if path.is_dir() else path
+    file = run_layout.metrics_file(path) if path.is_dir() else path
     if not file.exists():
         raise SpecdraftError(f"{path}: no metrics.jsonl; pass a run folder written by `specdraft train`")
     records, numbers = [], []

@@ -220,12 +220,12 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
                             "--vocab", str(ws / "vocab.safetensors"), "--out", str(run), *continue_run], log)
     drafter = run_layout.best_dir(run)
     run_stage(console, ["eval", "--model", model, "--drafter", str(drafter), "--store", str(ws / "hidden"),
-                        "--out", str(run / "eval.json")], log)
+                        "--out", str(run / run_layout.EVAL)], log)
     methods = bench_methods(recipe.family, recipe.bench_tree)
     run_stage(console, ["bench", "--model", model, "--drafter", str(drafter), "--prompts", "builtin-holdout",
                         "--methods", ",".join(methods), "--limit", str(recipe.bench_prompts),
                         "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(recipe.k),
-                        "--rounds", str(recipe.bench_rounds), "--out", str(run / "bench.json"),
+                        "--rounds", str(recipe.bench_rounds), "--out", str(run / run_layout.BENCH),
                         *([] if recipe.draft_stop == "off" else ["--draft-stop", str(recipe.draft_stop)])], log)
     bench = json.loads((run / run_layout.BENCH).read_text())
     k = served_k(bench)
@@ -422,8 +422,7 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
 def _continue_run(run: Path) -> list[str]:
     """How the train stage continues an interrupted run: --resume from its last checkpoint, or
     --overwrite when it was stopped before writing one (train refuses a started run without either)."""
-    checkpoints = (run / run_layout.CHECKPOINTS).glob("*-*/trainer_state.pt")
-    if any((c.parent / "progress.json").is_file() for c in checkpoints):
+    if run_layout.checkpoints(run, holding=("trainer_state.pt", "progress.json")):
         return ["--resume"]
     if run_layout.holds_run(run):
         return ["--overwrite"]

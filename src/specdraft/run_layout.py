@@ -22,8 +22,11 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 BEST = "best"
 CHECKPOINTS = "checkpoints"
+REMAP = "remap.json"
+JOURNAL = "journal.md"
+PROVENANCE = "provenance.json"
 # what `train` writes in RUN: --overwrite deletes these; the first four mean "RUN already holds a run"
-RUN_FILES = (METRICS, CONFIG, CHECKPOINTS, BEST, "remap.json", "journal.md", "tensorboard", "wandb", "provenance.json")
+RUN_FILES = (METRICS, CONFIG, CHECKPOINTS, BEST, REMAP, JOURNAL, "tensorboard", "wandb", PROVENANCE)
 BENCH = "bench.json"
 BENCH_NATURAL = "bench_natural.json"
 EVAL = "eval.json"
@@ -47,13 +50,16 @@ def checkpoint_dir(run: Path, kind: str, n: int) -> Path:
     return Path(run) / CHECKPOINTS / f"{kind}-{n}"
 
 
-def epoch_checkpoints(run: Path) -> list[tuple[int, Path]]:
-    """(N, RUN/checkpoints/epoch-N) of the epoch checkpoints holding a config.json, by N."""
+def checkpoints(run: Path, kind: str | None = None, holding: tuple[str, ...] = ("config.json",)) \
+        -> list[tuple[str, int, Path]]:
+    """(kind, N, folder) of the checkpoints RUN/checkpoints/epoch-N and step-N (only `kind`'s when
+    given) that hold every file in `holding`, by kind, then N: the one lister of a run's checkpoints."""
+    root = Path(run) / CHECKPOINTS
     found = []
-    for folder in (Path(run) / CHECKPOINTS).glob("epoch-*"):
+    for folder in root.iterdir() if root.is_dir() else ():
         m = CHECKPOINT_NAME.match(folder.name)
-        if m and (folder / "config.json").is_file():
-            found.append((int(m.group(2)), folder))
+        if m and kind in (None, m.group(1)) and all((folder / name).is_file() for name in holding):
+            found.append((m.group(1), int(m.group(2)), folder))
     return sorted(found)
 
 

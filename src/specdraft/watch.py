@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdraft import journal
+from specdraft import journal, run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.metrics import Run, curve, flatten, load_run
 
@@ -151,7 +151,7 @@ class BaselineWatch:
 
     def check(self, record: dict, run_dir: str | Path | None = None) -> bool:
         """update(); when it fires, append the verdict to RUN/journal.md as a warning. True = fired."""
-        where = f"{Path(run_dir) / 'metrics.jsonl'}" if run_dir is not None else None
+        where = str(run_layout.metrics_file(run_dir)) if run_dir is not None else None
         verdict = self.update(record, where)
         if verdict is None:
             return False

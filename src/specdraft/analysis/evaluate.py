@@ -51,7 +51,7 @@ def trained_store_of(checkpoint: Path) -> tuple[dict, Path | None]:
     candidates = [checkpoint / INPUTS_FILE]
     for folder in (checkpoint, checkpoint.parent, checkpoint.parent.parent):
         if run_layout.config_file(folder).is_file():
-            candidates += sorted((folder / run_layout.CHECKPOINTS).glob(f"*/{INPUTS_FILE}"))
+            candidates += [c / INPUTS_FILE for _, _, c in run_layout.checkpoints(folder, holding=(INPUTS_FILE,))]
             break
     for path in candidates:
         if path.is_file():

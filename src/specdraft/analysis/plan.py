@@ -43,8 +43,8 @@ def load_accept(text: str) -> tuple[list[float], str]:
         except ValueError:
             raise SpecdraftError(f"--accept {text}: neither a file nor rates such as 0.8,0.6,0.5") from None
     if path.is_dir():
-        path = path / "metrics.jsonl"
-    if path.suffix == ".jsonl" or path.name == "metrics.jsonl":
+        path = run_layout.metrics_file(path)
+    if path.suffix == ".jsonl" or path.name == run_layout.METRICS:
         val = load_run(path).split("val")
         rates = cond_rates_from(val[-1], f"{path} (last val record)") if val else None
         where = f"{path} (last val record)"
@@ -115,8 +115,8 @@ def recorded_accept(drafter) -> tuple[list[float], str] | None:
     run's last validation (what -k auto reads); None when it records none."""
     folder = Path(drafter)
     for run in (folder, folder.parent, folder.parent.parent):
-        if (run / "eval.json").is_file() and run_layout.config_file(run).is_file():
-            return load_accept(str(run / "eval.json"))
+        if (run / run_layout.EVAL).is_file() and run_layout.config_file(run).is_file():
+            return load_accept(str(run / run_layout.EVAL))
     return checkpoint_accept(drafter) if folder.exists() else None
 
 

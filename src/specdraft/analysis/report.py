@@ -109,8 +109,7 @@ def number(value, fmt: str = ".2f") -> str:
 
 def checkpoint_inputs(run: Path) -> dict:
     """The training data recorded in the run's best checkpoint (else its newest epoch-N)."""
-    epochs = sorted((run / run_layout.CHECKPOINTS).glob("epoch-*"), key=lambda p: int(p.name.split("-")[-1])
-                    if p.name.split("-")[-1].isdigit() else -1)
+    epochs = [folder for _, _, folder in run_layout.checkpoints(run, "epoch", holding=())]
     for ckpt in [run_layout.best_dir(run), *reversed(epochs)]:
         data = read_json(ckpt / "inputs.json", INPUTS_FIELDS)
         if isinstance(data, dict):
@@ -165,8 +164,8 @@ def recipe_stages(run: Path) -> dict:
 def training_time(run: Path) -> str:
     """From the first to the last timestamp in metrics.jsonl, else the recipe's train stage."""
     times = []
-    if (run / metrics.METRICS_FILE).is_file():
-        for line in (run / metrics.METRICS_FILE).read_text(errors="replace").splitlines():
+    if run_layout.metrics_file(run).is_file():
+        for line in run_layout.metrics_file(run).read_text(errors="replace").splitlines():
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
@@ -252,7 +251,7 @@ def doctor_html(run: Path) -> str:
 
 
 def bench_html(run: Path) -> str:
-    bench = read_json(run / "bench.json", BENCH_FIELDS)
+    bench = read_json(run / run_layout.BENCH, BENCH_FIELDS)
     if bench is None:
         return ""
     if not isinstance(bench, dict) or not isinstance(bench.get("methods"), dict):
@@ -431,7 +430,7 @@ def plan_html(run: Path) -> str:
 
 
 def config_html(run: Path) -> str:
-    for name in ("config.yaml", "config.yml", "config.json"):
+    for name in (run_layout.CONFIG, "config.yml", "config.json"):
         if (run / name).exists():
             return (f"<details><summary>{esc(name)}</summary><pre>{esc((run / name).read_text())}</pre>"
                     "</details>")
@@ -453,7 +452,7 @@ def build(runs: list[str | Path], out: str | Path | None = None) -> Path:
     for f in folders:
         if not f.is_dir():
             raise SpecdraftError(f"{f}: not a run folder")
-    loaded = compare.unique_names([metrics.load_run(f) for f in folders if (f / "metrics.jsonl").exists()])
+    loaded = compare.unique_names([metrics.load_run(f) for f in folders if run_layout.metrics_file(f).exists()])
     body = [f"<h1>specdraft report: {esc(', '.join(f.name for f in folders))}</h1>"]
     body += [headline_html(f) for f in folders]
     body += [run_html(f) for f in folders]

@@ -73,9 +73,8 @@ def _tokens_trained(metrics: Path) -> int | None:
 def _newest_epoch_inputs(run: Path) -> dict:
     """inputs.json of the run's newest epoch checkpoint: a run's data is one for all its checkpoints,
     and best/ of runs trained before best/ carried its own copy has none."""
-    epochs = [(int(p.name.split("-")[-1]), p) for p in (run / run_layout.CHECKPOINTS).glob("epoch-*")
-              if p.name.split("-")[-1].isdigit()]
-    return _json(max(epochs)[1] / "inputs.json") if epochs else {}
+    epochs = run_layout.checkpoints(run, "epoch", holding=())
+    return _json(epochs[-1][2] / "inputs.json") if epochs else {}
 
 
 def training_inputs(ckpt: Path) -> dict:

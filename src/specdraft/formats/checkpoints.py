@@ -239,9 +239,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return path
     if (run_layout.best_dir(path) / "config.json").is_file():
         return run_layout.best_dir(path)
-    epochs = run_layout.epoch_checkpoints(path)
+    epochs = run_layout.checkpoints(path, "epoch")
     if epochs:
-        return epochs[-1][1]
+        return epochs[-1][2]
     raise SpecdraftError(f"{path}: no checkpoint found (looked for {path}/config.json, {path}/best/, "
                          f"{path}/checkpoints/epoch-N/)")
 

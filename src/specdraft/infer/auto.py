@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from specdraft import run_layout
 from specdraft.defaults import LONGEST_CHAIN
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
@@ -99,11 +100,11 @@ def checkpoint_accept(spec: str | Path | None) -> tuple[list[float], str] | None
         if rates:
             return rates, str(folder / "val.json")
     for run in (folder, folder.parent, folder.parent.parent):
-        if (run / "metrics.jsonl").is_file():
-            val = load_run(run / "metrics.jsonl").split("val")
+        if run_layout.metrics_file(run).is_file():
+            val = load_run(run_layout.metrics_file(run)).split("val")
             rates = cond_rates_from(val[-1]) if val else None
             if rates:
-                return rates, f"{run / 'metrics.jsonl'} (last val record)"
+                return rates, f"{run_layout.metrics_file(run)} (last val record)"
     return None
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.text import Text
 
+from specdraft import run_layout
 from specdraft.watch import BaselineWatch
 from specdraft.errors import SpecdraftError
 from specdraft.metrics import load_run
@@ -27,7 +28,7 @@ def replay_run(watch, run_dir: Path, log) -> None:
     """On resume, feed the run's metrics.jsonl (already cut at the checkpoint's step) through the
     watch, so smoothing and the behind-streak continue where they were; a verdict found there is
     reported on the console, not journaled again (the first run journaled it)."""
-    if not (run_dir / "metrics.jsonl").exists():
+    if not run_layout.metrics_file(run_dir).exists():
         return
     run = load_run(run_dir)
     for i, rec in enumerate(run.records):

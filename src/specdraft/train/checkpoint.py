@@ -28,7 +28,6 @@ from specdraft.formats.checkpoints import save_checkpoint
 
 STATE_FILE = "trainer_state.pt"
 PROGRESS_FILE = "progress.json"      # {step, epoch, batch, tokens_seen}: readable without torch.load
-CHECKPOINT_NAME = run_layout.CHECKPOINT_NAME
 
 
 def drafter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -153,13 +152,8 @@ def load_trainer_state(folder: str | Path) -> dict:
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, str, Path]]:
     """(step, kind, folder) of every finished checkpoint in RUN/checkpoints, oldest first."""
-    root = Path(run_dir) / run_layout.CHECKPOINTS
-    found = []
-    if root.is_dir():
-        for folder in root.iterdir():
-            m = CHECKPOINT_NAME.match(folder.name)
-            if m and all((folder / f).is_file() for f in (STATE_FILE, "config.json")):
-                found.append((checkpoint_step(folder), m.group(1), folder))
+    found = [(checkpoint_step(folder), kind, folder)
+             for kind, _, folder in run_layout.checkpoints(run_dir, holding=(STATE_FILE, "config.json"))]
     # at equal steps prefer the epoch checkpoint (it also holds that epoch's validation)
     return sorted(found, key=lambda x: (x[0], x[1] == "epoch"))
 

@@ -110,7 +110,7 @@ def open_run(t: Training, resume_from: Path | None, remap_report: dict | None) -
         save_yaml(cfg.replace(overwrite=False), run_layout.config_file(run_dir))   # a --resume of it must not wipe
         write_provenance(run_dir, t.runtime.device, t.runtime.world_size, resumed=resume_from is not None)
         if remap_report is not None:
-            write_json(run_dir / "remap.json", remap_report)
+            write_json(run_dir / run_layout.REMAP, remap_report)
         t.metrics.truncate_after(t.state.step)
     t.log(f"training {sum(p.numel() for p in t.params):,} parameters, {total_steps} steps, "
           f"TTT {cfg.ttt_steps}, {'bf16 autocast' if t.bf16 else 'fp32'} -> {run_dir}")
@@ -188,7 +188,7 @@ def end_epoch(t: Training, epoch: int, epoch_sums: dict | None, tokens_per_s: fl
     save(t, run_layout.checkpoint_dir(t.run_dir, "epoch", epoch + 1), t.last_val)
     if new_best and runtime.is_main:
         note(t.run_dir, "result", f"new best: epoch {epoch + 1}, step {state.step}, "
-                                  f"{state.tokens_seen:,} tokens: {val_summary(t.last_val, t.cfg.ttt_steps)} -> {t.run_dir / 'best'}")
+                                  f"{state.tokens_seen:,} tokens: {val_summary(t.last_val, t.cfg.ttt_steps)} -> {run_layout.best_dir(t.run_dir)}")
     return behind
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
+from specdraft import run_layout
 from specdraft.io import write_json
 
-PROVENANCE = "provenance.json"
 PACKAGES = ("specdraft", "torch", "transformers", "vllm", "safetensors", "datasets")
 
 
@@ -69,7 +69,7 @@ def provenance(device: torch.device | str, world_size: int = 1) -> dict:
 
 def write_provenance(run_dir: Path, device: torch.device | str, world_size: int = 1, resumed: bool = False) -> dict:
     """Write RUN/provenance.json (atomic); on --resume the earlier invocations stay under "earlier"."""
-    path = Path(run_dir) / PROVENANCE
+    path = Path(run_dir) / run_layout.PROVENANCE
     record = provenance(device, world_size)
     if resumed and path.is_file():
         try:

@@ -12,6 +12,7 @@ from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder
 from specdraft.metrics import tau_text
+from specdraft.train.checkpoint import STATE_FILE
 from specdraft.train.config import RunConfig
 from specdraft.train.runtime import Runtime, any_rank
 
@@ -43,7 +44,7 @@ def check_run_folder(cfg: RunConfig) -> None:
     run_dir = Path(cfg.out)
     held = [name + ("/" if (run_dir / name).is_dir() else "") for name in RUN_FILES[:4] if (run_dir / name).exists()]
     if held and not (cfg.resume or cfg.overwrite):
-        if not any((run_dir / run_layout.CHECKPOINTS).glob("*/trainer_state.pt")):
+        if not run_layout.checkpoints(run_dir, holding=(STATE_FILE,)):
             raise SpecdraftError(f"{run_dir}: already holds a run that stopped before its first checkpoint "
                                  f"({', '.join(held)}; --resume has nothing to continue); pass --overwrite to "
                                  "start over, or choose another --out")
