@@ -334,24 +334,31 @@ def generate(model, prompt_ids: list[int], proposer: Proposer | None = None, max
         budget = max_new_tokens - len(result.token_ids) - 1      # drafts beyond this are never used
         draft = proposer.propose(tokens, budget, sampling, generator) if proposer and budget > 0 \
             else Draft([], [])
-        past = len(tokens) - 1
-        depths = draft.depths()
-        logits, aux = runner.verify([tokens[-1]] + draft.tokens, [past + d for d in depths],
-                                    None if draft.is_chain else ancestor_mask(draft.parents))
+        path, bonus, aux = verify_round(runner, draft, tokens, sampling, generator)
         result.target_forwards += 1
-        if sampling.greedy:
-            choice = logits.argmax(dim=-1).tolist()
-            path = greedy_path(draft, choice)
-            bonus = choice[path[-1]]
-        else:
-            path, bonus = sample_chain(draft, logits, sampling, generator)
-        runner.keep(past, path)
         if proposer is not None:
             proposer.observe(aux[path] if aux is not None else None)
             result.accepted.append(len(path) - 1)
-            result.proposed.append(max(depths))
+            result.proposed.append(max(draft.depths()))
         done = emit([draft.tokens[i - 1] for i in path[1:]] + [bonus])
     result.seconds = time.perf_counter() - start
     profile.total_s = result.seconds
     result.drafts_cut = getattr(proposer, "drafts_cut", 0)
     return result
+
+
+def verify_round(runner, draft: Draft, tokens: list[int], sampling: Sampling, generator):
+    """One target forward over the last token and `draft`: (the accepted path of draft positions,
+    the target's bonus token after it, aux hidden states of every position); the target's cache
+    keeps the path only."""
+    past = len(tokens) - 1
+    logits, aux = runner.verify([tokens[-1]] + draft.tokens, [past + d for d in draft.depths()],
+                                None if draft.is_chain else ancestor_mask(draft.parents))
+    if sampling.greedy:
+        choice = logits.argmax(dim=-1).tolist()
+        path = greedy_path(draft, choice)
+        bonus = choice[path[-1]]
+    else:
+        path, bonus = sample_chain(draft, logits, sampling, generator)
+    runner.keep(past, path)
+    return path, bonus, aux
