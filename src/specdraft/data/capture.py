@@ -307,30 +307,12 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
     captures only samples I-1, I-1+N, ... so N nodes each capture one part.
     """
     dtype = st.dtype_name(dtype)
-    sf.check_format(store_format)
-    if compute_dtype not in DTYPES:
-        raise SpecdraftError(f"--compute-dtype {compute_dtype}: use float32, bfloat16 or float16")
-    if batch_tokens <= 0:
-        raise SpecdraftError(f"--batch-tokens {batch_tokens}: must be positive")
-    if shard_tokens <= 0:
-        raise SpecdraftError(f"--shard-tokens {shard_tokens}: must be positive")
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise SpecdraftError(f"{out}: exists and is not a directory; pass a folder for --out")
-    nothing = nothing_captured(out)
-    if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not resume and not nothing:
-        raise SpecdraftError(f"{out}: already holds files (a previous capture?); pass --resume to continue "
-                             "it or choose another --out")
-
+    nothing = check_capture_options(out, store_format, compute_dtype, batch_tokens, shard_tokens, resume)
     opts = engine if isinstance(engine, EngineOptions) else engine_options(engine)
     ds, meta = take_part(*load_prepared(data), part, data)
     lengths, data_fingerprint, max_id = sample_columns(ds)
-    if target is None:
-        engine_name = choose_engine(opts, model, trust_remote_code)
-        target = (describe_target(model, trust_remote_code) if engine_name == "vllm" else
-                  load_target(model, dtype=compute_dtype, device=device, trust_remote_code=trust_remote_code))
-    else:
-        engine_name = "hf" if target.model is not None else "vllm"
+    target, engine_name = capture_target(target, opts, model, compute_dtype, device, trust_remote_code)
     check_prepared_for(meta, target, data, "capture")
     if max_id >= target.vocab_size:
         raise SpecdraftError(f"{data}: token id {max_id} is outside the vocabulary of {target.name} "
@@ -346,48 +328,86 @@ def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | N
                            data={"path": str(data), "fingerprint": data_fingerprint,
                                  "num_samples": len(lengths), "num_tokens": sum(lengths)})
     ensure_writable_dir(out)
+    manifest, batch_tokens = start_manifest(out, want, resume, nothing, batch_tokens)
+
+    plan = st.plan_shards(lengths, shard_tokens)
+    writer = st.StoreWriter(out, manifest, top_k_teacher(manifest, target, model, device, trust_remote_code))
+    remaining = sum(lengths[writer.next_sample:])
+    _check_disk(out, remaining, target.hidden_size, dtype, manifest)
+    with progress_of("capture", sum(lengths), sum(lengths) - remaining, "tokens", enabled=progress) as tracker:
+        with hidden_state_engine(engine_name, target, layer_ids, st.STORE_DTYPES[dtype], batch_tokens, compute_name,
+                                 opts, max(lengths), out, on_batch=lambda n: tracker.advance(n, tokens=n)) as run_target:
+            # The manifest goes down once the engine runs and before the first shard: a capture killed
+            # after writing a shard can always be resumed (a shard without a manifest could not be told
+            # from a stranger's file), and an engine that fails to start leaves --out as it was.
+            writer.save()
+            write_shards(writer, ds, plan[writer.next_shard:], run_target)
+    writer.save(complete=True)
+    return writer.manifest
+
+
+def check_capture_options(out: Path, store_format: str, compute_dtype: str, batch_tokens: int, shard_tokens: int,
+                          resume: bool) -> bool:
+    """Refuse bad options and an --out that holds something else; True when --out holds only the
+    manifest of a capture that wrote no shard (started over)."""
+    sf.check_format(store_format)
+    if compute_dtype not in DTYPES:
+        raise SpecdraftError(f"--compute-dtype {compute_dtype}: use float32, bfloat16 or float16")
+    if batch_tokens <= 0:
+        raise SpecdraftError(f"--batch-tokens {batch_tokens}: must be positive")
+    if shard_tokens <= 0:
+        raise SpecdraftError(f"--shard-tokens {shard_tokens}: must be positive")
+    if out.exists() and not out.is_dir():
+        raise SpecdraftError(f"{out}: exists and is not a directory; pass a folder for --out")
+    nothing = nothing_captured(out)
+    if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not resume and not nothing:
+        raise SpecdraftError(f"{out}: already holds files (a previous capture?); pass --resume to continue "
+                             "it or choose another --out")
+    return nothing
+
+
+def capture_target(target, opts: EngineOptions, model: str, compute_dtype: str, device: str,
+                   trust_remote_code: bool):
+    """(target, engine name): the given target, else one loaded for the engine (vLLM holds the
+    weights itself: only config, tokenizer and fingerprint are read here)."""
+    if target is not None:
+        return target, "hf" if target.model is not None else "vllm"
+    engine_name = choose_engine(opts, model, trust_remote_code)
+    target = (describe_target(model, trust_remote_code) if engine_name == "vllm" else
+              load_target(model, dtype=compute_dtype, device=device, trust_remote_code=trust_remote_code))
+    return target, engine_name
+
+
+def start_manifest(out: Path, want: dict, resume: bool, nothing: bool, batch_tokens: int) -> tuple[dict, int]:
+    """(manifest, batch_tokens) the capture writes under: the resumed store's (its batch layout kept,
+    so resumed shards stay byte-identical to an uninterrupted run), else this run's."""
     if nothing:
         print(f"note: {out} held only the manifest of a capture that wrote no shard (it failed or was stopped "
               "first); starting over with this run's settings", file=sys.stderr)
     if resume and (out / st.MANIFEST).exists() and not nothing:
         _clean_temp_files(out)
         manifest = _resume_manifest(out, want)
-        # The stored batch layout keeps resumed shards byte-identical to an uninterrupted run.
         recorded = int(manifest.get("batch_tokens", batch_tokens))
         if recorded != batch_tokens:
             print(f"note: --batch-tokens {batch_tokens}: {out} was captured with batch_tokens {recorded}, which the "
                   "rest of it keeps (its shards stay byte-identical to an uninterrupted capture)", file=sys.stderr)
-        batch_tokens = recorded
-    elif resume and not nothing and any(p for p in out.iterdir() if not p.name.endswith(".tmp") and p.name != LOCK_NAME):
+        return manifest, recorded
+    if resume and not nothing and any(p for p in out.iterdir() if not p.name.endswith(".tmp") and p.name != LOCK_NAME):
         raise SpecdraftError(f"{out}: has files but no {st.MANIFEST}, so there is nothing to resume; "
                              "choose another --out or empty it")
-    else:
-        _clean_temp_files(out)
-        manifest = want
+    _clean_temp_files(out)
+    return want, batch_tokens
 
-    plan = st.plan_shards(lengths, shard_tokens)
-    writer = st.StoreWriter(out, manifest, top_k_teacher(manifest, target, model, device, trust_remote_code))
-    todo = plan[writer.next_shard:]
-    remaining = sum(lengths[writer.next_sample:])
-    _check_disk(out, remaining, target.hidden_size, dtype, manifest)
 
-    store_dtype = st.STORE_DTYPES[dtype]
-    with progress_of("capture", sum(lengths), sum(lengths) - remaining, "tokens", enabled=progress) as tracker:
-        with hidden_state_engine(engine_name, target, layer_ids, store_dtype, batch_tokens, compute_name, opts,
-                                 max(lengths), out, on_batch=lambda n: tracker.advance(n, tokens=n)) as run_target:
-            # The manifest goes down once the engine runs and before the first shard: a capture killed
-            # after writing a shard can always be resumed (a shard without a manifest could not be told
-            # from a stranger's file), and an engine that fails to start leaves --out as it was.
-            writer.save()
-            for start, end in todo:
-                rows = ds[start:end]
-                aux, last, offsets = run_target(rows["input_ids"], first_index=start)
-                input_ids = torch.tensor([t for s in rows["input_ids"] for t in s], dtype=torch.int64)
-                loss_mask = torch.tensor([m for s in rows["loss_mask"] for m in s], dtype=torch.uint8)
-                writer.write_shard(aux, last, input_ids, loss_mask, offsets)
-                del aux, last
-    writer.save(complete=True)
-    return writer.manifest
+def write_shards(writer, ds, todo: list[tuple[int, int]], run_target) -> None:
+    """Run the target over each planned shard's samples and write the shard."""
+    for start, end in todo:
+        rows = ds[start:end]
+        aux, last, offsets = run_target(rows["input_ids"], first_index=start)
+        input_ids = torch.tensor([t for s in rows["input_ids"] for t in s], dtype=torch.int64)
+        loss_mask = torch.tensor([m for s in rows["loss_mask"] for m in s], dtype=torch.uint8)
+        writer.write_shard(aux, last, input_ids, loss_mask, offsets)
+        del aux, last
 
 
 def verify_store(out: str | Path) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -43,6 +44,19 @@ def check_options(max_length: int, min_assistant_tokens: int, limit: int | None,
         raise SpecdraftError(f"--follow-ups {follow_ups}: must be 0..1 (the share of self-written conversations)")
 
 
+@dataclass
+class Source:
+    """What --conversations names, read and checked before any model loads (bad data fails in a
+    fraction of a second): a mixture's parts other than self are drawn now, self is written later."""
+    text: str
+    kind: str
+    conversations: list[Conversation]
+    mixture: list | None = None
+    drawn: dict | None = None                # a mixture's conversations by part source
+    question_count: int | None = None        # self:N's N
+    self_count: int | None = None            # the samples of a mixture's self part
+
+
 def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, temperature: float = 0.0,
             max_new_tokens: int = 256, max_length: int = 2048, min_assistant_tokens: int = 1,
             dedup: bool = True, limit: int | None = None, batch_size: int = 16, split: str = "train",
@@ -65,28 +79,60 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     opts = engine if isinstance(engine, EngineOptions) else engine_options(engine)
     if opts.endpoint and not regenerate:
         raise SpecdraftError("--endpoint: only regeneration runs on a server; add --regenerate or drop --endpoint")
+    src = read_source(source, split, seed, limit, regenerate, follow_ups)
+    out = ensure_writable_dir(out)
+    target, engine_name, end_ids = open_target(model, src, regenerate, opts, trust_remote_code)
+    conversations = with_self_written(src, target, out, end_ids, seed, batch_size, limit, console)
+    records = len(conversations)
+    dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "over_limit": 0}
+    regeneration = None
+    if regenerate:
+        from specdraft.data.regenerate import RegenSettings
+
+        settings = RegenSettings(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                                 target=target.identity["fingerprint"])
+        conversations = regeneration_input(conversations, dedup, limit, part, dropped)
+        conversations, regeneration = regenerate_answers(conversations, target, engine_name, opts, settings, end_ids,
+                                                         out, batch_size, follow_ups, console)
+    rows = samples(target.tokenizer, conversations, end_ids, max_length, min_assistant_tokens, dedup, limit, dropped,
+                   None if regenerate else part)
+    check_samples_left(rows, conversations, src, records, regenerate, dropped, max_length, min_assistant_tokens)
+    meta = prepared_meta(src, target, end_ids, rows, records, dropped, regeneration, out, seed=seed,
+                         split=split, max_length=max_length, min_assistant_tokens=min_assistant_tokens, dedup=dedup,
+                         limit=limit, regenerate=regenerate, part=part)
+    meta["seconds"] = round(time.perf_counter() - started, 2)
+    save_prepared(out, rows, meta)
+    return meta
+
+
+def read_source(source: str, split: str, seed: int, limit: int | None, regenerate: bool,
+                follow_ups: float) -> Source:
+    """--conversations read and checked: a mixture's parts drawn (but self), a file or split loaded."""
     mixture = mixtures.parse_mixture(source, limit) if mixtures.is_mixture(source) else None
     kind = "mixture" if mixture else source_kind(source)
+    src = Source(source, kind, [], mixture)
     if mixture:   # every part but self drawn now (bad data fails before the model loads)
-        drawn = {part.source: mixtures.draw(source, part, split, seed, regenerate) for part in mixture}
-        conversations = [c for group in drawn.values() for c in group]
+        src.drawn = {p.source: mixtures.draw(source, p, split, seed, regenerate) for p in mixture}
+        src.conversations = [c for group in src.drawn.values() for c in group]
+        src.self_count = next((p.samples for p in mixture if p.source == "self"), None)
     else:
-        conversations = list(load_conversations(source, split=split, seed=seed, limit=limit, regenerate=regenerate))
-    question_count = self_question_count(source) if kind == "self" else None
-    self_count = next((p.samples for p in mixture if p.source == "self"), None) if mixture else None
-    if follow_ups and kind != "self" and not self_count:
+        src.conversations = list(load_conversations(source, split=split, seed=seed, limit=limit,
+                                                    regenerate=regenerate))
+    src.question_count = self_question_count(source) if kind == "self" else None
+    if follow_ups and kind != "self" and not src.self_count:
         raise SpecdraftError(f"--follow-ups {follow_ups}: only questions the target writes get follow-ups; "
                              "use --conversations self:N (or a mixture with a self part), or drop --follow-ups")
-    if not conversations and kind != "self" and not self_count:
+    if not src.conversations and kind != "self" and not src.self_count:
         raise SpecdraftError(f"--conversations {source}: no conversations found; the file or split is empty")
-    records = len(conversations)
-    out = ensure_writable_dir(out)
+    return src
 
-    # torch and transformers load only now: bad data is reported in a fraction of a second.
+
+def open_target(model: str, src: Source, regenerate: bool, opts: EngineOptions, trust_remote_code: bool):
+    """(target, engine name, end-of-turn ids). torch and transformers load only now: bad data was
+    reported in a fraction of a second. The hf engine loads the weights; another engine holds them,
+    so only config, tokenizer and fingerprint are read here."""
     import torch
 
-    from specdraft.data import self_prompts
-    from specdraft.data.regenerate import RegenSettings, answer_engine, regenerate as regenerate_all
     from specdraft.targets import describe_target, generation_config, load_target, load_tokenizer
 
     quiet_libraries()
@@ -94,68 +140,99 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     engine_name = "hf"
     if regenerate:
         engine_name = "endpoint" if opts.endpoint else choose_engine(opts, model, trust_remote_code)
-    if (kind == "self" or self_count is not None) and engine_name != "hf":
-        raise SpecdraftError(f"--conversations {source}: the target writes its questions in this process; "
+    if (src.kind == "self" or src.self_count is not None) and engine_name != "hf":
+        raise SpecdraftError(f"--conversations {src.text}: the target writes its questions in this process; "
                              "use --engine hf (the answers are then regenerated in-process too)")
     if engine_name == "hf":
         cuda = torch.cuda.is_available() and regenerate
         target = load_target(model, dtype="bfloat16" if cuda else "float32", device="cuda" if cuda else "cpu",
                              trust_remote_code=trust_remote_code)
         gen_config = getattr(target.model, "generation_config", None)
-    else:   # the engine holds the weights: read config, tokenizer and fingerprint only
+    else:
         target = describe_target(model, trust_remote_code)
         gen_config = generation_config(target.path)
-    tok = target.tokenizer
-    end_ids = end_of_turn_ids(tok, gen_config)
+    return target, engine_name, end_of_turn_ids(target.tokenizer, gen_config)
 
-    if kind == "self":
-        conversations = self_written(target, question_count or limit or 256, out, end_ids, seed, batch_size, console)
-        records = len(conversations)
-    if mixture:
-        if self_count:
-            drawn["self"] = self_written(target, self_count, out, end_ids, seed, batch_size, console)
-        conversations = mixtures.interleave(list(drawn.values()))
-        records = len(conversations)
-    dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "over_limit": 0}
-    regeneration = None
-    if regenerate:
-        if dedup:  # identical inputs would give identical answers: generate them once
-            unique = unique_conversations(conversations)
-            dropped["duplicate"] += len(conversations) - len(unique)
-            conversations = unique
-        if limit is not None and len(conversations) > limit:
-            dropped["over_limit"] += len(conversations) - limit
-            conversations = conversations[:limit]
-        if part is not None:
-            conversations = [conversations[i] for i in non_empty_part(len(conversations), part, "the conversations left are")]
-        settings = RegenSettings(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                                 target=target.identity["fingerprint"])
-        with answer_engine(engine_name, target, settings, end_ids, opts) as answer:
-            answered, stats = regenerate_all(answer, [c.messages for c in conversations], out, settings,
-                                             batch_size=batch_size, console=console)
-            if follow_ups:
-                answered, second = second_turns(answer, target, conversations, answered, follow_ups, out, settings,
-                                                end_ids, batch_size, console)
-        conversations = [Conversation(messages=m, where=c.where) for m, c in zip(answered, conversations)]
-        used = ({"name": "vllm-endpoint", "url": opts.endpoint} if engine_name == "endpoint"
-                else engine_record(engine_name))
-        regeneration = {**settings.as_dict(), "batch_size": batch_size, "engine": used,
-                        "compute_dtype": str(next(target.model.parameters()).dtype).removeprefix("torch.")
-                        if engine_name == "hf" else None, **vars(stats)}
+
+def with_self_written(src: Source, target, out: Path, end_ids: list[int], seed: int, batch_size: int,
+                      limit: int | None, console) -> list[Conversation]:
+    """The conversations, the ones the target writes itself (self:N, a mixture's self part) included."""
+    if src.kind == "self":
+        return self_written(target, src.question_count or limit or 256, out, end_ids, seed, batch_size, console)
+    if src.mixture:
+        if src.self_count:
+            src.drawn["self"] = self_written(target, src.self_count, out, end_ids, seed, batch_size, console)
+        return mixtures.interleave(list(src.drawn.values()))
+    return src.conversations
+
+
+def regeneration_input(conversations: list[Conversation], dedup: bool, limit: int | None,
+                       part: tuple[int, int] | None, dropped: dict) -> list[Conversation]:
+    """The conversations to regenerate: deduplicated (identical inputs would give identical answers:
+    generate them once), cut to --limit, this node's --part."""
+    if dedup:
+        unique = unique_conversations(conversations)
+        dropped["duplicate"] += len(conversations) - len(unique)
+        conversations = unique
+    if limit is not None and len(conversations) > limit:
+        dropped["over_limit"] += len(conversations) - limit
+        conversations = conversations[:limit]
+    if part is not None:
+        conversations = [conversations[i] for i in non_empty_part(len(conversations), part, "the conversations left are")]
+    return conversations
+
+
+def regenerate_answers(conversations: list[Conversation], target, engine_name: str, opts: EngineOptions, settings,
+                       end_ids: list[int], out: Path, batch_size: int, follow_ups: float,
+                       console) -> tuple[list[Conversation], dict]:
+    """The conversations with the target's own answers (and follow-up turns), and prepare.json's
+    record of the regeneration."""
+    from specdraft.data.regenerate import answer_engine, regenerate as regenerate_all
+
+    with answer_engine(engine_name, target, settings, end_ids, opts) as answer:
+        answered, stats = regenerate_all(answer, [c.messages for c in conversations], out, settings,
+                                         batch_size=batch_size, console=console)
         if follow_ups:
-            regeneration["follow_ups"] = second
+            answered, second = second_turns(answer, target, conversations, answered, follow_ups, out, settings,
+                                            end_ids, batch_size, console)
+    used = ({"name": "vllm-endpoint", "url": opts.endpoint} if engine_name == "endpoint"
+            else engine_record(engine_name))
+    regeneration = {**settings.as_dict(), "batch_size": batch_size, "engine": used,
+                    "compute_dtype": str(next(target.model.parameters()).dtype).removeprefix("torch.")
+                    if engine_name == "hf" else None, **vars(stats)}
+    if follow_ups:
+        regeneration["follow_ups"] = second
+    return [Conversation(messages=m, where=c.where) for m, c in zip(answered, conversations)], regeneration
 
+
+def samples(tok, conversations: list[Conversation], end_ids: list[int], max_length: int, min_assistant_tokens: int,
+            dedup: bool, limit: int | None, dropped: dict, part: tuple[int, int] | None) -> dict:
+    """The rendered, filtered samples; `part`: this node's share of them (without --regenerate)."""
     rows = render_and_filter(tok, conversations, end_ids, max_length, min_assistant_tokens, dedup, limit, dropped)
-    if part is not None and not regenerate:
+    if part is not None:
         keep = non_empty_part(len(rows["input_ids"]), part, "the samples left after filtering are")
         rows = {key: [column[i] for i in keep] for key, column in rows.items()}
+    return rows
+
+
+def check_samples_left(rows: dict, conversations: list[Conversation], src: Source, records: int, regenerate: bool,
+                       dropped: dict, max_length: int, min_assistant_tokens: int) -> None:
     if not rows["input_ids"] and not regenerate and not any(
             m.get("role") == "assistant" for c in conversations for m in c.messages):
-        raise SpecdraftError(f"--conversations {source}: the {records} conversations hold prompts only (no "
+        raise SpecdraftError(f"--conversations {src.text}: the {records} conversations hold prompts only (no "
                              "assistant turn to train on); pass --regenerate so the target writes the answers")
     if not rows["input_ids"]:
-        raise SpecdraftError(f"--conversations {source}: no samples left after filtering {records} conversations "
+        raise SpecdraftError(f"--conversations {src.text}: no samples left after filtering {records} conversations "
                              f"({describe_drops(dropped, max_length, min_assistant_tokens)}); relax that filter")
+
+
+def prepared_meta(src: Source, target, end_ids: list[int], rows: dict, records: int, dropped: dict,
+                  regeneration: dict | None, out: Path, seed: int, split: str, max_length: int,
+                  min_assistant_tokens: int, dedup: bool, limit: int | None, regenerate: bool,
+                  part: tuple[int, int] | None) -> dict:
+    """prepare.json's content (its "seconds" set by the caller, last)."""
+    from specdraft.data import self_prompts
+
     counts = {
         "records": records,
         "samples": len(rows["input_ids"]),
@@ -164,18 +241,18 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
         "max_sample_tokens": max(map(len, rows["input_ids"])),
         "dropped": dropped,
     }
-    meta = {
+    hub = src.kind == "hub" or any(source_kind(p.source) == "hub" for p in src.mixture or [])
+    return {
         "format_version": FORMAT_VERSION,
-        "source": source,
-        "source_kind": kind,
-        "split": split if kind == "hub" or any(source_kind(p.source) == "hub" for p in mixture or [])
-        else ("train" if kind == "builtin" else None),
-        "questions": str(Path(out) / self_prompts.QUESTIONS_FILE) if kind == "self" or self_count else None,
-        **({"mixture": [part.record() for part in mixture]} if mixture else {}),
+        "source": src.text,
+        "source_kind": src.kind,
+        "split": split if hub else ("train" if src.kind == "builtin" else None),
+        "questions": str(Path(out) / self_prompts.QUESTIONS_FILE) if src.kind == "self" or src.self_count else None,
+        **({"mixture": [p.record() for p in src.mixture]} if src.mixture else {}),
         "seed": seed,
         "target": target.identity,
         "tokenizer": target.path,
-        "chat_template_sha256": template_sha256(tok),
+        "chat_template_sha256": template_sha256(target.tokenizer),
         "end_token_ids": end_ids,
         "max_length": max_length,
         "min_assistant_tokens": min_assistant_tokens,
@@ -186,10 +263,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
         **({"part": list(part)} if part else {}),
         "counts": counts,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "seconds": round(time.perf_counter() - started, 2),
     }
-    save_prepared(out, rows, meta)
-    return meta
 
 
 def self_written(target, count: int, out: Path, end_ids: list[int], seed: int, batch_size: int,
