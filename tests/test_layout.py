@@ -1,11 +1,16 @@
-"""The shape of the code, checked: train/ reads top to bottom in short functions (issue 15)."""
+"""The shape of the code, checked: train/ reads top to bottom in short functions (issue 15); no
+function in src/ over 60 lines, no import cycle, RUN's file names spelled in run_layout.py only
+(issue 39). Each check is also run on a planted violation, so that it can fail."""
 
 import ast
 from pathlib import Path
 
-TRAIN = Path(__file__).parent.parent / "src" / "specdraft" / "train"
+SRC = Path(__file__).parent.parent / "src"
+TRAIN = SRC / "specdraft" / "train"
 MAX_FUNCTION_BODY = 60      # lines
 MAX_LOOP = 250              # lines of train/loop.py
+# issue 39: data/store.py's read_manifest is the other half of issue 39's (a pydantic model replaces it)
+LONG_FUNCTIONS_ALLOWED = {"data/store.py:read_manifest"}
 
 
 def function_lengths(path: Path) -> dict[str, int]:
@@ -54,3 +59,147 @@ def test_cli_is_wiring():
     lines = len(cli.read_text().splitlines())
     assert lines <= 400, f"src/specdraft/cli.py has {lines} lines (keep it to 400: wiring only)"
     assert "old_name" not in cli.read_text() and "renamed(" not in cli.read_text()
+
+
+# ----------------------------------------------------------------------------- issue 39
+
+def long_functions(package: Path) -> dict[str, int]:
+    """{"sub/file.py:function": body lines} of every function in `package` over MAX_FUNCTION_BODY."""
+    return {f"{path.relative_to(package).as_posix()}:{name}": n for path in sorted(package.rglob("*.py"))
+            for name, n in function_lengths(path).items() if n > MAX_FUNCTION_BODY}
+
+
+def test_no_function_in_src_is_over_60_lines():
+    long = {name: n for name, n in long_functions(SRC / "specdraft").items() if name not in LONG_FUNCTIONS_ALLOWED}
+    assert not long, f"functions over {MAX_FUNCTION_BODY} lines in src/specdraft: {long}"
+
+
+def test_the_length_check_finds_a_planted_long_function(tmp_path):
+    lines = [f"x{i} = {i}" for i in range(MAX_FUNCTION_BODY)]
+    fits = "def fits():\n" + "".join(f"    {line}\n" for line in lines)
+    too_long = "class C:\n    def too_long(self):\n" + "".join(f"        {line}\n" for line in lines) + "        return x0\n"
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "planted.py").write_text(fits + "\n\n" + too_long)
+    assert long_functions(tmp_path) == {"sub/planted.py:C.too_long": MAX_FUNCTION_BODY + 1}
+
+
+def import_graph(src: Path) -> dict[str, set[str]]:
+    """{module: the specdraft modules it imports} for every module under `src` (a folder holding
+    packages), imports inside functions included; `from P import m` is an edge to the module P.m."""
+    def name_of(path: Path) -> str:
+        parts = path.relative_to(src).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    paths = {name_of(p): p for p in sorted(src.rglob("*.py"))}
+
+    def module(name: str) -> str | None:     # the module a dotted name lives in
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {module(a.name) for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                found |= {module(f"{base}.{a.name}") for a in node.names}
+        graph[name] = found - {None, name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle ([a, b, ..., a]) in `graph`, else None (depth-first, modules in name order)."""
+    done, path = set(), []
+
+    def visit(name):
+        path.append(name)
+        for other in sorted(graph.get(name, ())):
+            if other in path:
+                return path[path.index(other):] + [other]
+            if other not in done:
+                cycle = visit(other)
+                if cycle:
+                    return cycle
+        path.pop()
+        done.add(name)
+        return None
+
+    for name in sorted(graph):
+        cycle = None if name in done else visit(name)
+        if cycle:
+            return cycle
+    return None
+
+
+def test_no_import_cycle_among_specdraft_modules():
+    graph = import_graph(SRC)
+    assert {"specdraft.infer.kernels", "specdraft.targets"} <= graph["specdraft.infer.speculative"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_planted_cycle(tmp_path):
+    """kernels <-> speculative as it was (issue 39): one import at the top, the other in a function."""
+    pkg = tmp_path / "specdraft" / "infer"
+    pkg.mkdir(parents=True)
+    (tmp_path / "specdraft" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kernels.py").write_text("def describe(model):\n    from specdraft.infer.speculative import target_linears\n")
+    (pkg / "speculative.py").write_text("from specdraft.infer import kernels\n\ndef target_linears(m):\n    pass\n")
+    (pkg / "auto.py").write_text("from .speculative import target_linears\n")
+    graph = import_graph(tmp_path)
+    assert graph["specdraft.infer.auto"] == {"specdraft.infer.speculative"}
+    cycle = find_cycle(graph)          # found from auto: speculative -> kernels -> speculative
+    assert cycle == ["specdraft.infer.speculative", "specdraft.infer.kernels", "specdraft.infer.speculative"]
+    (pkg / "kernels.py").write_text("def describe(model):\n    pass\n")
+    assert find_cycle(import_graph(tmp_path)) is None
+
+
+def run_file_names() -> set[str]:
+    """The names run_layout.py gives RUN's files and folders (its string constants). The trackers'
+    folders (tensorboard/, wandb/) are the tracker libraries' names, not ours."""
+    from specdraft import run_layout
+
+    return {value for name, value in vars(run_layout).items() if name.isupper() and isinstance(value, str)}
+
+
+def spelled_run_files(path: Path, names: set[str]) -> list[str]:
+    """'line: "text"' for each string literal in `path` that spells one of RUN's names: a file name
+    (metrics.jsonl, bench.json, ...) or checkpoints anywhere, the start of a path ("checkpoints/..."),
+    and a plain word (best) where it joins a path (RUN / "best"). Docstrings and prose are not literals
+    that start with the name."""
+    tree = ast.parse(path.read_text())
+    joined = {id(node.right) for node in ast.walk(tree) if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            head = node.value.split("/")[0]
+            if head in names and ("." in head or head == "checkpoints" or "/" in node.value or id(node) in joined):
+                found.append((node.lineno, node.col_offset, f"{node.lineno}: {node.value!r}"))
+    return [text for _, _, text in sorted(found)]
+
+
+def test_run_file_names_are_spelled_in_run_layout_only():
+    names = run_file_names()
+    assert {"metrics.jsonl", "config.yaml", "bench.json", "eval.json", "journal.md", "best", "checkpoints"} <= names
+    spelled = {str(path.relative_to(SRC)): found for path in sorted((SRC / "specdraft").rglob("*.py"))
+               if path.name != "run_layout.py" and (found := spelled_run_files(path, names))}
+    assert not spelled, f"RUN's file names spelled outside run_layout.py (use its names): {spelled}"
+
+
+def test_the_run_file_check_finds_planted_names(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("from pathlib import Path\n"
+                       "log = Path('RUN') / 'metrics.jsonl'\n"
+                       "best = Path('RUN') / 'best'\n"
+                       "first = 'checkpoints/epoch-1'\n"
+                       "result = {'best': 1}\n"
+                       "def f():\n    'Read RUN/eval.json and RUN/best.'\n    return f'{log}/bench.json'\n")
+    assert spelled_run_files(planted, run_file_names()) == ["2: 'metrics.jsonl'", "3: 'best'", "4: 'checkpoints/epoch-1'"]
