@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from specdraft.defaults import DRAFT_LENGTH
+from specdraft.defaults import DRAFT_LENGTH, draft_length_option, parse_draft_stop
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT as DEFAULT_FAMILY
 from specdraft.flags import (AS_JSON, COMPUTE_DTYPE, CONFIG_HELP, CONVERSATIONS_HELP, DEVICE, DRAFT_LENGTH_OR_AUTO,
@@ -259,8 +259,7 @@ def bench(
     tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: for FAMILY-tree (default 4,4,16)."),
     ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN,
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N. Here: prompts (builtin-holdout: 32)."),
-    out: Optional[Path] = out_option("the results JSON and a .png chart."),
-    as_json: bool = AS_JSON,
+    out: Optional[Path] = out_option("the results JSON and a .png chart."), as_json: bool = AS_JSON,
     time_split: bool = typer.Option(False, "--time-split", help="Print the draft / verify / other time split."),
     verify_rows: Optional[int] = VERIFY_ROWS,
     device: str = DEVICE, compute_dtype: str = COMPUTE_DTYPE, trust_remote_code: bool = TRUST,
@@ -272,8 +271,9 @@ def bench(
 
     check_out(out, [prompts, drafter], ".json")
     check_out(out and out.with_suffix(".png"), [prompts, drafter], ".png")
-    report = B.run_bench(model, drafter, prompts, methods, max_new_tokens, num_speculative_tokens, draft_stop, rounds,
-                         tree, (ngram_min, ngram_max), limit, device, compute_dtype, trust_remote_code, verify_rows)
+    k, stop = draft_length_option(num_speculative_tokens), parse_draft_stop(draft_stop)   # parsed here, once
+    report = B.run_bench(model, drafter, prompts, methods, max_new_tokens, k, stop, rounds, tree, (ngram_min, ngram_max),
+                         limit, device, compute_dtype, trust_remote_code, verify_rows)
     say(report["warnings"])
     print(json.dumps(report, indent=2)) if as_json else Console().print(B.bench_table(report))
     say(B.time_split_lines(report) if time_split else [])
@@ -286,8 +286,7 @@ def bench(
 @command(app)
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="User message (the chat template is applied)."),
-    model: str = MODEL,
-    drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
+    model: str = MODEL, drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
     method: str = typer.Option(DEFAULT_FAMILY, "--method", help="greedy (no drafting), ngram, the drafter's family "
                                "(`specdraft info` lists them), or hybrid (drafter + n-gram)."),
     num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO,
@@ -306,8 +305,9 @@ def generate(
     from specdraft.infer.sampling import Sampling
 
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
-    result, name = generate_one(prompt, model, drafter, method, num_speculative_tokens, draft_stop, tree, sampling,
-                                max_new_tokens, (ngram_min, ngram_max), device, compute_dtype, trust_remote_code,
+    k, stop = draft_length_option(num_speculative_tokens), parse_draft_stop(draft_stop)   # parsed here, once
+    result, name = generate_one(prompt, model, drafter, method, k, stop, tree, sampling, max_new_tokens,
+                                (ngram_min, ngram_max), device, compute_dtype, trust_remote_code,
                                 stream=not as_json, rows=verify_rows)
     if as_json:
         return print(json.dumps(result))

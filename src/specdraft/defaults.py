@@ -16,13 +16,12 @@ K_MAX = 256          # draft tokens per round: far beyond any drafter's use, far
 NUM_SPEC = "--num-speculative-tokens"
 
 
-def parse_draft_length(text: Optional[str], default_auto: bool = False) -> Optional[int]:
-    """-k: a whole number >= 1, or auto (None: chosen by the cost model). Unset: auto where
-    `default_auto` (a drafter's chain in bench/generate), else DRAFT_LENGTH."""
+def draft_length_option(text: Optional[str]) -> int | str | None:
+    """-k as the CLI reads it: a whole number 1..K_MAX, "auto", or None (not given)."""
     if text is None:
-        return None if default_auto else DRAFT_LENGTH
-    if text.strip().lower() == "auto":
         return None
+    if text.strip().lower() == "auto":
+        return "auto"
     try:
         k = int(text)
     except ValueError:
@@ -30,6 +29,14 @@ def parse_draft_length(text: Optional[str], default_auto: bool = False) -> Optio
     if not 1 <= k <= K_MAX:
         raise SpecdraftError(f"{NUM_SPEC} {k}: must be 1..{K_MAX} (or auto)")
     return k
+
+
+def draft_length(option: int | str | None, default_auto: bool = False) -> Optional[int]:
+    """The K of a -k option (draft_length_option's): None = auto, chosen by the cost model. Not
+    given: auto where `default_auto` (a drafter's chain in bench/generate), else DRAFT_LENGTH."""
+    if option is None:
+        return None if default_auto else DRAFT_LENGTH
+    return None if option == "auto" else option
 
 
 def parse_draft_stop(text: Optional[str]):

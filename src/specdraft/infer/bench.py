@@ -246,11 +246,9 @@ class Method:
 
 def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngram_max: int,
                   ngram_min: int, draft_stop: float | None = None, ngram_k: int | None = None) -> list[Method]:
+    """The methods `names` name, checked by the command that read them (run_bench, generate_one:
+    known names, each drafter method with a drafter of its family) before any model loaded."""
     methods = []
-    unknown = [n for n in names if n not in all_methods()]
-    if unknown:
-        raise SpecdraftError(f"--methods {unknown[0]}: unknown; choose from {', '.join(all_methods())}")
-    check_drafter_methods(names, drafter)
     for name in names:
         if name == "greedy":
             methods.append(Method(name, None, hf=True))
@@ -485,21 +483,23 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int, k_text: str | None,
-              draft_stop: str | None, rounds: int, tree: str | None, ngram: tuple[int, int], limit: int | None,
-              device: str, dtype: str, trust_remote_code: bool, rows: int | None = None) -> dict:
+def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int,
+              k_option: int | str | None, stop: float | str | None, rounds: int, tree: str | None,
+              ngram: tuple[int, int], limit: int | None, device: str, dtype: str, trust_remote_code: bool,
+              rows: int | None = None) -> dict:
     """`specdraft bench`: the options checked before the model loads, then bench() over the prompts.
-    -k unset is auto for a drafter's chain and DRAFT_LENGTH for n-gram and the tree."""
+    `k_option`, `stop`: -k and --draft-stop as the CLI parsed them (defaults.draft_length_option,
+    parse_draft_stop); -k unset is auto for a drafter's chain and DRAFT_LENGTH for n-gram and the tree."""
     from rich.console import Console
 
-    from specdraft.defaults import parse_draft_length, parse_draft_stop
+    from specdraft.defaults import draft_length
     from specdraft.infer.auto import resolve
     from specdraft.progress import progress
     from specdraft.targets import DTYPES, load_target
 
     names = [n.strip() for n in methods.split(",") if n.strip()]
     chains = [n for n in names if needs_drafter(n) and not n.endswith(TREE)]   # -k auto applies to these
-    k, stop = parse_draft_length(k_text, default_auto=bool(chains)), parse_draft_stop(draft_stop)
+    k = draft_length(k_option, default_auto=bool(chains))
     bad = [n for n in names if n not in all_methods()]
     if bad or not names:
         raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(all_methods())}")
@@ -513,17 +513,18 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
         trees = [n for n in all_methods() if n.endswith(TREE)]
         raise SpecdraftError(f"--tree {tree}: no method in --methods {methods} drafts a tree; add "
                              f"{' or '.join(trees) or 'a tree method'} or drop --tree")
-    if k_text is not None and all(n in ("greedy", "plain") for n in names):
-        raise SpecdraftError(f"-k {k_text}: no method in --methods {methods} drafts (greedy and plain decode one "
+    if k_option is not None and all(n in ("greedy", "plain") for n in names):
+        raise SpecdraftError(f"-k {k_option}: no method in --methods {methods} drafts (greedy and plain decode one "
                              "token a step); add ngram or a drafter family, or drop -k")
     shape = TreeShape.parse(tree or DEFAULT_TREE)
     if drafter is None:
-        check_drafter_methods(names, None)
+        check_drafter_methods(names, None)             # a drafter method without --drafter: before any load
     conversations = read_prompts(prompts, limit)
     dev = resolve_device(device)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     draft_model = (load_drafter_for(drafter, target, dev, DTYPES[dtype]) if any(map(needs_drafter, names)) else None)
-    check_drafter_methods(names, draft_model)          # --methods FAMILY for a drafter of that family
+    if draft_model is not None:
+        check_drafter_methods(names, draft_model)      # --methods FAMILY for a drafter of that family
     k, stop, choice = resolve(target, draft_model, drafter, prompt_ids(target.tokenizer, conversations[0]), k, stop)
     total = len(conversations) * len(set(names) | {"greedy"}) * rounds
     with progress("bench", total, 0, "runs", console=Console(stderr=True)) as tracker:

@@ -9,19 +9,21 @@ from specdraft.errors import SpecdraftError
 from specdraft.infer import bench as B
 
 
-def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_text: str | None, draft_stop: str | None,
+def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_option: int | str | None,
+                 stop: float | str | None,
                  tree: str | None, sampling, max_new_tokens: int, ngram: tuple[int, int], device: str, dtype: str,
                  trust_remote_code: bool, stream: bool, rows: int | None = None) -> tuple[dict, str]:
-    """-> ({text, token_ids, tokens_per_s, accept_len, new_tokens}, the method's name). -k unset is
-    auto for a drafter's chain and DRAFT_LENGTH otherwise; options are checked before the model loads."""
-    from specdraft.defaults import parse_draft_length, parse_draft_stop
+    """-> ({text, token_ids, tokens_per_s, accept_len, new_tokens}, the method's name). `k_option`,
+    `stop`: -k and --draft-stop as the CLI parsed them (defaults.py); -k unset is auto for a drafter's
+    chain and DRAFT_LENGTH otherwise; options are checked before the model loads."""
+    from specdraft.defaults import draft_length
     from specdraft.infer.auto import resolve
     from specdraft.infer.speculative import eos_ids_of, generate
     from specdraft.infer.tree import TreeShape
     from specdraft.targets import DTYPES, load_target
 
     chain = B.needs_drafter(method) and not tree                   # a drafter's chain: -k auto applies
-    k, stop = parse_draft_length(k_text, default_auto=chain), parse_draft_stop(draft_stop)
+    k = draft_length(k_option, default_auto=chain)
     choices = ["greedy", "ngram", *(n for n in B.all_methods() if B.needs_drafter(n) and not n.endswith(B.TREE))]
     if method not in choices:
         raise SpecdraftError(f"--method {method}: unknown; choose {', '.join(choices)}")
@@ -41,7 +43,8 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_te
     dev = B.resolve_device(device)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     draft_model = B.load_drafter_for(drafter, target, dev, DTYPES[dtype]) if B.needs_drafter(method) else None
-    B.check_drafter_methods([name], draft_model, "--method")
+    if draft_model is not None:
+        B.check_drafter_methods([name], draft_model, "--method")
     tok = target.tokenizer
     ids = B.prompt_ids(tok, [{"role": "user", "content": prompt}])
     k, stop, _ = resolve(target, draft_model, drafter, ids, k, stop)
