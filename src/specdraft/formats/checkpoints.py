@@ -133,7 +133,8 @@ def save_checkpoint(folder: str | Path, tensors: dict[str, torch.Tensor], cfg,
     """Write a drafter checkpoint folder (config.json + model.safetensors), atomically.
 
     `tensors` use canonical names; `extra_files` maps a file name to a function that writes it
-    (e.g. optimizer state), so it lands inside the same atomic swap."""
+    (e.g. optimizer state), so it lands inside the same atomic swap. `speculative_tokens`: the K the
+    caller resolved with draft_length (export's -k); None writes the family's default."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -144,8 +145,8 @@ def save_checkpoint(folder: str | Path, tensors: dict[str, torch.Tensor], cfg,
     dtype = checkpoint_dtype(tensors)
     other = layout_of(fam, layout)
     if layout == "speculators":
-        config = fam.checkpoint_config(cfg, dtype, draft_length(cfg, speculative_tokens),
-                                       verifier_architectures(cfg.verifier))
+        k = draft_length(cfg, None) if speculative_tokens is None else speculative_tokens
+        config = fam.checkpoint_config(cfg, dtype, k, verifier_architectures(cfg.verifier))
         on_disk = tensors
     elif other is None:
         raise SpecdraftError(f"--format {layout}: a {fam.model_type} drafter has no {layout} layout; "
