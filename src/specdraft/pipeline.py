@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -33,7 +32,7 @@ from specdraft.data.conversations import source_kind
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder, read_json, write_json
 from specdraft.metrics import drafter_method, tau_source, tau_text
-from specdraft.train.config import resolve_config
+from specdraft.train.config import RunConfig, load_settings_and_recipe
 
 RECIPES = Path(__file__).with_name("recipes")       # the shipped recipe files (package data)
 BASE_METHODS = ("greedy", "plain", "ngram")   # bench's methods besides the run's family's and hybrid
@@ -82,8 +81,9 @@ def recipe_file(profile: str) -> Path:
 def load_recipe(path: str | Path) -> Recipe:
     """Read a recipe file; its training settings are checked here, before hours of earlier stages."""
     path = Path(path)
-    cfg = resolve_config(path)                      # refuses a missing file, bad YAML, bad settings
-    stages = yaml.safe_load(path.read_text()).get("recipe") or {}
+    settings, stages = load_settings_and_recipe(path)     # one read; refuses a missing file, bad YAML
+    cfg = RunConfig.from_dict(settings, str(path)).check()   # bad training settings
+    stages = stages or {}
     if not isinstance(stages, dict):
         raise SpecdraftError(f"{path}: recipe: expected a mapping of stage settings, got {type(stages).__name__}")
     knobs = [f for f in dataclasses.fields(Recipe) if f.name not in ("name", "path", "epochs", "family")]

@@ -214,6 +214,12 @@ def check_type(name: str, value, expected, where: str):
 
 
 def load_yaml(path: str | Path) -> dict:
+    """The training settings of a YAML file (a recipe file's `recipe:` section left out)."""
+    return load_settings_and_recipe(path)[0]
+
+
+def load_settings_and_recipe(path: str | Path) -> tuple[dict, object]:
+    """(training settings, the `recipe:` section or None) of a YAML file, read once."""
     import yaml
 
     path = Path(path)
@@ -232,8 +238,8 @@ def load_yaml(path: str | Path) -> dict:
     data = {k.replace("-", "_"): v for k, v in data.items()}
     if "tensorboard" in data:   # config.yaml of a run from before --report-to
         data.setdefault("report_to", "tensorboard" if data.pop("tensorboard") is True else "none")
-    data.pop("recipe", None)   # a recipe file's settings of the other stages (pipeline.py), not train's
-    return data
+    recipe = data.pop("recipe", None)   # a recipe file's settings of the other stages (pipeline.py), not train's
+    return data, recipe
 
 
 def resolve_config(config_file: str | Path | None = None, **overrides) -> RunConfig:
