@@ -10,7 +10,9 @@
     RUN/eval.json             eval: simulated τ on the run's held-out store samples
 
 train writes it (train/loop.py, train/run_folder.py); eval, bench, export, report, compare and the
-recipe read it through these names.
+recipe read it through these names, and `checkpoints` is the one lister of RUN/checkpoints. It
+imports nothing of specdraft (the lowest import layer), so io, journal and metrics use it too;
+tests/test_layout.py refuses a RUN name spelled anywhere else.
 """
 
 from __future__ import annotations
