@@ -270,7 +270,8 @@ MANIFEST_TYPES = [   # (edit, the one line after "PATH: "): what the hand-writte
     (lambda m: m["target"].update(fingerprint=7), "field 'target' must be an object naming the target"),
     (lambda m: m["target"].update(num_layers=None), "field 'target.num_layers' must be a positive integer, "
                                                     "got null" + DAMAGED),
-    (lambda m: m.update(layer_ids=[1, True]), "field 'layer_ids' must be a list of layer numbers, got [1, true]" + DAMAGED),
+    (lambda m: m.update(layer_ids=[1, True]), "field 'layer_ids' must be a list of layer numbers, "
+                                              "got [1, true]" + DAMAGED),
     (lambda m: m.update(layer_ids=[]), "field 'layer_ids' must be a list of layer numbers, got []" + DAMAGED),
     (lambda m: m.update(dtype="int8"), "field 'dtype' must be bfloat16, float16 or float32, got \"int8\"" + DAMAGED),
     (lambda m: m.update(hidden_size=0), "field 'hidden_size' must be a positive integer, got 0" + DAMAGED),
@@ -280,6 +281,8 @@ MANIFEST_TYPES = [   # (edit, the one line after "PATH: "): what the hand-writte
     (lambda m: m["shards"].append(5), "malformed shard entry 5; re-run capture"),
     (lambda m: m["shards"][0].pop("sha256"), "malformed shard entry {'file': 'shard-00000.safetensors'"),
     (lambda m: m["shards"][0].update(file=3), "shard path 3 points outside the store"),
+    (lambda m: (m.update(hidden_size=0), m["shards"][0].update(file="..")),     # the fields in the order read
+     "field 'hidden_size' must be a positive integer, got 0" + DAMAGED),
     (lambda m: m["shards"][0].update(samples=[0, 1, 2]), "field 'samples' of shard shard-00000.safetensors must be "
                                                          "[start, end], got [0, 1, 2]" + DAMAGED),
     (lambda m: m["shards"][0].update(num_tokens="10"), "field 'num_tokens' of shard shard-00000.safetensors must be "

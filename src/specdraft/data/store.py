@@ -139,7 +139,10 @@ class ShardEntry(BaseModel):
     @field_validator("file")
     @classmethod
     def inside_the_store(cls, name, info: ValidationInfo):
-        return safe_shard_path(info.context["root"], name).name   # SpecdraftError passes through pydantic
+        try:
+            return safe_shard_path(info.context["root"], name).name
+        except SpecdraftError as e:          # a ValueError, so pydantic reports it in field order
+            raise ValueError(str(e)) from None
 
 
 class Manifest(BaseModel):
@@ -154,7 +157,8 @@ class Manifest(BaseModel):
     shards: list[ShardEntry]
 
 
-MUST = {"target": "must be an object naming the target (id, fingerprint)", "layer_ids": "must be a list of layer numbers",
+MUST = {"target": "must be an object naming the target (id, fingerprint)",
+        "layer_ids": "must be a list of layer numbers",
         "dtype": "must be bfloat16, float16 or float32", "hidden_size": "must be a positive integer",
         "num_samples": "must be a non-negative integer", "num_tokens": "must be a non-negative integer",
         "complete": "must be true or false", "shards": "must be a list of shard entries",
@@ -174,7 +178,10 @@ def manifest_type_error(path: Path, manifest: dict, error: ValidationError) -> S
         entry = manifest["shards"][loc[1]]
         if len(loc) == 2 or err["type"] == "missing":
             return SpecdraftError(f"{path}: malformed shard entry {entry!r}; re-run capture")
-        return manifest_error(path, loc[2], f"{MUST['shard.' + loc[2]]}, got {json.dumps(entry[loc[2]])}", entry["file"])
+        field = loc[2]
+        if field == "file":
+            return SpecdraftError(str(err["ctx"]["error"]))
+        return manifest_error(path, field, f"{MUST['shard.' + field]}, got {json.dumps(entry[field])}", entry["file"])
     if loc[0] == "target" and len(loc) > 1 and loc[1] != "fingerprint":
         field, value = f"target.{loc[1]}", manifest["target"][loc[1]]
     else:
