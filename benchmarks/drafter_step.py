@@ -38,7 +38,7 @@ from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import Profile, cache_kwarg, generate
 from specdraft.infer.timing import busy_warning, interleaved_ms, machine_load, rotated, spread
 from specdraft.infer.tree import Draft
-from specdraft.model.eagle3.module import KVCache
+from specdraft.model.eagle3.module import DynamicCache
 from specdraft.targets import load_target
 
 
@@ -54,7 +54,7 @@ class LegacyProposer:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = KVCache()
+        self.cache = DynamicCache()
         self.pending = []
 
     def observe(self, aux) -> None:

@@ -85,7 +85,7 @@ def build_drafter(model: str, out: Path, draft_vocab: int, prompts: list[list[in
 
     from specdraft.model.eagle3.config import DrafterConfig
     from specdraft.formats.checkpoints import save_drafter
-    from specdraft.model.eagle3.module import Eagle3Drafter, KVCache, causal_mask
+    from specdraft.model.eagle3.module import DynamicCache, Eagle3Drafter, causal_mask
     from specdraft.targets import load_target
     from specdraft.vocab import count_tokens, mapping_from_counts
 
@@ -120,7 +120,7 @@ def build_drafter(model: str, out: Path, draft_vocab: int, prompts: list[list[in
             for aux, tokens, labels in examples:
                 T = tokens.shape[1]
                 logits, _ = drafter(tokens, drafter.combine_aux(aux), torch.arange(T)[None],
-                                    causal_mask(torch.zeros(1, T, dtype=torch.long)), KVCache())
+                                    causal_mask(torch.zeros(1, T, dtype=torch.long)), DynamicCache())
                 loss = loss + F.cross_entropy(logits[0], labels[0], ignore_index=-100)
             opt.zero_grad()
             loss.backward()

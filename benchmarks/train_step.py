@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from specdraft.model.eagle3 import module as drafter_mod
 from specdraft.model.eagle3.config import DrafterConfig
-from specdraft.model.eagle3.module import Eagle3Drafter, KVCache
+from specdraft.model.eagle3.module import DynamicCache, Eagle3Drafter
 from specdraft.model.eagle3.objective import ttt_forward
 from specdraft.train.objective import TeacherHead
 
@@ -81,19 +81,19 @@ def make_batch(B: int, T: int, H: int, vocab: int, seed: int = 0) -> dict[str, t
 
 # ----------------------------------------------------------------------------- attention variants
 
-def attn_reference(self, x, cos, sin, mask, cache: KVCache):
+def attn_reference(self, x, cos, sin, mask, cache: DynamicCache):
     """The drafter's own attention (model/drafter.py), kept here for the A/B switch."""
     return ORIGINAL_FORWARD(self, x, cos, sin, mask, cache)
 
 
-def attn_gqa(self, x, cos, sin, mask, cache: KVCache):
+def attn_gqa(self, x, cos, sin, mask, cache: DynamicCache):
     """Same maths, but SDPA's enable_gqa instead of materialising repeat_kv copies."""
     B, T, _ = x.shape
     q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)
     k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
     v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
     q, k = drafter_mod.apply_rotary_pos_emb(q, k, cos, sin)
-    k_all, v_all = cache.append(k, v)
+    k_all, v_all = cache.update(k, v, 0)
     out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
     return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
 
@@ -127,7 +127,7 @@ def ttt_split_attention(q, k_all, v_all, mask0, T: int):
     return out.reshape(B, nh, T, hd)
 
 
-def attn_split(self, x, cos, sin, mask, cache: KVCache):
+def attn_split(self, x, cos, sin, mask, cache: DynamicCache):
     """The drafter's attention with `ttt_split_attention` whenever the cache holds whole TTT
     blocks (training); anything else (generation) falls back to the SDPA path."""
     B, T, _ = x.shape
@@ -135,7 +135,7 @@ def attn_split(self, x, cos, sin, mask, cache: KVCache):
     k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
     v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
     q, k = drafter_mod.apply_rotary_pos_emb(q, k, cos, sin)
-    k_all, v_all = cache.append(k, v)
+    k_all, v_all = cache.update(k, v, 0)
     S = k_all.shape[2]
     if S % T == 0 and mask.shape[-1] == S and mask.shape[-2] == T:
         out = ttt_split_attention(q, k_all, v_all, mask[..., :T], T)

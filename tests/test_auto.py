@@ -18,7 +18,7 @@ from specdraft.model.common.cache import GrowingKVCache
 from specdraft.model.eagle3.proposer import EagleProposer
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import generate
-from specdraft.model.eagle3.module import KVCache
+from specdraft.model.eagle3.module import DynamicCache
 from specdraft.testing import tiny_drafter_for, tiny_llama
 
 AUX = [0, 2, 3]
@@ -180,14 +180,14 @@ def test_confidence_stop_with_sampling_runs_and_cuts(target, drafter):
 
 def test_growing_cache_behaves_as_the_concatenating_one():
     g = torch.Generator().manual_seed(0)
-    plain, grown = KVCache(), GrowingKVCache()
+    plain, grown = DynamicCache(), GrowingKVCache()
     for n, crop in [(5, None), (1, None), (300, 200), (2, 150), (1, None), (40, 10)]:
         k, v = torch.randn(1, 2, n, 4, generator=g), torch.randn(1, 2, n, 4, generator=g)
-        for a, b in zip(plain.append(k, v), grown.append(k, v)):
+        for a, b in zip(plain.update(k, v, 0), grown.update(k, v)):
             assert torch.equal(a, b)
         if crop is not None:
-            plain.crop(crop), grown.crop(crop)
-        assert len(plain) == len(grown) and torch.equal(plain.key, grown.key)
+            plain.crop(crop - plain.get_seq_length()), grown.crop(crop)     # DynamicCache: tokens to drop
+        assert plain.get_seq_length() == len(grown) and torch.equal(plain.layers[0].keys, grown.key)
 
 
 # ----------------------------------------------------------------------------- auto settings

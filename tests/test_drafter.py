@@ -1,7 +1,8 @@
 import torch
 
 from specdraft.model.eagle3.config import DrafterConfig
-from specdraft.model.eagle3.module import Eagle3Drafter, KVCache, causal_mask, ttt_mask
+from specdraft.model.common.cache import GrowingKVCache
+from specdraft.model.eagle3.module import DynamicCache, Eagle3Drafter, causal_mask, ttt_mask
 from specdraft.testing import tiny_llama
 
 
@@ -48,8 +49,8 @@ def test_incremental_cache_equals_full_forward():
     ids = torch.randint(0, 100, (B, T))
     hidden = torch.randn(B, T, H)
     pos = torch.arange(T)[None]
-    full_logits, full_hidden = model(ids, hidden, pos, causal_mask(torch.zeros(B, T, dtype=torch.long)), KVCache())
-    cache = KVCache()
+    full_logits, full_hidden = model(ids, hidden, pos, causal_mask(torch.zeros(B, T, dtype=torch.long)), DynamicCache())
+    cache = GrowingKVCache()                                                  # generation's cache
     outs = []
     for t in range(T):
         logits, _ = model(ids[:, t:t + 1], hidden[:, t:t + 1], pos[:, t:t + 1], None, cache)
@@ -91,8 +92,8 @@ def test_fc_norm_norms_each_aux_chunk_and_round_trips_through_both_layouts(tmp_p
     mask = causal_mask(torch.zeros(1, 5, dtype=torch.long))
 
     def run(net):
-        logits, hidden = net(ids, net.combine_aux(aux[:1]), pos, mask, KVCache())
-        return logits, net(ids, hidden, pos + 1, mask, KVCache())[0]   # a second step: feedback used
+        logits, hidden = net(ids, net.combine_aux(aux[:1]), pos, mask, DynamicCache())
+        return logits, net(ids, hidden, pos + 1, mask, DynamicCache())[0]   # a second step: feedback used
 
     model.eval()
     save_drafter(model, tmp_path / "ours")
@@ -136,7 +137,7 @@ def test_init_layer_from_target_computes_the_targets_last_layer():
     hidden = torch.randn(1, T, H)
     pos = torch.arange(T)[None]
     ours = model.decode(torch.randint(0, 100, (1, T)), hidden, pos,
-                        causal_mask(torch.zeros(1, T, dtype=torch.long)), KVCache())
+                        causal_mask(torch.zeros(1, T, dtype=torch.long)), DynamicCache())
     rotary = target.model.rotary_emb(hidden, pos)
     mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
     theirs = target.model.layers[-1](hidden, attention_mask=mask, position_ids=pos, position_embeddings=rotary)

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import load_checkpoint, load_drafter, save_checkpoint
 from specdraft.model.eagle3.config import DrafterConfig
-from specdraft.model.eagle3.module import Eagle3Drafter, KVCache, causal_mask
+from specdraft.model.eagle3.module import DynamicCache, Eagle3Drafter, causal_mask
 from specdraft.targets import load_target
 from specdraft.vocab import mapping_from_counts
 
@@ -101,7 +101,7 @@ def draft_logits(drafter):
     tokens = torch.randint(0, drafter.config.vocab_size, (1, T), generator=g)
     with torch.no_grad():
         logits, _ = drafter(tokens, drafter.combine_aux(aux), torch.arange(T)[None],
-                            causal_mask(torch.zeros(1, T, dtype=torch.long)), KVCache())
+                            causal_mask(torch.zeros(1, T, dtype=torch.long)), DynamicCache())
     return logits
 
 

@@ -17,7 +17,7 @@ from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import (Profile, TargetRunner, cache_kwarg, few_row_matmul, generate,
                                         per_position_accept)
 from specdraft.infer.tree import Draft, ancestor_mask
-from specdraft.model.eagle3.module import KVCache, causal_mask
+from specdraft.model.eagle3.module import DynamicCache, causal_mask
 from specdraft.testing import tiny_drafter_for, tiny_llama
 
 AUX = [0, 2, 3]   # includes 0 = the embeddings
@@ -257,7 +257,7 @@ def test_drafter_alignment_matches_one_full_pass(target, drafter):
         aux = torch.cat([hs[l][0] for l in AUX], dim=-1)[:-1]            # [T-1, 3H], positions 0..T-2
         T = aux.shape[0]
         logits, _ = drafter(torch.tensor([full[1:]]), drafter.combine_aux(aux)[None],
-                            torch.arange(T)[None], causal_mask(torch.zeros(1, T, dtype=torch.long)), KVCache())
+                            torch.arange(T)[None], causal_mask(torch.zeros(1, T, dtype=torch.long)), DynamicCache())
         expected = drafter.draft_to_target(logits[0].argmax(-1))
     assert len(proposer.first_drafts) >= 10
     for t, first in proposer.first_drafts:

@@ -260,3 +260,45 @@ def test_shard_ranges_with_gaps_or_overlaps_are_refused(tmp_path):
         (root / "manifest.json").write_text(json.dumps(bad))
         with pytest.raises(SpecdraftError, match="shard-00001.safetensors covers samples"):
             st.HiddenStore(root)
+
+
+DAMAGED = "; the manifest is damaged or hand-edited: re-capture into an empty --out"
+MANIFEST_TYPES = [   # (edit, the one line after "PATH: "): what the hand-written checks said, field by field
+    (lambda m: m.pop("dtype"), "missing field 'dtype'; re-run capture"),
+    (lambda m: m.update(target=None), "field 'target' must be an object naming the target (id, fingerprint), "
+                                      "got null" + DAMAGED),
+    (lambda m: m["target"].update(fingerprint=7), "field 'target' must be an object naming the target"),
+    (lambda m: m["target"].update(num_layers=None), "field 'target.num_layers' must be a positive integer, "
+                                                    "got null" + DAMAGED),
+    (lambda m: m.update(layer_ids=[1, True]), "field 'layer_ids' must be a list of layer numbers, "
+                                              "got [1, true]" + DAMAGED),
+    (lambda m: m.update(layer_ids=[]), "field 'layer_ids' must be a list of layer numbers, got []" + DAMAGED),
+    (lambda m: m.update(dtype="int8"), "field 'dtype' must be bfloat16, float16 or float32, got \"int8\"" + DAMAGED),
+    (lambda m: m.update(hidden_size=0), "field 'hidden_size' must be a positive integer, got 0" + DAMAGED),
+    (lambda m: m.update(num_tokens=-1), "field 'num_tokens' must be a non-negative integer, got -1" + DAMAGED),
+    (lambda m: m.update(complete="yes"), "field 'complete' must be true or false, got \"yes\"" + DAMAGED),
+    (lambda m: m.update(shards={}), "field 'shards' must be a list of shard entries, got {}" + DAMAGED),
+    (lambda m: m["shards"].append(5), "malformed shard entry 5; re-run capture"),
+    (lambda m: m["shards"][0].pop("sha256"), "malformed shard entry {'file': 'shard-00000.safetensors'"),
+    (lambda m: m["shards"][0].update(file=3), "shard path 3 points outside the store"),
+    (lambda m: (m.update(hidden_size=0), m["shards"][0].update(file="..")),     # the fields in the order read
+     "field 'hidden_size' must be a positive integer, got 0" + DAMAGED),
+    (lambda m: m["shards"][0].update(samples=[0, 1, 2]), "field 'samples' of shard shard-00000.safetensors must be "
+                                                         "[start, end], got [0, 1, 2]" + DAMAGED),
+    (lambda m: m["shards"][0].update(num_tokens="10"), "field 'num_tokens' of shard shard-00000.safetensors must be "
+                                                       "a non-negative integer, got \"10\"" + DAMAGED),
+    (lambda m: m["shards"][0].update(sha256=1), "field 'sha256' of shard shard-00000.safetensors must be a hex "
+                                                "string, got 1" + DAMAGED),
+]
+
+
+@pytest.mark.parametrize("edit, line", MANIFEST_TYPES, ids=[line[:40] for _, line in MANIFEST_TYPES])
+def test_each_wrong_manifest_field_is_its_one_line(tmp_path, edit, line):
+    write_store(tmp_path / "h", random_samples(4))
+    path = tmp_path / "h" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(SpecdraftError) as e:
+        st.read_manifest(tmp_path / "h")
+    assert str(e.value).startswith(f"{path}: {line}") and "\n" not in str(e.value)

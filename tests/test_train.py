@@ -256,14 +256,14 @@ def test_remap_moves_rows_and_predicts_the_same_target_tokens(ws, tmp_path):
     assert report["remapped"] and report["carried"] == DRAFT - 5 and report["from_target"] == 5
     assert any("carried 43" in line for line in logs)
     from specdraft.formats.checkpoints import load_drafter
-    from specdraft.model.eagle3.module import KVCache, causal_mask
+    from specdraft.model.eagle3.module import DynamicCache, causal_mask
     src = load_drafter(src_dir)
     ids = torch.randint(7, 60, (1, 10))
     hidden = torch.randn(1, 10, ws["target"].hidden_size)
     args = (ids, hidden, torch.arange(10)[None], causal_mask(torch.zeros(1, 10, dtype=torch.long)))
     with torch.no_grad():
-        la, _ = src(*args, KVCache())
-        lb, _ = remapped.eval()(*args, KVCache())
+        la, _ = src(*args, DynamicCache())
+        lb, _ = remapped.eval()(*args, DynamicCache())
     va = vocab_mod.load(ws["root"] / "vocab.safetensors")
     shared = sorted(set(va.draft_to_target.tolist()) & set(vocab_b.draft_to_target.tolist()))
     col_a = {t: i for i, t in enumerate(va.draft_to_target.tolist())}

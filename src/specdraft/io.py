@@ -334,7 +334,9 @@ def own_folder(path: str | os.PathLike, command: str) -> Iterator[Path]:
     Two commands writing one folder would mix their files (a store of two captures, two runs'
     metrics), so a second writer fails at once with one line naming the holder. The lock is an
     fcntl.flock on PATH/.specdraft.lock: the kernel drops it when the holder dies, so a killed
-    run never leaves the folder locked, only a stale file that the next holder reuses."""
+    run never leaves the folder locked, only a stale file that the next holder reuses. Not filelock
+    (the journal's and exports.json's lock): the refused writer names the holder from the pid and command
+    the holder wrote into the lock file, which filelock's lock does not carry."""
     import fcntl
 
     path = Path(path)

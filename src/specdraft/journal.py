@@ -5,17 +5,17 @@ decided in chat and lost; a journal keeps hypotheses, results and decisions next
 People add entries with `specdraft journal add`; stages (probe, baseline watch, plan) call
 `record()` for automatic ones. Append-only: earlier entries are never rewritten; each append
 writes old + new to a temp file and renames it over (atomic), under a lock file so two writers
-do not lose each other's entries.
+do not lose each other's entries (filelock).
 """
 
 from __future__ import annotations
 
-import fcntl
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+
+from filelock import FileLock
 
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
@@ -43,14 +43,7 @@ def journal_path(run: str | Path) -> Path:
     return Path(run) / run_layout.JOURNAL
 
 
-@contextmanager
-def _locked(run: Path):
-    with open(run / ".journal.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+LOCK = ".journal.lock"   # held while an entry is appended (filelock, as exports.json's writers)
 
 
 def add(run: str | Path, kind: str, text: str, source: str = "", now: datetime | None = None) -> Entry:
@@ -70,7 +63,7 @@ def add(run: str | Path, kind: str, text: str, source: str = "", now: datetime |
     stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     entry = Entry(stamp, kind, text, source)
     path = journal_path(run)
-    with _locked(run):
+    with FileLock(run / LOCK):
         old = path.read_text() if path.exists() else f"# Journal: {run.resolve().name}\n\n"
         with atomic_path(path) as tmp:
             tmp.write_text(old + entry.markdown())

@@ -3,6 +3,9 @@
 metrics.jsonl stays the run's record (compare, report, resume read it); a tracker is a view of it
 for people who already use one. Each is an optional extra, checked before training starts so a
 missing package costs seconds, not an epoch. Only rank 0 opens them (MetricsLog's writer).
+Not accelerate.tracking: its trackers ask accelerate's PartialState at every call (state the loop's own
+torch.distributed setup owns), and its TensorBoard stores the config with add_hparams, which refuses the
+config's lists and writes a second, timestamped run folder; the wrappers below are a line or two each.
 """
 
 from __future__ import annotations

@@ -22,8 +22,11 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
 import torch
+from pydantic import (BaseModel, Field, StrictBool, StrictInt, StrictStr, ValidationError, ValidationInfo,
+                      field_validator)
 
 from specdraft.data import store_formats as sf
 from specdraft.errors import SpecdraftError
@@ -116,9 +119,79 @@ def manifest_error(path: Path, field: str, problem: str, shard: str = "") -> Spe
                           "re-capture into an empty --out")
 
 
+Count = Annotated[StrictInt, Field(ge=0)]
+Positive = Annotated[StrictInt, Field(ge=1)]
+
+
+class ManifestTarget(BaseModel):
+    fingerprint: StrictStr = ""
+    num_layers: Positive = None       # older stores lack these three; a null one is refused
+    hidden_size: Positive = None
+    vocab_size: Positive = None
+
+
+class ShardEntry(BaseModel):
+    file: object                      # a plain file name inside the store (safe_shard_path, via the context)
+    samples: tuple[StrictInt, StrictInt]
+    num_tokens: Count
+    sha256: StrictStr
+
+    @field_validator("file")
+    @classmethod
+    def inside_the_store(cls, name, info: ValidationInfo):
+        try:
+            return safe_shard_path(info.context["root"], name).name
+        except SpecdraftError as e:          # a ValueError, so pydantic reports it in field order
+            raise ValueError(str(e)) from None
+
+
+class Manifest(BaseModel):
+    """The manifest's typed fields (the rest, such as data and capture settings, pass as they are)."""
+    target: ManifestTarget
+    layer_ids: Annotated[list[Count], Field(min_length=1)]
+    dtype: Literal[tuple(STORE_DTYPES)]
+    hidden_size: Positive
+    num_samples: Count
+    num_tokens: Count
+    complete: StrictBool = False
+    shards: list[ShardEntry]
+
+
+MUST = {"target": "must be an object naming the target (id, fingerprint)",
+        "layer_ids": "must be a list of layer numbers",
+        "dtype": "must be bfloat16, float16 or float32", "hidden_size": "must be a positive integer",
+        "num_samples": "must be a non-negative integer", "num_tokens": "must be a non-negative integer",
+        "complete": "must be true or false", "shards": "must be a list of shard entries",
+        **{f"target.{k}": "must be a positive integer" for k in ("num_layers", "hidden_size", "vocab_size")},
+        "shard.samples": "must be [start, end]", "shard.num_tokens": "must be a non-negative integer",
+        "shard.sha256": "must be a hex string"}
+
+
+def manifest_type_error(path: Path, manifest: dict, error: ValidationError) -> SpecdraftError:
+    """The first wrong field pydantic found as read_manifest's one line (a missing field first)."""
+    errors = error.errors()
+    err = next((e for e in errors if e["type"] == "missing" and len(e["loc"]) == 1), errors[0])
+    loc = err["loc"]
+    if err["type"] == "missing" and len(loc) == 1:
+        return SpecdraftError(f"{path}: missing field '{loc[0]}'; re-run capture")
+    if loc[0] == "shards" and len(loc) > 1:
+        entry = manifest["shards"][loc[1]]
+        if len(loc) == 2 or err["type"] == "missing":
+            return SpecdraftError(f"{path}: malformed shard entry {entry!r}; re-run capture")
+        field = loc[2]
+        if field == "file":
+            return SpecdraftError(str(err["ctx"]["error"]))
+        return manifest_error(path, field, f"{MUST['shard.' + field]}, got {json.dumps(entry[field])}", entry["file"])
+    if loc[0] == "target" and len(loc) > 1 and loc[1] != "fingerprint":
+        field, value = f"target.{loc[1]}", manifest["target"][loc[1]]
+    else:
+        field, value = loc[0], manifest[loc[0]]
+    return manifest_error(path, field, f"{MUST[field]}, got {json.dumps(value)}")
+
+
 def read_manifest(root: str | Path) -> dict:
-    """Read manifest.json and check it field by field (types, shard file names, totals), so a bad
-    one fails here, in `capture --verify` too, and never halfway through training."""
+    """Read manifest.json and check it field by field (types through the Manifest model, shard file
+    names, totals), so a bad one fails here, in `capture --verify` too, and never halfway through training."""
     root = Path(root)
     path = root / MANIFEST
     if not root.is_dir():
@@ -135,42 +208,15 @@ def read_manifest(root: str | Path) -> dict:
     if manifest.get("format_version") != FORMAT_VERSION:
         raise SpecdraftError(f"{path}: format_version {manifest.get('format_version')} is not supported "
                              f"(this specdraft reads {FORMAT_VERSION}); re-run capture")
-    for key in ("target", "layer_ids", "dtype", "hidden_size", "num_samples", "num_tokens", "shards"):
-        if key not in manifest:
-            raise SpecdraftError(f"{path}: missing field '{key}'; re-run capture")
-    target = manifest["target"]
-    if not isinstance(target, dict) or not isinstance(target.get("fingerprint", ""), str):
-        raise manifest_error(path, "target", f"must be an object naming the target (id, fingerprint), "
-                                             f"got {json.dumps(target)}")
-    layer_ids = manifest["layer_ids"]
-    if not isinstance(layer_ids, list) or not layer_ids or not all(is_int(i) and i >= 0 for i in layer_ids):
-        raise manifest_error(path, "layer_ids", f"must be a list of layer numbers, got {json.dumps(layer_ids)}")
-    if not isinstance(manifest["dtype"], str) or manifest["dtype"] not in STORE_DTYPES:
-        raise manifest_error(path, "dtype", f"must be bfloat16, float16 or float32, got {json.dumps(manifest['dtype'])}")
-    for key in ("hidden_size", "num_samples", "num_tokens"):
-        if not is_int(manifest[key]) or manifest[key] < (1 if key == "hidden_size" else 0):
-            raise manifest_error(path, key, f"must be a {'positive' if key == 'hidden_size' else 'non-negative'} "
-                                            f"integer, got {json.dumps(manifest[key])}")
+    try:
+        Manifest.model_validate(manifest, context={"root": root})
+    except ValidationError as e:
+        raise manifest_type_error(path, manifest, e) from None
     check_against_target(path, manifest)
     check_format_fields(path, manifest)
-    if not isinstance(manifest.get("complete", False), bool):
-        raise manifest_error(path, "complete", f"must be true or false, got {json.dumps(manifest['complete'])}")
-    if not isinstance(manifest["shards"], list):
-        raise manifest_error(path, "shards", f"must be a list of shard entries, got {json.dumps(manifest['shards'])}")
     expect, tokens = 0, 0
     for entry in manifest["shards"]:
-        if not isinstance(entry, dict) or not {"file", "samples", "num_tokens", "sha256"} <= entry.keys():
-            raise SpecdraftError(f"{path}: malformed shard entry {entry!r}; re-run capture")
-        safe_shard_path(root, entry["file"])
-        samples = entry["samples"]
-        if not isinstance(samples, list) or len(samples) != 2 or not all(is_int(i) for i in samples):
-            raise manifest_error(path, "samples", f"must be [start, end], got {json.dumps(samples)}", entry["file"])
-        if not is_int(entry["num_tokens"]) or entry["num_tokens"] < 0:
-            raise manifest_error(path, "num_tokens", f"must be a non-negative integer, got "
-                                 f"{json.dumps(entry['num_tokens'])}", entry["file"])
-        if not isinstance(entry["sha256"], str):
-            raise manifest_error(path, "sha256", f"must be a hex string, got {json.dumps(entry['sha256'])}", entry["file"])
-        start, end = samples
+        start, end = entry["samples"]
         if start != expect or end < start:
             raise SpecdraftError(f"{path}: shard {entry['file']} covers samples [{start}, {end}) but the "
                                  f"previous shard ended at {expect}; re-run capture")
@@ -189,10 +235,7 @@ def check_against_target(path: Path, manifest: dict) -> None:
     """The manifest's own numbers against the target it records (target.num_layers, hidden_size,
     vocab_size; older stores may lack them): layer ids beyond the target, or another width, were
     trusted until a drafter built from them failed (or trained on the wrong layers)."""
-    target = manifest["target"]
-    for key in ("num_layers", "hidden_size", "vocab_size"):
-        if key in target and (not is_int(target[key]) or target[key] < 1):
-            raise manifest_error(path, f"target.{key}", f"must be a positive integer, got {json.dumps(target[key])}")
+    target = manifest["target"]                      # its types checked by ManifestTarget
     layers = target.get("num_layers")
     if layers is not None and any(i >= layers for i in manifest["layer_ids"]):
         raise manifest_error(path, "layer_ids", f"{json.dumps(manifest['layer_ids'])} reach beyond the target's "

@@ -4,7 +4,10 @@ Load that changes while methods run one after another goes straight into their r
 a busy machine once reported 3.17x at τ 1.37). So every measurement here runs in rounds: round r
 times every item once (or `repeats` times), in an order rotated by r, and ratios are taken between
 medians measured in the same rounds. Each command warns in one line when the machine was busy
-(1-minute load average above the core count) at its start or end.
+(1-minute load average above the core count) at its start or end. Not torch.utils.benchmark.Timer:
+it times one statement on its own (on one thread unless told), and every measurement here interleaves
+its candidates in rotated rounds and keeps each round's samples (kernels.time_paths too: cold weights,
+paths taking turns).
 """
 
 from __future__ import annotations

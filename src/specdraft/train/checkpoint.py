@@ -9,7 +9,10 @@ same atomic folder swap, so a checkpoint is either wholly there or the previous 
 trainer_state.pt holds only tensors and plain containers: it is loaded with weights_only=True.
 The files are the same whether the drafter trained in one process, under DDP or sharded with
 FSDP2: `training_state` gathers sharded weights and optimizer state into the one-process form,
-and `load_optimizer_state` shards it back on resume.
+and `load_optimizer_state` shards it back on resume (torch.distributed.checkpoint's state_dict
+helpers). Not accelerate's save_state: it needs an Accelerator that owns the model, optimizer and
+data, writes its own files (RNG states as random_states_N.pkl, read back with weights_only=False)
+beside ours, and keeps no data position; the RNG state here is two lines.
 """
 
 from __future__ import annotations

@@ -1,44 +1,29 @@
-"""The drafters' KV caches: KVCache (grows by concatenation, so the TTT unroll can backpropagate
-through it), GrowingKVCache (the generation loop's: preallocated buffers written in place, crop moves
-the end) and ContextCache (one GrowingKVCache per decoder layer: a block drafter's context)."""
+"""The drafters' KV caches. Training-time test (TTT) uses transformers' `DynamicCache`: it grows by
+concatenation, so the unroll backpropagates through it. Generation keeps its own, because DynamicCache
+concatenates the whole cache at every update (the cost the preallocated cache took out of each draft step)
+and StaticCache cannot crop: GrowingKVCache (preallocated buffers written in place, crop moves the end) and
+ContextCache (one GrowingKVCache per decoder layer: a block drafter's context). Both speak DynamicCache's
+`update(k, v, layer_idx)`, so the drafter's attention takes either."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+from transformers import DynamicCache
+
+__all__ = ["ContextCache", "DynamicCache", "GrowingKVCache"]
 
 
-@dataclass
-class KVCache:
-    """Keys/values seen so far: [B, kv_heads, S, head_dim]. `crop(n)` drops everything after n."""
-
-    key: torch.Tensor | None = None
-    value: torch.Tensor | None = None
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.key = k if self.key is None else torch.cat([self.key, k], dim=2)
-        self.value = v if self.value is None else torch.cat([self.value, v], dim=2)
-        return self.key, self.value
-
-    def __len__(self) -> int:
-        return 0 if self.key is None else self.key.shape[2]
-
-    def crop(self, n: int) -> None:
-        if self.key is not None:
-            self.key, self.value = self.key[:, :, :n], self.value[:, :, :n]
-
-
-class GrowingKVCache(KVCache):
-    """The drafter's KVCache over preallocated buffers: append writes in place (capacity doubles when
-    full) and crop moves the end, instead of a torch.cat of the whole cache at every draft step."""
+class GrowingKVCache:
+    """Keys/values [B, kv_heads, S, head_dim] in preallocated buffers: update writes in place (capacity
+    doubles when full); `crop(n)` drops everything after n."""
 
     def __init__(self):
-        super().__init__()
         self.length = 0
         self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.key: torch.Tensor | None = None
+        self.value: torch.Tensor | None = None
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         need = self.length + k.shape[2]
         if self.buffers is None or need > self.buffers[0].shape[2]:
             capacity = max(need, 256, 2 * (self.buffers[0].shape[2] if self.buffers else 0))
@@ -70,7 +55,7 @@ class ContextCache:
 
     def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for cache, (k, v) in zip(self.layers, kv):
-            cache.append(k, v)
+            cache.update(k, v)
 
     def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(cache.key, cache.value) for cache in self.layers]

@@ -8,9 +8,11 @@ takes [embed(token); hidden] (2H wide), a final norm, and an lm_head over the dr
     logits = lm_head(norm(out))                                   compute_logits() [B,T,draft_vocab]
     next step's hidden = out (or norm(out) with norm_output)      feedback()
 
-Attention keeps its keys/values in a `KVCache` that simply grows: training-time test (TTT) appends
-one block of T keys per unrolled step and passes an explicit boolean mask (see `ttt_mask`), and
-speculative generation appends the accepted/drafted tokens and crops on rejection. One code path.
+Attention keeps its keys/values in a cache that simply grows (transformers' `DynamicCache` in
+training, model/common/cache.py's GrowingKVCache in generation, both through `update`): training-time
+test (TTT) appends one block of T keys per unrolled step and passes an explicit boolean mask (see
+`ttt_mask`), and speculative generation appends the accepted/drafted tokens and crops on rejection.
+One code path.
 A flex-attention BlockMask (`ttt_block_mask`, same semantics) instead of a boolean mask selects
 flex_attention: compiled on CUDA, eager (a slow reference that materialises the scores) elsewhere.
 """
@@ -24,7 +26,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from specdraft.model.common.cache import KVCache
+from specdraft.model.common.cache import DynamicCache
 from specdraft.model.common.heads import init_heads_from_target
 from specdraft.model.eagle3.config import DrafterConfig
 
@@ -52,13 +54,13 @@ class DrafterAttention(nn.Module):
         self.v_proj = nn.Linear(2 * H, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, H, bias=False)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache):
+    def forward(self, x, cos, sin, mask, cache: DynamicCache):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)    # [B,nh,T,hd]
         k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)   # [B,nkv,T,hd]
         v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        k_all, v_all = cache.append(k, v)                                    # [B,nkv,S+T,hd]
+        k_all, v_all = cache.update(k, v, 0)                                 # [B,nkv,S+T,hd]
         if isinstance(mask, BlockMask):
             out = flex_attention_for(q.device)(q, k_all, v_all, block_mask=mask, enable_gqa=True)
         else:
@@ -116,7 +118,7 @@ class Eagle3Drafter(nn.Module):
             return self.fc(torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1))
         return self.fc(aux.flatten(-2) if aux.dim() == 4 else aux)
 
-    def decode(self, input_ids, hidden, position_ids, mask, cache: KVCache) -> torch.Tensor:
+    def decode(self, input_ids, hidden, position_ids, mask, cache: DynamicCache) -> torch.Tensor:
         """The decoder layer: tokens [B,T] + hidden [B,T,H] -> its output [B,T,H], before the final norm.
         `hidden` is fc(aux) at draft step 0 and `feedback()` of the step before afterwards."""
         embeds = self.embed_tokens(input_ids)                                    # [B,T,H]
@@ -135,7 +137,7 @@ class Eagle3Drafter(nn.Module):
         back), or after the final norm with config.norm_output."""
         return self.norm(out) if self.config.norm_output else out
 
-    def forward(self, input_ids, hidden, position_ids, mask, cache: KVCache):
+    def forward(self, input_ids, hidden, position_ids, mask, cache: DynamicCache):
         """One draft step -> (logits [B,T,Vd], the next step's hidden [B,T,H])."""
         out = self.decode(input_ids, hidden, position_ids, mask, cache)
         return self.compute_logits(out), self.feedback(out)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specdraft.model.eagle3.module import Eagle3Drafter, KVCache, ttt_block_mask, ttt_mask
+from specdraft.model.eagle3.module import DynamicCache, Eagle3Drafter, ttt_block_mask, ttt_mask
 from specdraft.train.objective import (ATTENTION, LOSSES, MAX_TTT_STEPS, TTT_INPUTS, TeacherHead, add_step_sums,
                                        in_document, position_loss, shift_left, teacher_targets, valid_positions)
 
@@ -53,7 +53,7 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
         aux = aux + (torch.rand_like(aux) * 2 - 1) * aux_noise
     hidden = drafter.combine_aux(aux)                                             # [B,T,H]
 
-    cache = KVCache()
+    cache = DynamicCache()
     total = hidden.new_zeros((), dtype=torch.float32)
     sums = {}
     through = torch.ones(B * T, dtype=torch.bool, device=input_ids.device)        # correct at every step so far

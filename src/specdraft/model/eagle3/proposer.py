@@ -2,7 +2,7 @@
 
 Alignment (as in training): the drafter at position t sees fc(aux(t)) and token t+1 and predicts
 token t+2, run at position id t. Draft step k>0 feeds the step before's hidden_out (pre-norm) and
-the token just drafted, at position t+k. The drafter's KVCache keeps one entry per real position
+the token just drafted, at position t+k. The drafter's cache keeps one entry per real position
 (from the target's aux states); drafted entries are appended during a round and cropped after it.
 """
 
