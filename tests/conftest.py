@@ -37,6 +37,16 @@ def tiny_target(tmp_path_factory) -> Path:
     return save_tiny_target(tmp_path_factory.mktemp("tiny") / "target")
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded SmolLM2-135M (`load_target("default")`, fp32), loaded once for every test that only
+    reads it (generate, no_grad forwards, a teacher head copied from it); a test that changes the
+    model loads its own. The suite's first load still converts the GGUF on the run's empty cache."""
+    from specdraft.targets import load_target
+
+    return load_target("default")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny forwards: on a shared 2-core machine extra threads only spin (a module opts in with

@@ -459,13 +459,12 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
 
 
 @pytest.mark.integration
-def test_smollm2_lossless():
+def test_smollm2_lossless(smollm2):
     """The embedded SmolLM2 target, 10 prompts x 64 tokens: n-gram and EAGLE-3 (untrained drafter)
     equal transformers' greedy generate token for token."""
     from specdraft.infer.bench import prompt_ids, untrained_drafter
-    from specdraft.targets import load_target
 
-    target = load_target("default")
+    target = smollm2
     drafter = untrained_drafter(target.model, 2048)
     texts = ["What is the capital of France?", "Write a haiku about rain.", "Explain recursion briefly.",
              "List three prime numbers.", "How do plants make food?", "Say hello in Spanish.",

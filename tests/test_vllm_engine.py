@@ -59,8 +59,7 @@ def answers(folder: Path) -> dict[str, list[dict]]:
     return {r["key"]: r["messages"] for r in map(json.loads, lines)}
 
 
-def test_vllm_regeneration_equals_transformers_greedy(regenerated):
-    from specdraft.targets import load_target
+def test_vllm_regeneration_equals_transformers_greedy(regenerated, smollm2):
     from specdraft.data.render import encode, render_text
 
     root, hf_meta, vllm_meta = regenerated
@@ -72,7 +71,7 @@ def test_vllm_regeneration_equals_transformers_greedy(regenerated):
     equal = [k for k in hf if hf[k] == vl[k]]
     assert len(equal) >= 0.9 * SAMPLES, f"only {len(equal)}/{SAMPLES} answers equal"
 
-    target = load_target("default")
+    target = smollm2
     tok = target.tokenizer
     for key in set(hf) - set(equal):
         turn = next(i for i, (a, b) in enumerate(zip(hf[key], vl[key])) if a != b)
@@ -87,7 +86,34 @@ def test_vllm_regeneration_equals_transformers_greedy(regenerated):
 
 
 @pytest.fixture(scope="module")
-def stores(regenerated, tmp_path_factory):
+def shared_capture_engine(tmp_path_factory):
+    """One vLLM capture engine for every in-process capture of this module that asks for the same
+    target, layers, dtype, engine options and longest sample (the `stores` capture and online
+    training): vllm_engine.capture_engine starts each configuration once, and the engine stops
+    after the module. Each use still sends its own requests and reads its own per-request files."""
+    from contextlib import ExitStack, contextmanager
+
+    from specdraft.data import capture as capture_mod
+
+    start = capture_mod.capture_engine
+    engines: dict[str, tuple] = {}
+    started = ExitStack()
+
+    @contextmanager
+    def shared(target, layer_ids, compute_dtype, opts, max_len, storage_root):
+        key = repr((target.path, list(layer_ids), compute_dtype, opts, max_len))
+        if key not in engines:
+            engines[key] = started.enter_context(start(target, layer_ids, compute_dtype, opts, max_len,
+                                                       tmp_path_factory.mktemp("vllm-hidden")))
+        yield engines[key]
+
+    with pytest.MonkeyPatch.context() as mp, started:
+        mp.setattr(capture_mod, "capture_engine", shared)
+        yield engines
+
+
+@pytest.fixture(scope="module")
+def stores(regenerated, shared_capture_engine, tmp_path_factory):
     """The transformers-prepared data captured by both engines (fp32 store, small shards)."""
     root = tmp_path_factory.mktemp("stores")
     data = regenerated[0] / "hf"
@@ -118,7 +144,11 @@ def test_vllm_store_equals_transformers_store(stores):
                 assert rel < 1e-4, f"sample {i} {name}{'' if slot is None else slot}: relative error {rel:.2e}"
 
 
-def test_killed_vllm_capture_resumes_to_the_same_store(stores, tmp_path):
+def test_killed_vllm_capture_resumes_to_the_same_store(stores, shared_capture_engine, tmp_path):
+    from typer.testing import CliRunner
+
+    from specdraft.cli import app
+
     data, root, _, uninterrupted = stores
     out = tmp_path / "hidden"
     args = cli("capture", "--model", "default", "--prepared", str(data), "--out", str(out), "--engine", "vllm",
@@ -137,8 +167,11 @@ def test_killed_vllm_capture_resumes_to_the_same_store(stores, tmp_path):
     manifest = json.loads((out / st.MANIFEST).read_text())
     assert not manifest["complete"] and len(manifest["shards"]) < len(uninterrupted["shards"])
 
-    done = subprocess.run(args + ["--resume"], env=ENV, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
+    # the same command with --resume, run in this process on the module's capture engine (the same
+    # target and settings as the uninterrupted store's); the killed process above had its own engine
+    done = CliRunner().invoke(app, [*args[3:], "--resume"])
+    assert done.exit_code == 0, (done.output[-2000:], done.exception)
+    assert len(shared_capture_engine) == 1
     resumed = json.loads((out / st.MANIFEST).read_text())
     assert resumed["complete"] and [e["sha256"] for e in resumed["shards"]] == \
         [e["sha256"] for e in uninterrupted["shards"]]
@@ -267,18 +300,19 @@ def test_endpoint_down_or_serving_another_model_is_one_line(server, tiny_target,
     assert not (tmp_path / "d" / "prepare.json").exists()
 
 
-def test_online_training_through_vllm_gives_the_store_metrics(stores, tmp_path):
+def test_online_training_through_vllm_gives_the_store_metrics(stores, shared_capture_engine, smollm2, tmp_path):
     """`train --online --engine vllm` (vLLM hidden states, only the target's head in-process) trains
-    as the transformers-captured store does."""
+    as the transformers-captured store does. Its engine is the one the `stores` capture started (the
+    same target and settings): a second start cost a minute and proved nothing more."""
     from specdraft import vocab as vocab_mod
-    from specdraft.targets import load_target, load_target_head
+    from specdraft.targets import load_target_head
     from specdraft.train.config import RunConfig
     from specdraft.train.loop import train
     from specdraft.train.runtime import Runtime
     from specdraft.train.online import online_data
 
     data, root, hf_manifest, _ = stores
-    target = load_target("default")
+    target = smollm2
     store = st.HiddenStore(root / "hf")
     ids = torch.cat([store[i]["input_ids"] for i in range(len(store))]).numpy()
     mask = torch.cat([store[i]["loss_mask"] for i in range(len(store))]).numpy()
@@ -296,6 +330,7 @@ def test_online_training_through_vllm_gives_the_store_metrics(stores, tmp_path):
         train(cfg, data=online, target=head)
     finally:
         online.train.store.close()
+    assert len(shared_capture_engine) == 1       # online training ran on the capture's engine, not a new one
 
     def metrics(run):
         return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
