@@ -67,6 +67,9 @@ DRAFTER_OR_UNTRAINED = typer.Option(None, "--drafter", help=DRAFTER_HELP + " Her
 DRAFT_LENGTH_OR_AUTO = typer.Option(None, NUM_SPEC, "-k", help=draft_length_help(
     "Here: or auto, the default for a drafter's chain: K from measured costs and acceptance, K=0 (plain "
     "decoding) where no chain pays."))
+CONTEXT_BUCKETS = typer.Option(None, "--context-buckets", help=(
+    "Edges of the context-length buckets τ is also given for, in tokens (default 512,2048,4096,8192: "
+    "<512, 512-2K, 2K-4K, 4K-8K)."))
 RUN_RECORD = typer.Option(None, "--run", help="Run folder: the result and a journal entry go there.")
 
 

@@ -26,7 +26,8 @@ from specdraft.infer.speculative import (Generation, Profile, eos_ids_of, genera
                                         checked_rows)
 from specdraft.infer.timing import busy_warning, machine_load, rotated, spread
 from specdraft.io import atomic_path
-from specdraft.metrics import tau_source
+from specdraft.metrics import (CONTEXT_EDGES, by_context_text, drafter_method, parse_context_buckets,
+                               rounds_by_context, tau_source)
 from specdraft import families
 from specdraft.families import family, family_of
 from specdraft.targets import default_aux_layers
@@ -335,7 +336,7 @@ def summarize_rounds(name: str, rounds: list[list[Generation]], reference: list[
 def bench(target, drafter, conversations: list[list[dict]], method_names: list[str], max_new_tokens: int,
           k: int, tree: TreeShape | None, ngram_max: int = 3, ngram_min: int = 1, progress=None,
           rounds: int = 3, draft_stop: float | None = None, ngram_k: int | None = None,
-          rows: int | None = None) -> dict:
+          rows: int | None = None, context_edges=CONTEXT_EDGES) -> dict:
     """Same prompts for every method, batch 1, one warm-up generation per method first; then
     `rounds` rounds, each running every method on every prompt, the method order rotated per round.
     rows: every loop method at that row count, plain decoding included as their reference (the same
@@ -379,6 +380,12 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
         if r["identical_to_greedy"] is False:
             r["divergences"] = [divergence(model, ids, ref, g.token_ids)
                                 for ids, ref, g in zip(prompts, reference, runs[n][0]) if g.token_ids != ref]
+    for n, r in results.items():       # τ by context length: every verify round of round 1 in its bucket
+        if n not in ("greedy", "plain"):
+            gens = runs[n][0]
+            k_n = tree.total if n.endswith(TREE) and tree else (ngram_k or k) if n == "ngram" else k
+            r["by_context"] = rounds_by_context([c for g in gens for c in g.contexts],
+                                                [a for g in gens for a in g.accepted], context_edges, k_n)
     if "plain" in results:             # what drafting adds over the same loop with no drafter
         plain = results["plain"]["tokens_per_s"]
         for r in results.values():
@@ -487,7 +494,8 @@ def plot(report: dict, path: Path) -> None:
 
 def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int, k_text: str | None,
               draft_stop: str | None, rounds: int, tree: str | None, ngram: tuple[int, int], limit: int | None,
-              device: str, dtype: str, trust_remote_code: bool, rows: int | None = None) -> dict:
+              device: str, dtype: str, trust_remote_code: bool, rows: int | None = None,
+              context_buckets: str | None = None) -> dict:
     """`specdraft bench`: the options checked before the model loads, then bench() over the prompts.
     -k unset is auto for a drafter's chain and DRAFT_LENGTH for n-gram and the tree."""
     from rich.console import Console
@@ -517,6 +525,7 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
         raise SpecdraftError(f"-k {k_text}: no method in --methods {methods} drafts (greedy and plain decode one "
                              "token a step); add ngram or a drafter family, or drop -k")
     shape = TreeShape.parse(tree or DEFAULT_TREE)
+    edges = parse_context_buckets(context_buckets)
     if drafter is None:
         check_drafter_methods(names, None)
     conversations = read_prompts(prompts, limit)
@@ -529,11 +538,11 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     with progress("bench", total, 0, "runs", console=Console(stderr=True)) as tracker:
         report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
                        progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
-                       ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None, rows=rows)
+                       ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None, rows=rows, context_edges=edges)
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
-                        "draft_stop": stop, "rounds": rounds, "verify_rows": rows,
+                        "draft_stop": stop, "rounds": rounds, "verify_rows": rows, "context_buckets": list(edges),
                         "family": family_of(draft_model).model_type if draft_model is not None else None,
                         "tree": [shape.depth, shape.topk, shape.total] if any(n.endswith(TREE) for n in names)
                         else None,
@@ -564,6 +573,31 @@ def bench_table(report: dict):
                "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']}/{c['num_prompts']})"]
         table.add_row(*row, *((str(r.get("drafts_cut", 0)),) if cut else ()))
     return table
+
+
+def print_report(report: dict, as_json: bool) -> None:
+    """bench's stdout: the JSON, or the table and the τ-by-context line."""
+    from rich.console import Console
+
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    Console().print(bench_table(report))
+    line = context_line(report)
+    if line:
+        print(line)
+
+
+def context_line(report: dict) -> str | None:
+    """bench's τ-by-context line: the drafter's chain (metrics.drafter_method), else the first method
+    that drafted; None when no method drafted."""
+    name, result = drafter_method(report)
+    if not result.get("by_context"):
+        name, result = next(((n, r) for n, r in report["methods"].items() if r.get("by_context")), ("", {}))
+    if not name:
+        return None
+    c = report["config"]
+    return f"{name}: {by_context_text(result['by_context'], c.get('prompts'), c.get('num_prompts'))}"
 
 
 def method_k(name: str, config: dict):

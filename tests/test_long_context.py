@@ -1,0 +1,122 @@
+"""Issue 38, long context: τ by context position (eval, bench, report), the long prompt set, the
+doctor's context_decay, long rows in training."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.metrics import (CONTEXT_EDGES, by_context_text, context_buckets, parse_context_buckets,
+                               rounds_by_context)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_context_buckets_default_parse_and_refuse():
+    assert parse_context_buckets(None) == CONTEXT_EDGES == (512, 2048, 4096, 8192)
+    assert [b[0] for b in context_buckets(CONTEXT_EDGES)] == ["<512", "512-2K", "2K-4K", "4K-8K", ">=8K"]
+    assert parse_context_buckets("512,2048,4096") == (512, 2048, 4096)
+    for bad in ("512,256", "a,b", "0,10", ""):
+        with pytest.raises(SpecdraftError, match="--context-buckets"):
+            parse_context_buckets(bad)
+
+
+def test_rounds_fall_in_the_bucket_of_their_context_length():
+    section = rounds_by_context([10, 600, 700, 5000, 511], [2, 1, 0, 3, 0], (512, 2048, 4096), 3)
+    b = section["buckets"]
+    assert section["k"] == 3 and section["unit"] == "rounds" and list(b) == ["<512", "512-2K", "2K-4K", ">=4K"]
+    assert (b["<512"]["tau"], b["<512"]["rounds"]) == (2.0, 2)          # (2 + 0 + 2 rounds) / 2
+    assert (b["512-2K"]["tau"], b["512-2K"]["rounds"]) == (1.5, 2)
+    assert (b["2K-4K"]["tau"], b["2K-4K"]["rounds"]) == (None, 0)
+    assert (b[">=4K"]["tau"], b[">=4K"]["rounds"]) == (4.0, 1)
+    line = by_context_text(section, "natural", 5)
+    assert line == "τ by context at K=3 on 5 natural prompts: <512 2.00 (2 rounds) · 512-2K 1.50 (2 rounds) · >=4K 4.00 (1 rounds)"
+
+
+def test_bench_records_tau_by_context_per_drafting_method(tiny_target, tmp_path, capsys):
+    from specdraft.infer import bench as B
+    from specdraft.targets import load_target
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "say one two one two"}) + "\n")
+    L = len(B.prompt_ids(load_target(str(tiny_target)).tokenizer, [{"role": "user", "content": "say one two one two"}]))
+    edges = f"{L},{L + 12}"                                     # 24 new tokens cross the second
+    report = B.run_bench(str(tiny_target), "untrained:64", str(prompts), "greedy,ngram,eagle3", 24, "3", None,
+                         1, None, (1, 3), None, "cpu", "float32", False, None, edges)
+    assert report["config"]["context_buckets"] == [L, L + 12]
+    assert "by_context" not in report["methods"]["greedy"]
+    for name in ("ngram", "eagle3"):
+        m = report["methods"][name]
+        section = m["by_context"]
+        assert section["k"] == 3 and section["edges"] == [L, L + 12]
+        assert section["buckets"][f"<{L}"]["rounds"] == 0   # no round before the prompt's end
+        rows = [b for b in section["buckets"].values() if b["rounds"]]
+        rounds = sum(b["rounds"] for b in rows)
+        # every verify round is in one bucket, and the buckets' τ average back to the method's τ
+        assert rounds == m["target_forwards"] - 1              # one prefill
+        assert sum(b["tau"] * b["rounds"] for b in rows) / rounds == pytest.approx(m["accept_len"])
+        assert len(rows) == 2, section
+    B.print_report(report, as_json=False)
+    out = capsys.readouterr().out
+    assert f"eagle3: τ by context at K=3 on 1 of your prompts ({prompts}):" in out
+
+
+def test_generation_records_the_context_of_each_round(tiny_target):
+    from specdraft.infer.ngram import NgramProposer
+    from specdraft.infer.speculative import generate
+    from specdraft.targets import load_target
+
+    target = load_target(str(tiny_target))
+    prompt = list(range(5, 25))
+    g = generate(target.model, prompt, NgramProposer(3, 3, 1), max_new_tokens=20, eos_token_ids=set())
+    assert len(g.contexts) == len(g.accepted) > 0
+    assert g.contexts[0] == len(prompt) + 1                    # the prompt and the prefill's token
+    for before, after, taken in zip(g.contexts, g.contexts[1:], g.accepted):
+        assert after == before + taken + 1
+
+
+def test_eval_metrics_by_context_split_the_positions(tiny_target):
+    from specdraft.analysis.probe import drafter_metrics_by_context, sample_batch, target_hidden
+    from specdraft.targets import load_target
+    from specdraft.testing import tiny_drafter_for
+
+    target = load_target(str(tiny_target))
+    net = tiny_drafter_for(target.model, [1, 4, 6]).eval()
+    g = torch.Generator().manual_seed(0)
+    row = torch.randint(10, 200, (96,), generator=g).tolist()
+    aux, last = target_hidden(target, [row], [1, 4, 6])
+    mask = [0] * 8 + [1] * 88
+
+    def batches():
+        yield sample_batch(row, aux, last, mask)
+
+    whole, one = drafter_metrics_by_context(net, target.model, batches(), 2, (1000,))
+    assert one[0][1] == 88 and one[1] is None
+    assert one[0][0] == whole                                  # one bucket: the whole measurement
+    whole2, two = drafter_metrics_by_context(net, target.model, batches(), 2, (40, 70))
+    assert whole2 == whole and [b[1] for b in two] == [32, 30, 26]
+    # each bucket is measured on its own positions: the same as a store whose loss mask keeps only them
+    from specdraft.analysis.probe import drafter_metrics
+    for (low, high), (metrics, _) in zip([(0, 40), (40, 70), (70, 96)], two):
+        cut = [m if low <= t < high else 0 for t, m in enumerate(mask)]
+        assert metrics == drafter_metrics(net, target.model, [sample_batch(row, aux, last, cut)], 2)
+    assert len({b[0]["loss"] for b in two}) == 3              # not one number copied to every bucket
+
+
+def test_report_plots_tau_against_context_length(tmp_path):
+    from specdraft.analysis import report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    ev = {"cond_acc": [0.5], "full_acc": [0.5], "accept_len_by_k": [1.0, 1.5], "accept_len": 1.5, "split": "val",
+          "drafter": "d", "k": 1, "samples": 4, "split_name": "held-out",
+          "by_context": rounds_by_context([100, 3000], [1, 0], (512, 2048), 1) | {"unit": "rounds"}}
+    (run / "eval.json").write_text(json.dumps(ev))
+    page = report.build([run]).read_text()
+    assert "τ by context length" in page and 'alt="τ against context length"' in page
+    assert "τ by context at K=1 on 4 held-out store samples: &lt;512 2.00 (1 rounds) · &gt;=2K 1.00 (1 rounds)" in page
+    (run / "eval.json").write_text(json.dumps({k: v for k, v in ev.items() if k != "by_context"}))
+    assert "τ by context length" not in report.build([run]).read_text()   # nothing measured, no section
