@@ -120,3 +120,51 @@ def test_report_plots_tau_against_context_length(tmp_path):
     assert "τ by context at K=1 on 4 held-out store samples: &lt;512 2.00 (1 rounds) · &gt;=2K 1.00 (1 rounds)" in page
     (run / "eval.json").write_text(json.dumps({k: v for k, v in ev.items() if k != "by_context"}))
     assert "τ by context length" not in report.build([run]).read_text()   # nothing measured, no section
+
+
+def byte_count(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def test_long_prompts_spread_up_to_the_bound_from_the_standard_library():
+    from specdraft.data.documents import MIN_TOKENS, PROMPT_ROOM, TASKS, long_prompts, stdlib_files
+
+    convs = long_prompts(6, 3000, byte_count)
+    assert convs == long_prompts(6, 3000, byte_count)                  # deterministic
+    texts = [c[0]["content"] for c in convs]
+    assert all(len(c) == 1 and c[0]["role"] == "user" for c in convs)
+    sizes = [byte_count(t) for t in texts]
+    assert sizes == sorted(sizes) and MIN_TOKENS * 0.5 <= sizes[0] <= MIN_TOKENS
+    assert (3000 - PROMPT_ROOM) * 0.85 <= sizes[-1] <= 3000 - PROMPT_ROOM   # reaches the bound, room left
+    assert [t.split()[0] for t in texts] == ["Summarize", "Read", "Continue"] * 2 and len(TASKS) == 3
+    names = {p.name for p in stdlib_files()}
+    files = [line.removeprefix("# file: ") for t in texts for line in t.splitlines() if line.startswith("# file: ")]
+    assert files and all(f in names or f == "LICENSE.txt" or "/" not in f for f in files)
+    assert "\n\nQuestion: " in texts[1] and "Question: What does `" in texts[4] and "def " in texts[4]
+
+
+def test_long_prompts_refuse_a_bound_too_small():
+    from specdraft.data.documents import long_prompts
+
+    with pytest.raises(SpecdraftError, match="--max-context"):
+        long_prompts(2, 200, byte_count)
+
+
+def test_bench_prompts_long_on_a_tiny_target(tiny_target):
+    from specdraft.infer import bench as B
+
+    report = B.run_bench(str(tiny_target), None, "long", "greedy,ngram", 8, None, None, 1, None, (1, 3), 2,
+                         "cpu", "float32", False, None, "400,600", 700)
+    assert report["config"]["prompts"] == "long" and report["config"]["num_prompts"] == 2
+    buckets = report["methods"]["ngram"]["by_context"]["buckets"]
+    assert buckets["<400"]["rounds"] > 0 and buckets["400-600"]["rounds"] > 0   # ~200- and ~500-token prompts
+    assert buckets[">=600"]["rounds"] == 0                              # 700 - answer - a round's room
+    assert report["methods"]["ngram"]["identical_to_greedy"] is True
+    with pytest.raises(SpecdraftError, match="--max-context 9000: .* 4096 tokens at most"):
+        B.run_bench(str(tiny_target), None, "long", "greedy", 8, None, None, 1, None, (1, 3), 2,
+                    "cpu", "float32", False, None, None, 9000)
+    with pytest.raises(SpecdraftError, match="--max-context 700: bounds the long-context prompt set only"):
+        B.run_bench(str(tiny_target), None, "natural", "greedy", 8, None, None, 1, None, (1, 3), 2,
+                    "cpu", "float32", False, None, None, 700)
+    with pytest.raises(SpecdraftError, match="--prompts long: .*specdraft bench --prompts long"):
+        B.read_prompts("long")

@@ -14,7 +14,7 @@ from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT as DEFAULT_FAMILY
 from specdraft.flags import (AS_JSON, COMPUTE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS, CONVERSATIONS_HELP, DEVICE,
-                             DRAFT_LENGTH_OR_AUTO,
+                             DRAFT_LENGTH_OR_AUTO, MAX_CONTEXT,
                              DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS, MAX_NEW_TOKENS_HELP,
                              MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP, PREPARED_HELP, PROFILE_HELP,
                              PROMPTS_HELP, SEED_HELP, STORE_FORMAT_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TREE_HELP,
@@ -231,11 +231,10 @@ def eval_cmd(
     and the per-position acceptance behind it."""
     from specdraft.analysis.evaluate import evaluate, format_result
     from specdraft.io import write_json
-    from specdraft.metrics import parse_context_buckets
 
     check_out(out, [drafter, store], ".json")
     result = evaluate(drafter, store, model=model, split=split, steps=draft_length, trust_remote_code=trust_remote_code,
-                      context_edges=parse_context_buckets(context_buckets))
+                      context_buckets=context_buckets)
     say(result["warnings"])
     print(json.dumps(result, indent=2) if as_json else format_result(result))
     if out is not None:
@@ -247,7 +246,8 @@ def eval_cmd(
 def bench(
     model: str = MODEL,
     drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
-    prompts: str = typer.Option("builtin-holdout", "--prompts", help=PROMPTS_HELP),
+    prompts: str = typer.Option("builtin-holdout", "--prompts", help=PROMPTS_HELP + " Here: or long (summarize, "
+                                "answer, continue over long documents from the Python standard library and licences)."),
     methods: str = typer.Option(f"greedy,plain,ngram,{DEFAULT_FAMILY}", "--methods", help="Comma list of greedy "
                                 "(transformers generate), plain (specdraft's loop, no drafter), ngram, a drafter "
                                 "family (its chain; `specdraft info` lists them), FAMILY-tree (where the family "
@@ -262,7 +262,7 @@ def bench(
     out: Optional[Path] = out_option("the results JSON and a .png chart."), as_json: bool = AS_JSON,
     time_split: bool = typer.Option(False, "--time-split", help="Print the draft / verify / other time split."),
     verify_rows: Optional[int] = VERIFY_ROWS, context_buckets: Optional[str] = CONTEXT_BUCKETS, device: str = DEVICE,
-    compute_dtype: str = COMPUTE_DTYPE, trust_remote_code: bool = TRUST,
+    max_context: Optional[int] = MAX_CONTEXT, compute_dtype: str = COMPUTE_DTYPE, trust_remote_code: bool = TRUST,
 ):
     """Wall-clock speed of every method on the same prompts. greedy, plain (specdraft's loop, no
     drafter), n-gram and drafters, in interleaved rounds (median and spread per method)."""
@@ -273,7 +273,7 @@ def bench(
     check_out(out and out.with_suffix(".png"), [prompts, drafter], ".png")
     report = B.run_bench(model, drafter, prompts, methods, max_new_tokens, num_speculative_tokens, draft_stop, rounds,
                          tree, (ngram_min, ngram_max), limit, device, compute_dtype, trust_remote_code, verify_rows,
-                         context_buckets)
+                         context_buckets, max_context)
     say(report["warnings"])
     B.print_report(report, as_json)
     say(B.time_split_lines(report) if time_split else [])

@@ -38,6 +38,8 @@ DRAFTER_HELP = "The drafter: a checkpoint or run folder."
 STORE_HELP = "Hidden-state store (WS/hidden, from `specdraft capture`)."
 PROMPTS_HELP = ("Prompts: a jsonl with `messages` (each line's turns up to its last user turn), builtin-holdout, "
                 "or natural (96 hand-written, shipped).")
+MAX_CONTEXT = typer.Option(None, "--max-context", help=(
+    "With --prompts long: the longest prompt plus answer, in tokens (default: the target's context)."))
 PREPARED_HELP = "Prepared data (WS/data, from `specdraft prepare`)."
 VOCAB_HELP = "Draft vocab from `specdraft vocab build`."
 TREE_HELP = "EAGLE-2 tree: depth,topk,total, e.g. 4,4,16."
@@ -115,7 +117,7 @@ NUMBER_BOUNDS = {
     "top_p": ((lambda v: 0 < v <= 1), "must be in (0, 1]"),
     "margin": ((lambda v: v >= 0), "must be >= 0"),
     "draft_ms": ((lambda v: v > 0), "must be > 0"),
-    "verify_rows": between(1, 1024),
+    "verify_rows": between(1, 1024), "max_context": between(512, COUNT_MAX),
 }
 
 

@@ -17,7 +17,7 @@ from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer.bench import load_drafter_for
-from specdraft.metrics import CONTEXT_EDGES, by_context_section, by_context_text, tau_text
+from specdraft.metrics import by_context_section, by_context_text, parse_context_buckets, tau_text
 from specdraft.progress import track
 from specdraft.targets import load_target, same_target
 from specdraft.train.batches import StoreBatches, split_samples
@@ -139,9 +139,10 @@ FEW_SAMPLES = 8   # held-out samples below which eval warns that τ is noise
 
 def evaluate(drafter: str | Path, store: str | Path, model: str = "default", split: str = "val",
              steps: int = DRAFT_LENGTH, max_tokens: int = 2048, trust_remote_code: bool = False,
-             context_edges=CONTEXT_EDGES) -> dict:
+             context_buckets: str | None = None) -> dict:
     if split not in ("val", "all"):
         raise SpecdraftError(f"--split {split}: use val (the run's held-out samples) or all")
+    context_edges = parse_context_buckets(context_buckets)   # before any loading: a bad list is one line
     checkpoint = resolve_checkpoint(str(drafter))
     hidden = HiddenStore(store)
     target = load_target(model, trust_remote_code=trust_remote_code)

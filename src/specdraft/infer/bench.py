@@ -139,6 +139,27 @@ def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
 NATURAL = "natural"
 NATURAL_FILE = Path(__file__).resolve().parent.parent / "data" / "natural.jsonl"
 PROMPT_SETS = ("builtin-holdout", NATURAL)
+LONG = "long"          # bench only: built for the target's tokenizer and context (data/documents.py)
+LONG_PROMPTS = 8       # its size without --limit
+ROUND_ROOM = 64        # cache slots kept past prompt and answer for a round's drafted rows
+
+
+def long_prompt_set(target, limit: int | None, max_context: int | None, max_new_tokens: int,
+                    rows: int) -> list[list[dict]]:
+    """`--prompts long`: conversations over long documents (data/documents.py) whose prompts spread up
+    to the target's context (or --max-context, at most that) less the answer and a round's rows."""
+    from specdraft.data.documents import long_prompts
+
+    context = getattr(target.model.config, "max_position_embeddings", None) or max_context or 2048
+    if max_context is not None and max_context > context:
+        raise SpecdraftError(f"--max-context {max_context}: {target.name} attends over {context} tokens at most; "
+                             f"pass --max-context {context} or less")
+    tok = target.tokenizer
+
+    def count_tokens(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    return long_prompts(limit or LONG_PROMPTS, (max_context or context) - max_new_tokens - rows, count_tokens)
 
 
 def prompt_set_path(source: str) -> Path:
@@ -163,6 +184,9 @@ def read_prompts(source: str, limit: int | None = None) -> list[list[dict]]:
 
 def read_prompt_rows(source: str, limit: int | None = None) -> list[PromptRow]:
     """read_prompts with each line's optional `category` (natural.jsonl: writing, coding, ...)."""
+    if source == LONG:
+        raise SpecdraftError("--prompts long: the long-context set is built for a target's tokenizer and context; "
+                             "run it with `specdraft bench --prompts long`")
     if source == "builtin-holdout":
         rows = [PromptRow([{"role": "user", "content": p}]) for p in builtin_prompts(limit or 32, split="holdout")]
     else:
@@ -495,7 +519,7 @@ def plot(report: dict, path: Path) -> None:
 def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int, k_text: str | None,
               draft_stop: str | None, rounds: int, tree: str | None, ngram: tuple[int, int], limit: int | None,
               device: str, dtype: str, trust_remote_code: bool, rows: int | None = None,
-              context_buckets: str | None = None) -> dict:
+              context_buckets: str | None = None, max_context: int | None = None) -> dict:
     """`specdraft bench`: the options checked before the model loads, then bench() over the prompts.
     -k unset is auto for a drafter's chain and DRAFT_LENGTH for n-gram and the tree."""
     from rich.console import Console
@@ -526,11 +550,16 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
                              "token a step); add ngram or a drafter family, or drop -k")
     shape = TreeShape.parse(tree or DEFAULT_TREE)
     edges = parse_context_buckets(context_buckets)
+    if max_context is not None and prompts != LONG:
+        raise SpecdraftError(f"--max-context {max_context}: bounds the long-context prompt set only; add "
+                             "--prompts long or drop --max-context")
     if drafter is None:
         check_drafter_methods(names, None)
-    conversations = read_prompts(prompts, limit)
+    conversations = read_prompts(prompts, limit) if prompts != LONG else []
     dev = resolve_device(device)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
+    if prompts == LONG:
+        conversations = long_prompt_set(target, limit, max_context, max_new_tokens, rows or ROUND_ROOM)
     draft_model = (load_drafter_for(drafter, target, dev, DTYPES[dtype]) if any(map(needs_drafter, names)) else None)
     check_drafter_methods(names, draft_model)          # --methods FAMILY for a drafter of that family
     k, stop, choice = resolve(target, draft_model, drafter, prompt_ids(target.tokenizer, conversations[0]), k, stop)
