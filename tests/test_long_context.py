@@ -168,3 +168,29 @@ def test_bench_prompts_long_on_a_tiny_target(tiny_target):
                     "cpu", "float32", False, None, None, 700)
     with pytest.raises(SpecdraftError, match="--prompts long: .*specdraft bench --prompts long"):
         B.read_prompts("long")
+
+
+def test_doctor_context_decay_holds_when_tau_falls_at_long_context(tmp_path):
+    from specdraft.analysis import doctor
+
+    run = tmp_path / "run"
+    run.mkdir()
+    d = doctor.Doctor(run)
+    assert "skipped" in doctor.check_context_decay(d).evidence            # nothing measured by context
+    decayed = rounds_by_context([100] * 10 + [5000] * 10, [2] * 10 + [0] * 10, CONTEXT_EDGES, 3)   # 3.0 -> 1.0
+    held = rounds_by_context([100] * 10 + [5000] * 10, [2] * 10 + [2] * 9 + [1], CONTEXT_EDGES, 3)  # 3.0 -> 2.9
+    bench = {"config": {"family": "eagle3"}, "methods": {"greedy": {}, "eagle3": {"by_context": decayed}}}
+    (run / "bench_long.json").write_text(json.dumps(bench))
+    found = doctor.check_context_decay(d)
+    assert found.holds and found.estimated_tau_loss == pytest.approx(2.0)
+    assert found.evidence["shortest"] == "<512" and found.evidence["longest"] == "4K-8K"
+    assert "--max-tokens 8192" in found.fix and "τ 1.00 at context 4K-8K vs 3.00 at <512" in found.summary
+    from test_doctor import ids
+    assert ids({"causes": [{"id": found.id, "fix": found.fix}]}) == ["context_decay"]   # the fix's command parses
+    bench["methods"]["eagle3"]["by_context"] = held
+    (run / "bench_long.json").write_text(json.dumps(bench))
+    found = doctor.check_context_decay(d)
+    assert not found.holds and found.estimated_tau_loss is None         # within 10% (and a quarter token)
+    # the measurement reaching the longest context counts: an eval whose positions stop at 2K does not
+    (run / "eval.json").write_text(json.dumps({"by_context": rounds_by_context([10, 1000], [0, 2], CONTEXT_EDGES, 3)}))
+    assert doctor.check_context_decay(d).evidence["file"] == "bench_long.json"

@@ -124,14 +124,19 @@ def measured_buckets(section) -> list[tuple[str, dict]]:
             and isinstance(b.get("tau"), (int, float)) and isinstance(b.get(unit), int) and b[unit] > 0]
 
 
+def bucket_text(section) -> str:
+    """The measured buckets of a by_context section: "<512 2.31 (120 rounds) · 512-2K 2.05 (40 rounds)"."""
+    unit = section.get("unit", "rounds") if isinstance(section, dict) else "rounds"
+    return " · ".join(f"{label} {b['tau']:.2f} ({b[unit]} {unit})" for label, b in measured_buckets(section))
+
+
 def by_context_text(section, prompts: str | None, count: int | None = None) -> str:
     """The one line: "τ by context at K=3 on 8 long-context prompts: <512 2.31 (120 rounds) · 512-2K 2.05 (40 rounds)"."""
     rows = measured_buckets(section)
     if not rows:
         return "τ by context: nothing measured"
-    unit = section.get("unit", "rounds")
-    parts = " · ".join(f"{label} {b['tau']:.2f} ({b[unit]} {unit})" for label, b in rows)
     k = section.get("k")
+    parts = bucket_text(section)
     return f"τ by context at K={k if k is not None else '?'} on {tau_source(prompts, count)}: {parts}"
 
 # ----------------------------------------------------------------------------- writing
