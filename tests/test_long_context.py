@@ -194,3 +194,130 @@ def test_doctor_context_decay_holds_when_tau_falls_at_long_context(tmp_path):
     # the measurement reaching the longest context counts: an eval whose positions stop at 2K does not
     (run / "eval.json").write_text(json.dumps({"by_context": rounds_by_context([10, 1000], [0, 2], CONTEXT_EDGES, 3)}))
     assert doctor.check_context_decay(d).evidence["file"] == "bench_long.json"
+
+
+def test_sliding_window_ttt_mask():
+    from specdraft.model.eagle3.module import ttt_mask
+
+    doc = torch.tensor([[0, 0, 0, 0, 0, 0, 1, 1]])
+    full, slid = ttt_mask(doc, 0)[0, 0], ttt_mask(doc, 0, window=3)[0, 0]
+    assert full[5].nonzero().flatten().tolist() == [0, 1, 2, 3, 4, 5]
+    assert slid[5].nonzero().flatten().tolist() == [3, 4, 5]             # the last 3 positions, itself included
+    assert slid[7].nonzero().flatten().tolist() == [6, 7]                # never across a document
+    step1 = ttt_mask(doc, 1, window=3)[0, 0]                              # the query sits at position i + 1
+    assert step1[5, :8].nonzero().flatten().tolist() == [4, 5] and step1[5, 8:].nonzero().flatten().tolist() == [5]
+    assert torch.equal(ttt_mask(doc, 2, window=100), ttt_mask(doc, 2))   # a window past the row is full attention
+
+
+def test_rows_of_8k_tokens_store_offsets_and_ttt(tmp_path):
+    """An 8K-token sample beside short ones: the store's offsets give every sample back whole, a packed
+    8K row keeps it uncut, and the TTT unroll with a sliding window trains every position of it."""
+    from specdraft.data.store import HiddenStore, StoreWriter, new_manifest
+    from specdraft.model.eagle3.objective import ttt_forward
+    from specdraft.testing import tiny_drafter_for, tiny_llama
+    from specdraft.train.batches import StoreBatches
+    from specdraft.train.objective import TeacherHead
+
+    lengths, H = [8192, 300, 7000], 64
+    n, g = sum(lengths), torch.Generator().manual_seed(0)
+    ids = torch.randint(10, 250, (n,), generator=g)
+    mask = (torch.rand(n, generator=g) > 0.3).to(torch.uint8)
+    writer = StoreWriter(tmp_path / "hidden", new_manifest({"id": "tiny"}, [1, 4, 6], "bfloat16", H))
+    writer.write_shard(torch.randn(n, 3, H, generator=g), torch.randn(n, H, generator=g), ids, mask,
+                       torch.tensor([0, 8192, 8492, n]))
+    writer.save(complete=True)
+    store = HiddenStore(tmp_path / "hidden")
+    assert store.sample_lengths == lengths
+    assert torch.equal(store[2]["input_ids"], ids[8492:]) and torch.equal(store[0]["loss_mask"], mask[:8192])
+    rows = StoreBatches(store, [0, 1, 2], max_tokens=8192, shuffle=False)
+    assert rows.rows(0) == [[0], [1, 2]]                                 # the 8K sample alone in its row, whole
+    batch = next(iter(rows.batches(0)))
+    assert batch["position_ids"][0, -1] == 8191 and torch.equal(batch["input_ids"][0], ids[:8192])
+
+    target = tiny_llama()
+    net = tiny_drafter_for(target, [1, 4, 6]).eval()
+    net.config.sliding_window = 512
+    with torch.no_grad():
+        loss, sums = ttt_forward(net, TeacherHead.from_target(target, net.d2t), batch, steps=2)
+    assert torch.isfinite(loss)
+    for k in range(2):       # every trained position of the 8K row is measured, none lost to the mask or offsets
+        assert int(sums[f"count_{k}"]) == int(mask[k + 2:8192].sum())
+
+
+def test_sliding_window_is_exported_where_vllm_reads_it_and_refused_where_no_engine_serves_it():
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    from specdraft.families import family
+    from specdraft.model.eagle3 import checkpoint, sglang
+    from specdraft.testing import tiny_llama
+    from specdraft.train.config import RunConfig
+
+    target = tiny_llama()
+    cfg = family("eagle3").new_config(target.config, 64, [1, 4, 6], "tiny", RunConfig(sliding_window=2048))
+    assert cfg.sliding_window == 2048
+    config = checkpoint.build_config(cfg, "float32", 3, ["LlamaForCausalLM"])
+    read = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(config)))
+    assert read["layer_types"] == ["sliding_attention"] and read["sliding_window"] == 2048
+    foreign = {k: v for k, v in config.items() if k != "specdraft"}      # a speculators file not written by us
+    assert checkpoint.parse_config(foreign, "d").sliding_window == 2048
+    plain = checkpoint.build_config(family("eagle3").new_config(target.config, 64, [1, 4, 6], "tiny", RunConfig()),
+                                    "float32", 3, ["LlamaForCausalLM"])
+    assert "layer_types" not in plain["transformer_layer_config"]          # full attention: nothing added
+    foreign["transformer_layer_config"]["sliding_window"] = None
+    with pytest.raises(SpecdraftError, match="sliding_window is None"):
+        checkpoint.parse_config(foreign, "d")
+    with pytest.raises(SpecdraftError, match="sliding window of 2048 .* SGLang"):
+        sglang.build_config(cfg, "float32", "out")
+    for other in ("dflash", "dspark"):
+        with pytest.raises(SpecdraftError, match="--sliding-window 2048"):
+            family(other).new_config(target.config, 64, [1, 4, 6], "tiny", RunConfig(family=other, sliding_window=2048))
+
+
+@pytest.mark.parametrize("family_name", ["eagle3", "dflash"])
+def test_chunked_teacher_gives_the_same_loss_and_never_holds_a_long_rows_logits(monkeypatch, family_name):
+    from specdraft.families import family
+    from specdraft.testing import tiny_drafter_for, tiny_llama
+    from specdraft.train import objective as O
+    from specdraft.train.config import RunConfig
+
+    target = tiny_llama()
+    net = tiny_drafter_for(target, [1, 4, 6], family=family_name)
+    T, g = 96, torch.Generator().manual_seed(1)
+    batch = {"input_ids": torch.randint(10, 250, (1, T), generator=g), "aux": torch.randn(1, T, 3, 64, generator=g),
+             "last": torch.randn(1, T, 64, generator=g), "loss_mask": (torch.rand(1, T, generator=g) > 0.2).to(torch.uint8),
+             "doc_ids": torch.tensor([[0] * 60 + [1] * 36]), "position_ids": torch.tensor([list(range(60)) + list(range(36))])}
+    run = RunConfig(family=family_name, ttt_steps=2)
+
+    def measure():
+        torch.manual_seed(0)
+        objective = family(family_name).objective(net, O.TeacherHead.from_target(target, net.d2t), run).eval()
+        loss, sums = objective(batch)
+        loss.backward()
+        grad = net.fc.weight.grad.clone()
+        net.zero_grad()
+        return loss.detach(), sums, grad
+
+    whole = measure()
+    seen = []
+    real = O.TeacherHead.log_probs
+    monkeypatch.setattr(O.TeacherHead, "log_probs", lambda self, last: seen.append(len(last)) or real(self, last))
+    monkeypatch.setattr(O, "TEACHER_CHUNK", 16)
+    chunked = measure()
+    assert seen and max(seen) <= 16                                       # no more than a chunk's rows at once
+    assert torch.allclose(whole[0], chunked[0], atol=1e-5) and torch.allclose(whole[2], chunked[2], atol=1e-5)
+    assert {k: float(v) for k, v in whole[1].items()} == pytest.approx({k: float(v) for k, v in chunked[1].items()})
+
+
+def test_the_recipes_max_tokens_keeps_long_samples_for_long_rows(tmp_path):
+    from test_doctor import assert_parses
+
+    from specdraft.pipeline import load_recipe, prepare_args, recipe_file
+
+    quick = load_recipe(recipe_file("quick"))
+    assert quick.max_tokens == 512 and "--max-length" not in prepare_args("default", "builtin", quick, "hf", tmp_path)
+    long_file = tmp_path / "long.yaml"
+    long_file.write_text(recipe_file("quick").read_text().replace("max_tokens: 512", "max_tokens: 8192"))
+    long = load_recipe(long_file)
+    args = prepare_args("default", "builtin", long, "hf", tmp_path / "data")
+    assert long.max_tokens == 8192 and args[args.index("--max-length") + 1] == "8192"
+    assert_parses(" ".join(args), {"id": "recipe"})                       # the real CLI takes it
