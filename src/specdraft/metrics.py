@@ -131,7 +131,8 @@ def bucket_text(section) -> str:
 
 
 def by_context_text(section, prompts: str | None, count: int | None = None) -> str:
-    """The one line: "τ by context at K=3 on 8 long-context prompts: <512 2.31 (120 rounds) · 512-2K 2.05 (40 rounds)"."""
+    """The one line, τ with its K and prompts: "τ by context at K=3 on 8 long-context prompts: <512 2.31
+    (120 rounds) · 512-2K 2.05 (40 rounds)"."""
     rows = measured_buckets(section)
     if not rows:
         return "τ by context: nothing measured"

@@ -574,7 +574,11 @@ def check_context_decay(d: Doctor) -> Finding:
         return Finding("context_decay", False, {"skipped": "no τ by context at two or more context lengths in the "
                                                            f"run; measure it: specdraft bench --drafter {d.run} "
                                                            f"--prompts long --out {d.run}/bench_long.json"})
-    name, section = max(found, key=lambda f: (measured_buckets(f[1])[-1][1]["low"], len(measured_buckets(f[1]))))
+    def reach(f):     # the longest context a measurement reached, then how many buckets it has
+        rows = measured_buckets(f[1])
+        return rows[-1][1].get("low") or 0, len(rows)
+
+    name, section = max(found, key=reach)
     rows = measured_buckets(section)
     (short_label, short), (long_label, long) = rows[0], rows[-1]
     drop = short["tau"] - long["tau"]
