@@ -55,3 +55,24 @@ def test_scaling_points_record_tau_and_stage_times_and_reuse_answers(tiny_target
         assert set(point[prompts]) == {"ngram", "eagle3", "hybrid"}
         for method in point[prompts].values():
             assert method["tau"] >= 1.0 and method["identical_to_greedy"] is True
+
+
+def test_long_context_benchmark_on_the_tiny_target(tiny_target, tmp_path):
+    """benchmarks/long_context.py (issue 38) at toy size: train RSS and tok/s per row length, τ by
+    context bucket of two drafters on the long prompt set."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "long_context.py"), "--model", str(tiny_target),
+           "--rows", "64,256", "--steps", "2", "--sliding-window", "32", "--drafters", "untrained:64,untrained:32",
+           "--limit", "2", "--max-context", "600", "--bench-tokens", "6", "-k", "2", "--label", "tiny",
+           "--results", str(tmp_path / "results")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "results" / "long_context-tiny.json").read_text())
+    assert [r["row_tokens"] for r in report["train"]] == [64, 256]
+    for r in report["train"]:
+        assert r["peak_rss_mb"] > 50 and r["train_tok_per_s"] > 0 and r["sliding_window"] == 32 and r["loss"] > 0
+    assert [b["drafter"] for b in report["bench"]] == ["untrained:64", "untrained:32"]
+    for b in report["bench"]:
+        rounds = [x["rounds"] for x in b["by_context"]["buckets"].values()]
+        assert b["k"] == 2 and b["identical_to_greedy"] is True and sum(rounds) > 0
+    table = (tmp_path / "results" / "long_context-tiny.md").read_text()
+    assert "| 256 |" in table and "untrained:32" in table and "rounds" in table

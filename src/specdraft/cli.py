@@ -9,17 +9,16 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from specdraft.defaults import DRAFT_LENGTH, draft_length_option, parse_draft_stop
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT as DEFAULT_FAMILY
-from specdraft.flags import (AS_JSON, COMPUTE_DTYPE, CONFIG_HELP, CONVERSATIONS_HELP, DEVICE, DRAFT_LENGTH_OR_AUTO,
+from specdraft.flags import (AS_JSON, COMPUTE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS, CONVERSATIONS_HELP, DEVICE,
+                             DRAFT_LENGTH_OR_AUTO, MAX_CONTEXT,
                              DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS, MAX_NEW_TOKENS_HELP,
                              MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP, PREPARED_HELP, PROFILE_HELP,
                              PROMPTS_HELP, SEED_HELP, STORE_FORMAT_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TREE_HELP,
-                             TRUST, VERIFY_ROWS, VERSION,
-                             WORKSPACE_HELP, PlainCommand, check_out, command, draft_length_help,
+                             TRUST, VERIFY_ROWS, VERSION, WORKSPACE_HELP, PlainCommand, check_out, command, draft_length_help,
                              numbers_checked_first, out_option, parse_layers, plain_app, run_cli, say)
 from specdraft import cli_analysis as analysis_commands
 from specdraft.train.command import train as train_command
@@ -226,7 +225,7 @@ def eval_cmd(
     draft_length: int = typer.Option(DRAFT_LENGTH, NUM_SPEC, "-k", help=draft_length_help(
         "Here: the positions measured (1..7); τ is given for every K up to it.")),
     out: Optional[Path] = out_option("the results JSON (the report and the model card read RUN/eval.json)."),
-    as_json: bool = AS_JSON, trust_remote_code: bool = TRUST,
+    as_json: bool = AS_JSON, trust_remote_code: bool = TRUST, context_buckets: Optional[str] = CONTEXT_BUCKETS,
 ):
     """τ from stored hidden states, in seconds. τ (tokens per target forward) at every K up to -k,
     and the per-position acceptance behind it."""
@@ -234,7 +233,8 @@ def eval_cmd(
     from specdraft.io import write_json
 
     check_out(out, [drafter, store], ".json")
-    result = evaluate(drafter, store, model=model, split=split, steps=draft_length, trust_remote_code=trust_remote_code)
+    result = evaluate(drafter, store, model=model, split=split, steps=draft_length, trust_remote_code=trust_remote_code,
+                      context_buckets=context_buckets)
     say(result["warnings"])
     print(json.dumps(result, indent=2) if as_json else format_result(result))
     if out is not None:
@@ -246,14 +246,14 @@ def eval_cmd(
 def bench(
     model: str = MODEL,
     drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
-    prompts: str = typer.Option("builtin-holdout", "--prompts", help=PROMPTS_HELP),
+    prompts: str = typer.Option("builtin-holdout", "--prompts", help=PROMPTS_HELP + " Here: or long (summarize, "
+                                "answer, continue over long documents from the Python standard library and licences)."),
     methods: str = typer.Option(f"greedy,plain,ngram,{DEFAULT_FAMILY}", "--methods", help="Comma list of greedy "
                                 "(transformers generate), plain (specdraft's loop, no drafter), ngram, a drafter "
                                 "family (its chain; `specdraft info` lists them), FAMILY-tree (where the family "
                                 "drafts trees), hybrid (the drafter and n-gram in one verify)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help=MAX_NEW_TOKENS_HELP + " Here: per prompt."),
-    num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO,
-    draft_stop: Optional[str] = DRAFT_STOP,
+    num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO, draft_stop: Optional[str] = DRAFT_STOP,
     rounds: int = typer.Option(3, "--rounds", help="Timing rounds, the order rotated per round; the medians count. "
                                "Here: each runs every method on every prompt."),
     tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: for FAMILY-tree (default 4,4,16)."),
@@ -261,8 +261,8 @@ def bench(
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N. Here: prompts (builtin-holdout: 32)."),
     out: Optional[Path] = out_option("the results JSON and a .png chart."), as_json: bool = AS_JSON,
     time_split: bool = typer.Option(False, "--time-split", help="Print the draft / verify / other time split."),
-    verify_rows: Optional[int] = VERIFY_ROWS,
-    device: str = DEVICE, compute_dtype: str = COMPUTE_DTYPE, trust_remote_code: bool = TRUST,
+    verify_rows: Optional[int] = VERIFY_ROWS, context_buckets: Optional[str] = CONTEXT_BUCKETS, device: str = DEVICE,
+    max_context: Optional[int] = MAX_CONTEXT, compute_dtype: str = COMPUTE_DTYPE, trust_remote_code: bool = TRUST,
 ):
     """Wall-clock speed of every method on the same prompts. greedy, plain (specdraft's loop, no
     drafter), n-gram and drafters, in interleaved rounds (median and spread per method)."""
@@ -273,9 +273,9 @@ def bench(
     check_out(out and out.with_suffix(".png"), [prompts, drafter], ".png")
     k, stop = draft_length_option(num_speculative_tokens), parse_draft_stop(draft_stop)   # parsed here, once
     report = B.run_bench(model, drafter, prompts, methods, max_new_tokens, k, stop, rounds, tree, (ngram_min, ngram_max),
-                         limit, device, compute_dtype, trust_remote_code, verify_rows)
+                         limit, device, compute_dtype, trust_remote_code, verify_rows, context_buckets, max_context)
     say(report["warnings"])
-    print(json.dumps(report, indent=2)) if as_json else Console().print(B.bench_table(report))
+    B.print_report(report, as_json)
     say(B.time_split_lines(report) if time_split else [])
     if out is not None:
         write_json(out, report)

@@ -38,6 +38,8 @@ DRAFTER_HELP = "The drafter: a checkpoint or run folder."
 STORE_HELP = "Hidden-state store (WS/hidden, from `specdraft capture`)."
 PROMPTS_HELP = ("Prompts: a jsonl with `messages` (each line's turns up to its last user turn), builtin-holdout, "
                 "or natural (96 hand-written, shipped).")
+MAX_CONTEXT = typer.Option(None, "--max-context", help=(
+    "With --prompts long: the longest prompt plus answer, in tokens (default: the target's context)."))
 PREPARED_HELP = "Prepared data (WS/data, from `specdraft prepare`)."
 VOCAB_HELP = "Draft vocab from `specdraft vocab build`."
 TREE_HELP = "EAGLE-2 tree: depth,topk,total, e.g. 4,4,16."
@@ -67,6 +69,9 @@ DRAFTER_OR_UNTRAINED = typer.Option(None, "--drafter", help=DRAFTER_HELP + " Her
 DRAFT_LENGTH_OR_AUTO = typer.Option(None, NUM_SPEC, "-k", help=draft_length_help(
     "Here: or auto, the default for a drafter's chain: K from measured costs and acceptance, K=0 (plain "
     "decoding) where no chain pays."))
+CONTEXT_BUCKETS = typer.Option(None, "--context-buckets", help=(
+    "Edges of the context-length buckets τ is also given for, in tokens (default 512,2048,4096,8192: "
+    "<512, 512-2K, 2K-4K, 4K-8K)."))
 RUN_RECORD = typer.Option(None, "--run", help="Run folder: the result and a journal entry go there.")
 
 
@@ -112,7 +117,7 @@ NUMBER_BOUNDS = {
     "top_p": ((lambda v: 0 < v <= 1), "must be in (0, 1]"),
     "margin": ((lambda v: v >= 0), "must be >= 0"),
     "draft_ms": ((lambda v: v > 0), "must be > 0"),
-    "verify_rows": between(1, 1024),
+    "verify_rows": between(1, 1024), "max_context": between(512, COUNT_MAX),
 }
 
 

@@ -28,6 +28,7 @@ from specdraft.trackers import open_trackers, scalars
 # What a τ was measured on, in the words every printer uses (the report's table, the card, the
 # console): a bench prompt set (bench.PROMPT_SETS), a file of your prompts, or store samples.
 TAU_SOURCES = {"builtin-holdout": "builtin hold-out prompts", "natural": "natural prompts",
+               "long": "long-context prompts",
                "held-out": "held-out store samples", "all": "all store samples (training data included)",
                "val": "held-out store samples", "train": "training samples", "prompt": "your prompt",
                "unknown-origin": "store samples (may include the drafter's training data)",
@@ -54,6 +55,89 @@ def tau_text(tau: float | None, k, prompts: str | None, count: int | None = None
     value = f"{tau:.{digits}f}" if isinstance(tau, (int, float)) and not isinstance(tau, bool) else "unknown"
     return f"τ {value} at K={k if k is not None else '?'} on {tau_source(prompts, count)}"
 
+
+
+# ----------------------------------------------------------------------------- τ by context position
+
+CONTEXT_EDGES = (512, 2048, 4096, 8192)   # buckets <512, 512-2K, 2K-4K, 4K-8K (and >=8K when reached)
+
+
+def parse_context_buckets(text: str | None) -> tuple[int, ...]:
+    """--context-buckets "512,2048,4096": the bucket edges in tokens, increasing (None: CONTEXT_EDGES)."""
+    if text is None:
+        return CONTEXT_EDGES
+    try:
+        edges = tuple(int(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise SpecdraftError(f"--context-buckets {text}: not a comma list of token counts; "
+                             "write e.g. 512,2048,4096") from None
+    if not edges or edges[0] < 1 or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise SpecdraftError(f"--context-buckets {text}: give increasing positive token counts, e.g. 512,2048,4096")
+    return edges
+
+
+def tokens_label(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def context_buckets(edges) -> list[tuple[str, int, int | None]]:
+    """(label, low, high) of each bucket: [0, e1), [e1, e2), ..., [en, no end)."""
+    bounds = [0, *edges]
+    rows = [(f"<{tokens_label(edges[0])}", 0, edges[0])]
+    rows += [(f"{tokens_label(a)}-{tokens_label(b)}", a, b) for a, b in zip(bounds[1:], bounds[2:])]
+    return rows + [(f">={tokens_label(edges[-1])}", edges[-1], None)]
+
+
+def bucket_of(context: int, edges) -> int:
+    """The index of the bucket (context_buckets) a context length falls in."""
+    return next((i for i, e in enumerate(edges) if context < e), len(edges))
+
+
+def by_context_section(taus: list[float | None], counts: list[int], edges, k, unit: str) -> dict:
+    """eval.json's / bench.json's `by_context`: bucket label -> {low, high, tau, <unit>: count}."""
+    return {"k": k, "edges": list(edges), "unit": unit,
+            "buckets": {label: {"low": low, "high": high, "tau": tau, unit: count}
+                        for (label, low, high), tau, count in zip(context_buckets(edges), taus, counts)}}
+
+
+def rounds_by_context(contexts: list[int], accepted: list[int], edges, k) -> dict:
+    """bench's by_context: each verify round in the bucket of its context length (the tokens before
+    its root's successor: prompt plus what was generated so far), τ = (accepted + rounds) / rounds."""
+    n = len(edges) + 1
+    counts, taken = [0] * n, [0] * n
+    for c, a in zip(contexts, accepted):
+        i = bucket_of(c, edges)
+        counts[i] += 1
+        taken[i] += a
+    taus = [(taken[i] + counts[i]) / counts[i] if counts[i] else None for i in range(n)]
+    return by_context_section(taus, counts, edges, k, "rounds")
+
+
+def measured_buckets(section) -> list[tuple[str, dict]]:
+    """The buckets of a by_context section that hold a τ and a count, in order of context length."""
+    buckets = section.get("buckets") if isinstance(section, dict) else None
+    if not isinstance(buckets, dict):
+        return []
+    unit = section.get("unit", "rounds")
+    return [(label, b) for label, b in buckets.items() if isinstance(b, dict)
+            and isinstance(b.get("tau"), (int, float)) and isinstance(b.get(unit), int) and b[unit] > 0]
+
+
+def bucket_text(section) -> str:
+    """The measured buckets of a by_context section: "<512 2.31 (120 rounds) · 512-2K 2.05 (40 rounds)"."""
+    unit = section.get("unit", "rounds") if isinstance(section, dict) else "rounds"
+    return " · ".join(f"{label} {b['tau']:.2f} ({b[unit]} {unit})" for label, b in measured_buckets(section))
+
+
+def by_context_text(section, prompts: str | None, count: int | None = None) -> str:
+    """The one line, τ with its K and prompts: "τ by context at K=3 on 8 long-context prompts: <512 2.31
+    (120 rounds) · 512-2K 2.05 (40 rounds)"."""
+    rows = measured_buckets(section)
+    if not rows:
+        return "τ by context: nothing measured"
+    k = section.get("k")
+    parts = bucket_text(section)
+    return f"τ by context at K={k if k is not None else '?'} on {tau_source(prompts, count)}: {parts}"
 
 # ----------------------------------------------------------------------------- writing
 

@@ -56,6 +56,7 @@ class Recipe:
     path: Path
     epochs: int                  # from the training settings: the train stage is done at checkpoints/epoch-N
     family: str                  # from the training settings: the drafter family bench measures
+    max_tokens: int              # from the training settings: rows this long also keep prepare's samples this long
     samples: int                 # conversations whose answers the target regenerates
     max_new_tokens: int          # regeneration length cap
     regen_batch: int             # prompts per generate() call (bigger batches amortise Python overhead)
@@ -86,7 +87,7 @@ def load_recipe(path: str | Path) -> Recipe:
     stages = stages or {}
     if not isinstance(stages, dict):
         raise SpecdraftError(f"{path}: recipe: expected a mapping of stage settings, got {type(stages).__name__}")
-    knobs = [f for f in dataclasses.fields(Recipe) if f.name not in ("name", "path", "epochs", "family")]
+    knobs = [f for f in dataclasses.fields(Recipe) if f.name not in ("name", "path", "epochs", "family", "max_tokens")]
     unknown = sorted(set(stages) - {f.name for f in knobs})
     missing = [f.name for f in knobs if f.name not in stages and f.default is dataclasses.MISSING]
     if unknown or missing:
@@ -111,7 +112,21 @@ def load_recipe(path: str | Path) -> Recipe:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SpecdraftError(f"{path}: recipe: {name} is {value!r}; expected a whole number >= 1"
                                  + (" or auto" if name == "k" else ""))
-    return Recipe(name=path.stem, path=path, epochs=cfg.epochs, family=cfg.family, **stages)
+    return Recipe(name=path.stem, path=path, epochs=cfg.epochs, family=cfg.family, max_tokens=cfg.max_tokens,
+                  **stages)
+
+
+PREPARE_MAX_LENGTH = 2048   # prepare's own --max-length: conversations longer are dropped
+
+
+def prepare_args(model: str, data: str, recipe: Recipe, engine: str, out: Path) -> list[str]:
+    """The recipe's prepare command. A recipe training on rows longer than prepare's default
+    --max-length (`max_tokens: 8192`, the long-context knob) keeps conversations that long, so its
+    rows hold long samples whole instead of packing short ones."""
+    longer = ["--max-length", str(recipe.max_tokens)] if recipe.max_tokens > PREPARE_MAX_LENGTH else []
+    return ["prepare", "--model", model, "--conversations", data, "--regenerate",
+            "--limit", str(recipe.samples), "--max-new-tokens", str(recipe.max_new_tokens),
+            "--batch-size", str(recipe.regen_batch), "--engine", engine, *longer, "--out", str(out)]
 
 
 def is_draft_stop(value) -> bool:
@@ -203,10 +218,7 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
 
     if not (ws / "data" / "prepare.json").exists():
         regen_engine = prepare_engine(console, data, recipe.samples, engine)
-        run_stage(console, ["prepare", "--model", model, "--conversations", data, "--regenerate",
-                            "--limit", str(recipe.samples), "--max-new-tokens", str(recipe.max_new_tokens),
-                            "--batch-size", str(recipe.regen_batch), "--engine", regen_engine,
-                            "--out", str(ws / "data")], log)
+        run_stage(console, prepare_args(model, data, recipe, regen_engine, ws / "data"), log)
     if not _store_complete(ws / "hidden"):
         resume = ["--resume"] if (ws / "hidden" / "manifest.json").exists() else []
         run_stage(console, ["capture", "--model", model, "--prepared", str(ws / "data"), "--engine", engine,

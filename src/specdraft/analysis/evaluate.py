@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdraft import run_layout
-from specdraft.analysis.probe import drafter_metrics
+from specdraft.analysis.probe import drafter_metrics_by_context
 from specdraft.data.store import HiddenStore
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer.bench import load_drafter_for
-from specdraft.metrics import tau_text
+from specdraft.metrics import by_context_section, by_context_text, parse_context_buckets, tau_text
 from specdraft.progress import track
 from specdraft.targets import load_target, same_target
 from specdraft.train.batches import StoreBatches, split_samples
@@ -138,9 +138,11 @@ FEW_SAMPLES = 8   # held-out samples below which eval warns that τ is noise
 
 
 def evaluate(drafter: str | Path, store: str | Path, model: str = "default", split: str = "val",
-             steps: int = DRAFT_LENGTH, max_tokens: int = 2048, trust_remote_code: bool = False) -> dict:
+             steps: int = DRAFT_LENGTH, max_tokens: int = 2048, trust_remote_code: bool = False,
+             context_buckets: str | None = None) -> dict:
     if split not in ("val", "all"):
         raise SpecdraftError(f"--split {split}: use val (the run's held-out samples) or all")
+    context_edges = parse_context_buckets(context_buckets)   # before any loading: a bad list is one line
     checkpoint = resolve_checkpoint(str(drafter))
     hidden = HiddenStore(store)
     target = load_target(model, trust_remote_code=trust_remote_code)
@@ -157,15 +159,18 @@ def evaluate(drafter: str | Path, store: str | Path, model: str = "default", spl
                         "(train --val-fraction, more prepared samples) before comparing drafters")
     if not ids:
         raise SpecdraftError(f"{store}: no samples to evaluate in split {split!r}")
-    batches = StoreBatches(hidden, ids, max_tokens=max_tokens, shuffle=False)
+    longest = max(hidden.sample_lengths[i] for i in ids)   # rows never cut a long sample: τ at its far positions
+    batches = StoreBatches(hidden, ids, max_tokens=max(max_tokens, longest), shuffle=False)
     shown = track(batches.batches(0), "eval", batches.num_batches(0), "batches",
                   tokens=lambda b: int(b["loss_mask"].numel()))
-    metrics = drafter_metrics(net, target.model, shown, steps)
+    metrics, per_bucket = drafter_metrics_by_context(net, target.model, shown, steps, context_edges)
     cond = [metrics[f"cond_acc_{k}"] for k in range(steps)]
+    by_context = by_context_section([b[0]["accept_len"] if b else None for b in per_bucket],
+                                    [b[1] if b else 0 for b in per_bucket], context_edges, steps, "positions")
     return {"drafter": str(checkpoint), "store": str(store), "model": target.name, "split": split_used,
             "k": steps, "samples": len(ids), "split_name": split_name, "cond_acc": cond, "full_acc": [metrics[f"full_acc_{k}"] for k in range(steps)],
             "accept_len": metrics["accept_len"], "accept_len_by_k": chain_accept_lengths(cond),
-            "metrics": metrics, "warnings": warnings}
+            "metrics": metrics, "by_context": by_context, "warnings": warnings}
 
 
 def format_result(result: dict) -> str:
@@ -174,4 +179,5 @@ def format_result(result: dict) -> str:
     by_k = " ".join(f"K={k}:{a:.2f}" for k, a in enumerate(result["accept_len_by_k"]) if k)
     source = result.get("split_name", "held-out" if str(result["split"]).startswith("val") else "all")
     return (f"split        {result['split']}\n{tau_text(result['accept_len'], result.get('k'), source, result.get('samples'), 3)}"
-            f"   (accept_len: tokens per target forward)\ncond_acc     {rates}\nτ by K       {by_k}")
+            f"   (accept_len: tokens per target forward)\ncond_acc     {rates}\nτ by K       {by_k}"
+            + (f"\n{by_context_text(result['by_context'], source, result.get('samples'))}" if result.get("by_context") else ""))

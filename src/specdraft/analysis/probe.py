@@ -160,6 +160,26 @@ def sample_batch(input_ids, aux, last, loss_mask) -> dict[str, torch.Tensor]:
 def drafter_metrics(net, target_model, batches, steps: int) -> dict[str, float]:
     """The metrics of `net` (as it is, no training) summed over `batches`, from its family's own training
     forward in eval mode (Family.objective: a TTT unroll, mask slots, blocks)."""
+    return drafter_metrics_by_context(net, target_model, batches, steps, None)[0]
+
+
+def context_masks(batch: dict, edges) -> list[tuple[int, "torch.Tensor | None", int]]:
+    """(bucket index, loss-mask factor, trained positions) of each context bucket the batch's trained
+    positions fall in; a position's context is its position in its sample (position_ids: the tokens
+    before it). The factor is None when every trained position is in that one bucket."""
+    trained = batch["loss_mask"].bool() & (batch["doc_ids"] >= 0)
+    index = torch.bucketize(batch["position_ids"], torch.tensor(list(edges)), right=True)   # [B,T]
+    present = index[trained].unique().tolist()
+    if len(present) == 1:
+        return [(present[0], None, int(trained.sum()))]
+    return [(i, (index == i).to(batch["loss_mask"].dtype), int((trained & (index == i)).sum())) for i in present]
+
+
+def drafter_metrics_by_context(net, target_model, batches, steps: int, edges
+                               ) -> tuple[dict[str, float], list[tuple[dict[str, float], int] | None]]:
+    """drafter_metrics, and with `edges` the same metrics per context bucket (metrics.context_buckets):
+    [(metrics, trained positions) or None where no position fell] — each bucket's positions measured by
+    the objective with the loss mask cut to them (once more per batch only where a batch spans buckets)."""
     if not 1 <= steps <= MAX_TTT_STEPS:
         raise SpecdraftError(f"--num-speculative-tokens {steps}: must be in 1..{MAX_TTT_STEPS}")
     limit = family_of(net).max_draft(net.config)
@@ -168,14 +188,19 @@ def drafter_metrics(net, target_model, batches, steps: int) -> dict[str, float]:
                              f"tokens per round; measure with -k {limit} or less")
     teacher = TeacherHead.from_target(target_model, net.d2t)
     objective = family_of(net).objective(net, teacher, RunConfig(ttt_steps=steps)).eval()
-    sums = None
+    sums, buckets, positions = None, {}, {}
     with torch.no_grad():
         for batch in batches:
             _, part = objective(batch)
             sums = add_sums(sums, part)
+            for i, factor, n in context_masks(batch, edges) if edges is not None else []:
+                own = part if factor is None else objective({**batch, "loss_mask": batch["loss_mask"] * factor})[1]
+                buckets[i], positions[i] = add_sums(buckets.get(i), own), positions.get(i, 0) + n
     if sums is None:
         raise SpecdraftError("no samples to measure acceptance on")
-    return finalize_metrics(sums)
+    per_bucket = [(finalize_metrics(buckets[i]), positions[i]) if i in buckets else None
+                  for i in range(len(edges) + 1)] if edges is not None else []
+    return finalize_metrics(sums), per_bucket
 
 
 def probe_drafter(drafter: str | Path, model: str, data: str | Path, samples: int = 32, max_tokens: int = 512,

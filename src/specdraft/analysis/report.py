@@ -66,10 +66,11 @@ BENCH_FIELDS = {"config": dict, "config.num_prompts": int, "config.prompts": str
                 "methods": dict, "methods.*": dict, "methods.*.tokens_per_s": NUMBER, "methods.*.speedup": NUMBER,
                 "methods.*.speedup_over_plain": NUMBER, "methods.*.accept_len": NUMBER,
                 "methods.*.per_position_accept": list, "methods.*.per_position_accept.*": NUMBER,
-                "methods.*.identical_to_greedy": bool, "methods.*.prompts_identical": int}
+                "methods.*.identical_to_greedy": bool, "methods.*.prompts_identical": int,
+                "methods.*.by_context": dict}
 EVAL_FIELDS = {"cond_acc": list, "cond_acc.*": NUMBER, "full_acc": list, "full_acc.*": NUMBER,
                "accept_len_by_k": list, "accept_len_by_k.*": NUMBER, "accept_len": NUMBER, "split": str,
-               "drafter": str}
+               "drafter": str, "by_context": dict}
 RESULT_FIELDS = {"verdict": str, "best": dict, "best.k": int, "best.tokens_per_s": NUMBER}   # probe-*
 PLAN_FIELDS = {"best": dict, "best.k": int, "best.tokens_per_s": NUMBER, "best.speedup": NUMBER,
                "best.tokens_per_cycle": NUMBER, "options": list, "options.*": dict, "options.*.k": int,
@@ -292,6 +293,61 @@ def eval_html(run: Path) -> str:
     return "".join(parts)
 
 
+def context_series(run: Path) -> list[tuple[str, dict, str]]:
+    """(name, by_context section, its line) of every τ-by-context a run's files hold: the drafter
+    chain of each bench*.json, each eval*.json."""
+    series = []
+    for f in sorted(run.glob("bench*.json")):
+        bench = read_json(f, BENCH_FIELDS)
+        name, result = metrics.drafter_method(bench) if isinstance(bench, dict) else ("", {})
+        if metrics.measured_buckets(result.get("by_context")):
+            cfg = bench.get("config") or {}
+            series.append((f"{f.stem} {name}", result["by_context"],
+                           metrics.by_context_text(result["by_context"], cfg.get("prompts"), cfg.get("num_prompts"))))
+    for f in sorted(run.glob("eval*.json")):
+        ev = read_json(f, EVAL_FIELDS)
+        if isinstance(ev, dict) and metrics.measured_buckets(ev.get("by_context")):
+            series.append((f.stem, ev["by_context"], metrics.by_context_text(
+                ev["by_context"], ev.get("split_name") or "held-out", ev.get("samples"))))
+    return series
+
+
+def plot_by_context(series: list[tuple[str, dict]], out: Path) -> Path:
+    """τ against context length: a point per measured bucket (at its lower edge), a line per source."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for name, section, _ in series:
+        rows = metrics.measured_buckets(section)
+        ax.plot(range(len(rows)), [b["tau"] for _, b in rows], "o-", label=f"{name}, K={section.get('k', '?')}")
+        for i, (label, _) in enumerate(rows):
+            ax.annotate(label, (i, rows[i][1]["tau"]), fontsize=7, textcoords="offset points", xytext=(0, 5))
+    ax.set_xlabel("context length (bucket)")
+    ax.set_ylabel("τ (tokens per target forward)")
+    ax.set_xticks([])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return out
+
+
+def context_html(run: Path) -> str:
+    """τ by context length (eval's and bench's by_context): a line per source and the plot."""
+    series = context_series(run)
+    if not series:
+        return ""
+    lines = "".join(f"<p>{esc(name)}: {esc(line)}</p>" for name, _, line in series)
+    with tempfile.TemporaryDirectory() as tmp:
+        png = plot_by_context(series, Path(tmp) / "by_context.png")
+        return f"<h3>τ by context length</h3>{lines}" + image_html(png, "τ against context length")
+
+
 def eval_tau(ev: dict) -> str:
     """eval.json's τ in the shared format (its K, its samples)."""
     k = ev.get("k") if isinstance(ev.get("k"), int) else len(ev.get("cond_acc") or [])
@@ -439,6 +495,7 @@ def config_html(run: Path) -> str:
 
 def run_html(run: Path) -> str:
     return (f"<h2>Run {esc(run.name)}</h2><p class=meta>{esc(run.resolve())}</p>{bench_html(run)}{eval_html(run)}"
+            f"{context_html(run)}"
             f"{export_html(run)}{plan_html(run)}{stages_html(run)}{results_html(run)}<h3>Journal</h3>{journal_html(run)}"
             f"<h3>Config</h3>{config_html(run)}")
 

@@ -26,7 +26,8 @@ from specdraft.infer.speculative import (Generation, Profile, eos_ids_of, genera
                                         checked_rows)
 from specdraft.infer.timing import busy_warning, machine_load, rotated, spread
 from specdraft.io import atomic_path
-from specdraft.metrics import tau_source
+from specdraft.metrics import (CONTEXT_EDGES, by_context_text, drafter_method, parse_context_buckets,
+                               rounds_by_context, tau_source)
 from specdraft import families
 from specdraft.families import family, family_of
 from specdraft.targets import default_aux_layers
@@ -138,6 +139,27 @@ def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
 NATURAL = "natural"
 NATURAL_FILE = Path(__file__).resolve().parent.parent / "data" / "natural.jsonl"
 PROMPT_SETS = ("builtin-holdout", NATURAL)
+LONG = "long"          # bench only: built for the target's tokenizer and context (data/documents.py)
+LONG_PROMPTS = 8       # its size without --limit
+ROUND_ROOM = 64        # cache slots kept past prompt and answer for a round's drafted rows
+
+
+def long_prompt_set(target, limit: int | None, max_context: int | None, max_new_tokens: int,
+                    rows: int) -> list[list[dict]]:
+    """`--prompts long`: conversations over long documents (data/documents.py) whose prompts spread up
+    to the target's context (or --max-context, at most that) less the answer and a round's rows."""
+    from specdraft.data.documents import long_prompts
+
+    context = getattr(target.model.config, "max_position_embeddings", None) or max_context or 2048
+    if max_context is not None and max_context > context:
+        raise SpecdraftError(f"--max-context {max_context}: {target.name} attends over {context} tokens at most; "
+                             f"pass --max-context {context} or less")
+    tok = target.tokenizer
+
+    def count_tokens(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    return long_prompts(limit or LONG_PROMPTS, (max_context or context) - max_new_tokens - rows, count_tokens)
 
 
 def prompt_set_path(source: str) -> Path:
@@ -162,6 +184,9 @@ def read_prompts(source: str, limit: int | None = None) -> list[list[dict]]:
 
 def read_prompt_rows(source: str, limit: int | None = None) -> list[PromptRow]:
     """read_prompts with each line's optional `category` (natural.jsonl: writing, coding, ...)."""
+    if source == LONG:
+        raise SpecdraftError("--prompts long: the long-context set is built for a target's tokenizer and context; "
+                             "run it with `specdraft bench --prompts long`")
     if source == "builtin-holdout":
         rows = [PromptRow([{"role": "user", "content": p}]) for p in builtin_prompts(limit or 32, split="holdout")]
     else:
@@ -333,7 +358,7 @@ def summarize_rounds(name: str, rounds: list[list[Generation]], reference: list[
 def bench(target, drafter, conversations: list[list[dict]], method_names: list[str], max_new_tokens: int,
           k: int, tree: TreeShape | None, ngram_max: int = 3, ngram_min: int = 1, progress=None,
           rounds: int = 3, draft_stop: float | None = None, ngram_k: int | None = None,
-          rows: int | None = None) -> dict:
+          rows: int | None = None, context_edges=CONTEXT_EDGES) -> dict:
     """Same prompts for every method, batch 1, one warm-up generation per method first; then
     `rounds` rounds, each running every method on every prompt, the method order rotated per round.
     rows: every loop method at that row count, plain decoding included as their reference (the same
@@ -377,6 +402,12 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
         if r["identical_to_greedy"] is False:
             r["divergences"] = [divergence(model, ids, ref, g.token_ids)
                                 for ids, ref, g in zip(prompts, reference, runs[n][0]) if g.token_ids != ref]
+    for n, r in results.items():       # τ by context length: every verify round of round 1 in its bucket
+        if n not in ("greedy", "plain"):
+            gens = runs[n][0]
+            k_n = tree.total if n.endswith(TREE) and tree else (ngram_k or k) if n == "ngram" else k
+            r["by_context"] = rounds_by_context([c for g in gens for c in g.contexts],
+                                                [a for g in gens for a in g.accepted], context_edges, k_n)
     if "plain" in results:             # what drafting adds over the same loop with no drafter
         plain = results["plain"]["tokens_per_s"]
         for r in results.values():
@@ -483,23 +514,10 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int,
-              k_option: int | str | None, stop: float | str | None, rounds: int, tree: str | None,
-              ngram: tuple[int, int], limit: int | None, device: str, dtype: str, trust_remote_code: bool,
-              rows: int | None = None) -> dict:
-    """`specdraft bench`: the options checked before the model loads, then bench() over the prompts.
-    `k_option`, `stop`: -k and --draft-stop as the CLI parsed them (defaults.draft_length_option,
-    parse_draft_stop); -k unset is auto for a drafter's chain and DRAFT_LENGTH for n-gram and the tree."""
-    from rich.console import Console
+def check_bench_options(names: list[str], methods: str, chains: list[str], k, k_option, stop, tree, dtype: str) -> None:
+    """bench's settings checked before any model loads: every one names a method that uses it."""
+    from specdraft.targets import DTYPES
 
-    from specdraft.defaults import draft_length
-    from specdraft.infer.auto import resolve
-    from specdraft.progress import progress
-    from specdraft.targets import DTYPES, load_target
-
-    names = [n.strip() for n in methods.split(",") if n.strip()]
-    chains = [n for n in names if needs_drafter(n) and not n.endswith(TREE)]   # -k auto applies to these
-    k = draft_length(k_option, default_auto=bool(chains))
     bad = [n for n in names if n not in all_methods()]
     if bad or not names:
         raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(all_methods())}")
@@ -516,12 +534,38 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     if k_option is not None and all(n in ("greedy", "plain") for n in names):
         raise SpecdraftError(f"-k {k_option}: no method in --methods {methods} drafts (greedy and plain decode one "
                              "token a step); add ngram or a drafter family, or drop -k")
+
+
+def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int,
+              k_option: int | str | None, stop: float | str | None, rounds: int, tree: str | None,
+              ngram: tuple[int, int], limit: int | None, device: str, dtype: str, trust_remote_code: bool,
+              rows: int | None = None, context_buckets: str | None = None, max_context: int | None = None) -> dict:
+    """`specdraft bench`: the options checked before the model loads, then bench() over the prompts.
+    `k_option`, `stop`: -k and --draft-stop as the CLI parsed them (defaults.draft_length_option,
+    parse_draft_stop); -k unset is auto for a drafter's chain and DRAFT_LENGTH for n-gram and the tree."""
+    from rich.console import Console
+
+    from specdraft.defaults import draft_length
+    from specdraft.infer.auto import resolve
+    from specdraft.progress import progress
+    from specdraft.targets import DTYPES, load_target
+
+    names = [n.strip() for n in methods.split(",") if n.strip()]
+    chains = [n for n in names if needs_drafter(n) and not n.endswith(TREE)]   # -k auto applies to these
+    k = draft_length(k_option, default_auto=bool(chains))
+    check_bench_options(names, methods, chains, k, k_option, stop, tree, dtype)
     shape = TreeShape.parse(tree or DEFAULT_TREE)
+    edges = parse_context_buckets(context_buckets)
+    if max_context is not None and prompts != LONG:
+        raise SpecdraftError(f"--max-context {max_context}: bounds the long-context prompt set only; add "
+                             "--prompts long or drop --max-context")
     if drafter is None:
         check_drafter_methods(names, None)             # a drafter method without --drafter: before any load
-    conversations = read_prompts(prompts, limit)
+    conversations = read_prompts(prompts, limit) if prompts != LONG else []
     dev = resolve_device(device)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
+    if prompts == LONG:
+        conversations = long_prompt_set(target, limit, max_context, max_new_tokens, rows or ROUND_ROOM)
     draft_model = (load_drafter_for(drafter, target, dev, DTYPES[dtype]) if any(map(needs_drafter, names)) else None)
     if draft_model is not None:
         check_drafter_methods(names, draft_model)      # --methods FAMILY for a drafter of that family
@@ -530,11 +574,11 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     with progress("bench", total, 0, "runs", console=Console(stderr=True)) as tracker:
         report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
                        progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
-                       ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None, rows=rows)
+                       ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None, rows=rows, context_edges=edges)
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
-                        "draft_stop": stop, "rounds": rounds, "verify_rows": rows,
+                        "draft_stop": stop, "rounds": rounds, "verify_rows": rows, "context_buckets": list(edges),
                         "family": family_of(draft_model).model_type if draft_model is not None else None,
                         "tree": [shape.depth, shape.topk, shape.total] if any(n.endswith(TREE) for n in names)
                         else None,
@@ -565,6 +609,31 @@ def bench_table(report: dict):
                "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']}/{c['num_prompts']})"]
         table.add_row(*row, *((str(r.get("drafts_cut", 0)),) if cut else ()))
     return table
+
+
+def print_report(report: dict, as_json: bool) -> None:
+    """bench's stdout: the JSON, or the table and the τ-by-context line."""
+    from rich.console import Console
+
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    Console().print(bench_table(report))
+    line = context_line(report)
+    if line:
+        print(line)
+
+
+def context_line(report: dict) -> str | None:
+    """bench's τ-by-context line: the drafter's chain (metrics.drafter_method), else the first method
+    that drafted; None when no method drafted."""
+    name, result = drafter_method(report)
+    if not result.get("by_context"):
+        name, result = next(((n, r) for n, r in report["methods"].items() if r.get("by_context")), ("", {}))
+    if not name:
+        return None
+    c = report["config"]
+    return f"{name}: {by_context_text(result['by_context'], c.get('prompts'), c.get('num_prompts'))}"
 
 
 def method_k(name: str, config: dict):

@@ -102,6 +102,7 @@ class Generation:
     proposed: list[int] = field(default_factory=list)   # draft depth offered per verify round
     profile: Profile = field(default_factory=Profile)
     drafts_cut: int = 0                    # rounds whose chain a confidence stop ended before K
+    contexts: list[int] = field(default_factory=list)   # context length (tokens so far) per verify round
 
     @property
     def tokens_per_s(self) -> float:
@@ -340,6 +341,7 @@ def generate(model, prompt_ids: list[int], proposer: Proposer | None = None, max
             proposer.observe(aux[path] if aux is not None else None)
             result.accepted.append(len(path) - 1)
             result.proposed.append(max(draft.depths()))
+            result.contexts.append(len(tokens))
         done = emit([draft.tokens[i - 1] for i in path[1:]] + [bonus])
     result.seconds = time.perf_counter() - start
     profile.total_s = result.seconds

@@ -72,6 +72,8 @@ class RunConfig:
     aux_noise: float = setting(0.0, "Uniform noise U(-a, a) on the aux states while training.", low=0)
     train_on_prompts: bool = setting(False, "Train on every position (the teacher is the target there too), "
                                      "not only the loss mask; validation keeps the mask.")
+    sliding_window: int = setting(0, "Drafter attention over the last N context positions (0 = full: the whole "
+                                  "context). Exported as the speculators layer config's sliding_window.", low=0)
     attention: Literal["sdpa", "flex"] = setting("sdpa", "sdpa (explicit TTT mask, runs anywhere) or flex "
                                                  "(compiled flex_attention, CUDA only).")
     # data

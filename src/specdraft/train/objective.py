@@ -124,19 +124,54 @@ def finalize_metrics(sums: dict[str, torch.Tensor | float]) -> dict[str, float]:
     return out
 
 
+TEACHER_CHUNK = 4096   # teacher rows whose log-probs over the draft vocab are held at once: a row with more
+                       # (long context) has them computed chunk by chunk where a step's loss reads them
+
+
+class TeacherRows:
+    """The teacher's log-probs over the draft vocab at the positions t' whose next token is in the
+    document, indexed like a tensor [M, N] (`teacher_logp[rows]`). Up to TEACHER_CHUNK rows they are
+    computed once and held; past it (long rows) each index computes its rows afresh, so the teacher's
+    logits over a long row never exist at once (`chunked_position_loss` reads them a chunk at a time)."""
+
+    def __init__(self, teacher: TeacherHead, batch: dict[str, torch.Tensor], need: torch.Tensor):
+        self.teacher = teacher
+        self.compact = "teacher_ids" in batch                                     # a compact store's top-k
+        self.inputs = ((batch["teacher_ids"][need], batch["teacher_logp"][need]) if self.compact
+                       else (batch["last"][need],))
+        self.rows = int(need.sum())
+        self.held = self.compute(slice(None)) if self.rows <= TEACHER_CHUNK else None
+        with torch.no_grad():
+            self.top = (self.held.argmax(-1) if self.held is not None else
+                        torch.cat([self.compute(slice(s, s + TEACHER_CHUNK)).argmax(-1)
+                                   for s in range(0, self.rows, TEACHER_CHUNK)]))   # [M]
+
+    @torch.no_grad()
+    def compute(self, rows) -> torch.Tensor:
+        if self.compact:
+            return self.teacher.log_probs_from_top_k(self.inputs[0][rows], self.inputs[1][rows])
+        return self.teacher.log_probs(self.inputs[0][rows])                      # fp32
+
+    def __getitem__(self, rows) -> torch.Tensor:
+        return self.held[rows] if self.held is not None else self.compute(rows)
+
+
 def teacher_targets(teacher: TeacherHead, batch: dict[str, torch.Tensor]):
-    """The teacher's log-probs once, only at positions t' whose next token is in the document
-    (every step k reads its targets from these rows) -> (logp [M, N], argmax [M], flat pos -> row)."""
+    """The teacher at positions t' whose next token is in the document (every step k reads its
+    targets from these rows) -> (logp TeacherRows [M, N], argmax [M], flat pos -> row)."""
     need_teacher = in_document(batch["doc_ids"], -1)                              # [B,T]
-    with torch.no_grad():
-        if "teacher_ids" in batch:                                                # a compact store
-            teacher_logp = teacher.log_probs_from_top_k(batch["teacher_ids"][need_teacher],
-                                                        batch["teacher_logp"][need_teacher])   # [M, N]
-        else:
-            teacher_logp = teacher.log_probs(batch["last"][need_teacher])        # [M, N] fp32
-        teacher_top = teacher_logp.argmax(-1)                                     # [M]
+    rows = TeacherRows(teacher, batch, need_teacher)
     compact_index = need_teacher.flatten().long().cumsum(0) - 1                   # flat pos -> row of teacher_logp
-    return teacher_logp, teacher_top, compact_index
+    return rows, rows.top, compact_index
+
+
+def chunked_position_loss(logp: torch.Tensor, teacher_logp: TeacherRows, t_rows: torch.Tensor,
+                          t_top: torch.Tensor, loss: str) -> torch.Tensor:
+    """position_loss [R] over rows of at most TEACHER_CHUNK at a time: the teacher's log-probs of a long
+    row exist one chunk at a time (one chunk, the same computation, for rows up to TEACHER_CHUNK)."""
+    return torch.cat([position_loss(logp[s:s + TEACHER_CHUNK], teacher_logp[t_rows[s:s + TEACHER_CHUNK]],
+                                    t_top[s:s + TEACHER_CHUNK], loss)
+                      for s in range(0, max(len(t_rows), 1), TEACHER_CHUNK)])
 
 
 def position_loss(logp: torch.Tensor, t_logp: torch.Tensor, t_top: torch.Tensor, loss: str) -> torch.Tensor:

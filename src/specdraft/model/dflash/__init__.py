@@ -31,6 +31,9 @@ SHAPE_FLAGS = (("num_layers", "--draft-layers"), ("block_size", "--ttt-steps"))
 
 
 def check_run(run) -> None:
+    if run.sliding_window:
+        raise SpecdraftError(f"--sliding-window {run.sliding_window}: {run.family} blocks attend the whole context "
+                             "here (specdraft does not train a sliding block mask yet); drop --sliding-window")
     for name, value, why in EAGLE_ONLY:
         if getattr(run, name) != value:
             flag = "--" + name.replace("_", "-")

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from specdraft.model.dflash.module import DFlashDrafter
-from specdraft.train.objective import TeacherHead, add_step_sums, position_loss, teacher_targets
+from specdraft.train.objective import TeacherHead, add_step_sums, chunked_position_loss, teacher_targets
 
 ANCHOR_SHARE = 2          # a row trains at most T / ANCHOR_SHARE anchors: ~ K+1 queries per 2 tokens
 
@@ -104,7 +104,7 @@ def dflash_forward(drafter: DFlashDrafter, teacher: TeacherHead, batch: dict[str
         logp = torch.log_softmax(drafter.slot_logits(out, out_rows, prev_ids).float(), dim=-1)   # [R, Vd]
         t_rows = compact_index[flat_anchor[anchor_rows] + k]                      # teacher at a+k
         t_top = teacher_top[t_rows]
-        per_pos = position_loss(logp, teacher_logp[t_rows], t_top, loss)[is_trained]
+        per_pos = chunked_position_loss(logp, teacher_logp, t_rows, t_top, loss)[is_trained]
         total = total + (step_decay ** k) * per_pos.sum() / max(per_pos.numel(), 1)
         correct = logp.argmax(-1) == t_top
         add_step_sums(sums, k, per_pos, correct, through, anchor_rows, is_trained)

@@ -23,7 +23,7 @@ def new_config(target_config, draft_vocab_size: int, aux_layer_ids: list[int], v
         raise SpecdraftError(f"--draft-layers {run.draft_layers}: an {run.family} drafter has one decoder layer "
                              "(vLLM serves it so); drop --draft-layers or train --family dflash")
     options = {} if run is None else {"norm_before_residual": run.norm_before_residual, "fc_norm": run.fc_norm,
-                                      "norm_output": run.norm_output}
+                                      "norm_output": run.norm_output, "sliding_window": run.sliding_window}
     return DrafterConfig.from_target(target_config, draft_vocab_size=draft_vocab_size, aux_layer_ids=aux_layer_ids,
                                      verifier=verifier, **options)
 

@@ -44,6 +44,9 @@ def build_config(cfg: DrafterConfig, dtype: str, speculative_tokens: int,
     }
     if cfg.aux_layer_ids:
         config["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layer_ids)
+    if cfg.sliding_window:     # vLLM's Llama attention slides where layer_types says sliding_attention
+        config["transformer_layer_config"].update({"layer_types": ["sliding_attention"],
+                                                   "sliding_window": int(cfg.sliding_window)})
     return config
 
 
@@ -55,6 +58,18 @@ SPECULATORS_FIELDS = {
     "norm_output": bool, "fc_norm": bool, "embed_requires_grad": bool, "specdraft": dict,
     **dataclass_fields(DrafterConfig, "specdraft.drafter_config."), "specdraft.drafter_config": dict,
 }
+def sliding_window_of(layer: dict, where: str) -> int:
+    """The window a speculators layer config slides over (0: full attention): `sliding_window` where
+    `layer_types` names sliding_attention."""
+    if "sliding_attention" not in (layer.get("layer_types") or []):
+        return 0
+    window = layer.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise SpecdraftError(f"{config_file(where)}: transformer_layer_config.layer_types slides but sliding_window "
+                             f"is {window!r}; give it the window in tokens (e.g. 2048)")
+    return window
+
+
 def parse_config(config: dict, where: str) -> DrafterConfig:
     """DrafterConfig from a speculators config.json (ours round-trips through its "specdraft" block)."""
     check_fields(config, SPECULATORS_FIELDS, config_file(where), FIX)
@@ -74,5 +89,6 @@ def parse_config(config: dict, where: str) -> DrafterConfig:
         norm_before_residual=bool(config.get("norm_before_residual", False)),
         norm_output=bool(config.get("norm_output", False)),
         fc_norm=bool(config.get("fc_norm", False)),
+        sliding_window=sliding_window_of(config["transformer_layer_config"], where),
         tie_embeddings_to_target=not config.get("embed_requires_grad", False),
         verifier=verifier)

@@ -14,3 +14,4 @@ class DrafterConfig(BaseConfig):
     norm_before_residual: bool = False    # residual = hidden_norm(h) instead of h
     norm_output: bool = False             # feed post-norm hidden back at TTT step k>0 (EAGLE-3.1)
     fc_norm: bool = False                 # one RMSNorm per aux chunk before fc (EAGLE-3.1)
+    sliding_window: int = 0               # attend the last N context positions (0 = the whole context)

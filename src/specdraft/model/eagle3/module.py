@@ -176,24 +176,33 @@ def causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
     return mask[:, None]
 
 
-def ttt_mask(doc_ids: torch.Tensor, step: int) -> torch.Tensor:
+def ttt_mask(doc_ids: torch.Tensor, step: int, window: int = 0) -> torch.Tensor:
     """Mask for TTT step `step` over the keys of steps 0..step, [B,1,T,(step+1)*T].
 
     Query i sees the causal prefix of step 0 (keys j <= i, same document) plus key i of every
-    step 1..step (one diagonal per step, its own included).
+    step 1..step (one diagonal per step, its own included). window > 0 (sliding-window attention):
+    the query, at position i + step, sees only prefix keys less than `window` positions back
+    (i + step - j < window), as a serving engine's sliding window does.
     """
     T = doc_ids.shape[1]
     eye = torch.eye(T, dtype=torch.bool, device=doc_ids.device).expand(doc_ids.shape[0], 1, T, T)
-    return torch.cat([causal_mask(doc_ids)] + [eye] * step, dim=-1)
+    prefix = causal_mask(doc_ids)
+    if window > 0:
+        pos = torch.arange(T, device=doc_ids.device)
+        near = (pos[:, None] + step - pos[None, :]) < window                          # [T,T]
+        prefix = (prefix & near) | torch.eye(T, dtype=torch.bool, device=doc_ids.device)   # never an empty row
+    return torch.cat([prefix] + [eye] * step, dim=-1)
 
 
-def ttt_block_mask(doc_ids: torch.Tensor, step: int) -> BlockMask:
-    """`ttt_mask(doc_ids, step)` as a flex-attention BlockMask over KV_LEN = (step+1)*T keys."""
+def ttt_block_mask(doc_ids: torch.Tensor, step: int, window: int = 0) -> BlockMask:
+    """`ttt_mask(doc_ids, step, window)` as a flex-attention BlockMask over KV_LEN = (step+1)*T keys."""
     B, T = doc_ids.shape
+    reach = window if window > 0 else T + step + 1               # full attention: every earlier key is near
 
     def mask_mod(b, h, q_idx, kv_idx):
         block, j = kv_idx // T, kv_idx % T                       # TTT step of the key, its position
-        prefix = (block == 0) & (j <= q_idx) & (doc_ids[b, j] == doc_ids[b, q_idx])
+        prefix = ((block == 0) & (j <= q_idx) & (doc_ids[b, j] == doc_ids[b, q_idx])
+                  & (q_idx + step - j < reach))
         return prefix | (j == q_idx)                             # one diagonal per step (and padding sees itself)
 
     return create_block_mask(mask_mod, B, None, T, (step + 1) * T, device=doc_ids.device)

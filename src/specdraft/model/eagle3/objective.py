@@ -22,7 +22,7 @@ from torch import nn
 
 from specdraft.model.eagle3.module import DynamicCache, Eagle3Drafter, ttt_block_mask, ttt_mask
 from specdraft.train.objective import (ATTENTION, LOSSES, MAX_TTT_STEPS, TTT_INPUTS, TeacherHead, add_step_sums,
-                                       in_document, position_loss, shift_left, teacher_targets, valid_positions)
+                                       in_document, chunked_position_loss, shift_left, teacher_targets, valid_positions)
 
 
 def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, torch.Tensor], steps: int = 3,
@@ -43,6 +43,7 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
     """
     check_ttt_settings(steps, loss, attention, inputs)
     make_mask = ttt_block_mask if attention == "flex" else ttt_mask
+    window = int(getattr(drafter.config, "sliding_window", 0) or 0)               # 0: the whole context
     input_ids, doc_ids, loss_mask = batch["input_ids"], batch["doc_ids"], batch["loss_mask"]
     position_ids = batch["position_ids"]
     B, T = input_ids.shape
@@ -64,7 +65,7 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
         if parallel and k > 0:                                                    # a P-EAGLE mask slot
             tokens = torch.full_like(input_ids, drafter.config.mask_token_id)
             hidden = drafter.combine_aux(drafter.mask_hidden).expand(B, T, -1)   # [B,T,H]
-        mask = make_mask(doc_ids, k)                                              # [B,1,T,(k+1)T] (or BlockMask)
+        mask = make_mask(doc_ids, k, window)                                      # [B,1,T,(k+1)T] (or BlockMask)
         out = drafter.decode(tokens, hidden, position_ids + k, mask, cache)       # [B,T,H] pre-norm
 
         defined = in_document(doc_ids, k).flatten()                               # [B*T] has a teacher
@@ -74,7 +75,7 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
         logp = torch.log_softmax(drafter.compute_logits(out, rows).float(), dim=-1)  # [R, N]
         t_rows = compact_index[rows + k + 1]                                      # teacher at t+k+1
         t_top = teacher_top[t_rows]                                               # [R]
-        per_pos = position_loss(logp, teacher_logp[t_rows], t_top, loss)[is_trained]
+        per_pos = chunked_position_loss(logp, teacher_logp, t_rows, t_top, loss)[is_trained]
         total = total + (step_decay ** k) * per_pos.sum() / max(per_pos.numel(), 1)
         add_step_sums(sums, k, per_pos, logp.argmax(-1) == t_top, through, rows, is_trained)
         hidden = drafter.feedback(out)

@@ -45,6 +45,8 @@ SGLANG_EAGLE31 = "sgl-project/sglang#24663, May 2026"
 
 def unsupported(cfg: DrafterConfig) -> str | None:
     """What of this drafter SGLang's LlamaForCausalLMEagle3 does not implement, or None."""
+    if getattr(cfg, "sliding_window", 0):
+        return "sliding_window"
     return "norm_before_residual" if cfg.norm_before_residual else None
 
 
@@ -65,6 +67,10 @@ def serve_command(target: str, folder: str, k: int) -> str:
 
 
 def build_config(cfg: DrafterConfig, dtype: str, where: str) -> dict:
+    if unsupported(cfg) == "sliding_window":
+        raise SpecdraftError(f"{where}: the drafter attends a sliding window of {cfg.sliding_window} positions, which "
+                             "SGLang's LlamaForCausalLMEagle3 does not implement (it attends the whole context); "
+                             "serve it with vLLM (export --format speculators), or retrain with --sliding-window 0")
     if unsupported(cfg):
         raise SpecdraftError(f"{where}: the drafter uses norm_before_residual, which SGLang's LlamaForCausalLMEagle3 "
                              "does not implement; serve it with vLLM (export --format speculators), or retrain it "

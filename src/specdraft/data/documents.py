@@ -1,0 +1,147 @@
+"""Long documents made from text that ships on every machine, and long-context prompts over them.
+
+`bench --prompts long` (and, later, prepare as a conversation source) needs prompts of thousands of
+tokens without a download: the running interpreter's own standard library (its source with its
+docstrings, found through `sysconfig`) and the licence texts beside it (the interpreter's LICENSE.txt,
+/usr/share/common-licenses where the system has them). Everything is a pure function of those files,
+the requested lengths and the token counter, so the same interpreter gives the same prompts.
+
+A prompt is one of three tasks over a document: summarize it, answer a question about it (a name
+it defines), or continue it from where it stops. Lengths are spread geometrically from
+MIN_TOKENS up to the bound (the target's context less the answer's room), so every context bucket
+of `bench`'s τ-by-context gets prompts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sysconfig
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+from specdraft.errors import SpecdraftError
+
+MIN_TOKENS = 256                 # the shortest document of a spread
+PROMPT_ROOM = 96                 # tokens kept for the chat template around the user turn
+SKIPPED_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "turtledemo",
+                "__pycache__", "ensurepip", "config-3", "tkinter"}
+COMMON_LICENSES = Path("/usr/share/common-licenses")
+TASKS = ("summarize", "question", "continue")
+LICENCES = "licence texts"
+
+
+@dataclass
+class Document:
+    """A long text and where it came from (files, in order)."""
+    title: str
+    text: str
+    sources: list[str]
+
+
+@lru_cache(maxsize=1)
+def stdlib_files() -> list[Path]:
+    """The interpreter's standard-library modules (.py, sorted by path), tests and tools left out."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.startswith("config-")]   # pruned, not walked
+        files += [Path(folder) / n for n in names if n.endswith(".py")]
+    files.sort()
+    if not files:
+        raise SpecdraftError(f"{root}: no standard-library sources found (sysconfig's stdlib path); "
+                             "long prompts are built from them, so run with a full Python install")
+    return files
+
+
+def licence_files() -> list[Path]:
+    """The interpreter's LICENSE.txt and the system's common licences (sorted), those that exist."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    found = [root / "LICENSE.txt"] if (root / "LICENSE.txt").is_file() else []
+    if COMMON_LICENSES.is_dir():
+        found += sorted(p for p in COMMON_LICENSES.iterdir() if p.is_file())
+    return found
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def fit(text: str, tokens: int, count_tokens: Callable[[str], int]) -> str:
+    """`text` cut at a line end to at most `tokens` tokens (a few counts, proportional guesses)."""
+    for _ in range(6):
+        n = count_tokens(text)
+        if n <= tokens:
+            return text
+        cut = int(len(text) * tokens / n * 0.98)
+        text = text[:text.rfind("\n", 0, cut) + 1 or cut]
+    return text
+
+
+def build_document(index: int, tokens: int, count_tokens: Callable[[str], int]) -> Document:
+    """Document `index` of about `tokens` tokens: every fourth one the licence texts, the rest
+    standard-library modules taken in path order from a start that `index` strides through."""
+    licences = licence_files()
+    if index % 4 == 3 and licences:
+        files, title = licences[index // 4 % len(licences):] + licences, LICENCES
+    else:
+        files = stdlib_files()
+        start = (index * 37) % len(files)
+        files, title = files[start:] + files[:start], "Python standard library source"
+    parts, used, chars = [], [], 0
+    budget = tokens * 6              # characters: more than enough before the exact cut
+    for path in files:
+        body = read(path).strip()
+        if not body:
+            continue
+        parts.append(f"# file: {path.name}\n{body}\n")
+        used.append(str(path))
+        chars += len(parts[-1])
+        if chars >= budget:
+            break
+    text = fit("\n".join(parts), tokens, count_tokens)
+    return Document(title, text, used[:text.count("# file: ")] or used[:1])
+
+
+def defined_name(text: str) -> str | None:
+    """A function or class the document defines (the first), for the question task."""
+    found = re.search(r"^(?:def|class) ([A-Za-z_][A-Za-z0-9_]*)", text, re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def task_prompt(task: str, doc: Document) -> str:
+    """The user turn: the task's words around the document."""
+    if task == "summarize":
+        return f"Summarize the following {doc.title} in a few paragraphs.\n\n{doc.text}"
+    if task == "question":
+        name = defined_name(doc.text)
+        ask = (f"What does `{name}` do, and how is it used in the code above?" if name else
+               "What does the text above allow, and what does it require in return?" if doc.title == LICENCES else
+               "What is the code above for, and what does it import?")
+        return f"Read the following {doc.title}, then answer the question after it.\n\n{doc.text}\n\nQuestion: {ask}"
+    return f"Continue the following {doc.title} from where it stops.\n\n{doc.text}"
+
+
+def spread(count: int, high: int, low: int = MIN_TOKENS) -> list[int]:
+    """`count` document lengths from `low` to `high` tokens, evenly on a log scale."""
+    if high < low:
+        raise SpecdraftError(f"--max-context: leaves {high} tokens for a document; long prompts need at least "
+                             f"{low} (raise --max-context, or lower --max-new-tokens)")
+    if count == 1:
+        return [high]
+    return [round(low * (high / low) ** (i / (count - 1))) for i in range(count)]
+
+
+def long_prompts(count: int, max_tokens: int, count_tokens: Callable[[str], int]) -> list[list[dict]]:
+    """`count` long-context conversations (a user turn each) whose lengths spread up to `max_tokens`
+    less PROMPT_ROOM (the chat template's), the tasks in turn (summarize, question, continue); each
+    document is cut to what its task's words leave."""
+    convs = []
+    for i, n in enumerate(spread(count, max_tokens - PROMPT_ROOM)):
+        task = TASKS[i % len(TASKS)]
+        words = count_tokens(task_prompt(task, Document("Python standard library source", "def " + "x" * 24, [])))
+        doc = build_document(i, max(n - words, 1), count_tokens)
+        convs.append([{"role": "user", "content": task_prompt(task, doc)}])
+    return convs
