@@ -3,10 +3,14 @@
     .venv/bin/python benchmarks/data_scaling.py --workspace ws/scaling [--samples 256,512,1024]
         [--conversations builtin] [--max-new-tokens 128] [--set init_layer=target ...] [--label NAME]
         [--natural-limit 16] [--holdout-limit 6] [--bench-tokens 96] [-k 3] [--natural-store WS/nat/hidden]
+        [--extra pydoc:300]
 
 The same harness is the source and lever ablation: `--conversations self:N` or a mixture
 (`builtin:0.5,self:0.5`) with a --label compares prompt sources, `--set init_layer=target` or
-`--max-new-tokens 256` a lever, each against the plain run at equal samples.
+`--max-new-tokens 256` a lever, each against the plain run at equal samples. `--extra SOURCE:N` is
+the lever of data that needs no regeneration: N conversations of SOURCE (e.g. `pydoc`, Python's own
+documentation as the answers) prepared as written and captured into a second store, and every
+point trains over both stores (its held-out eval is then left out: the union's split is in neither store).
 
 For each sample count N: `specdraft prepare` (the target regenerates N answers; answers already in
 another point's regen.jsonl are reused, so a curve costs its largest point), `capture`, `vocab build`
@@ -61,6 +65,19 @@ def natural_eval(path: Path) -> dict:
     return {"tau_by_k": ev["accept_len_by_k"], "cond_acc": ev["cond_acc"], "samples": ev["samples"]}
 
 
+def extra_store(ws: Path, a, times: dict) -> Path:
+    """--extra SOURCE:N: N conversations of SOURCE kept as written (no regeneration), captured once."""
+    source, _, count = a.extra.rpartition(":")
+    data, hidden = ws / f"extra-{source}-{count}", ws / f"extra-{source}-{count}-hidden"
+    if not (data / "prepare.json").is_file():
+        stage(["prepare", "--model", a.model, "--conversations", source, "--limit", count, "--max-length", "1024",
+               "--out", str(data)], times, "prepare_extra")
+    if not (hidden / "manifest.json").is_file():
+        stage(["capture", "--model", a.model, "--prepared", str(data), "--engine", "hf", "--out", str(hidden)],
+              times, "capture_extra")
+    return hidden
+
+
 def point(ws: Path, n: int, a) -> dict:
     """One sample count: data, drafter, and its τ on three prompt sets."""
     data, hidden, vocab, run = ws / f"data-{n}", ws / f"hidden-{n}", ws / f"vocab-{n}{'' if a.vocab_size == 4096 else f'-{a.vocab_size}'}.safetensors", ws / f"runs/{n}{a.tag}"
@@ -79,12 +96,13 @@ def point(ws: Path, n: int, a) -> dict:
               times, "capture")
     if not vocab.is_file():
         stage(["vocab", "build", "--prepared", str(data), "--size", str(a.vocab_size), "--out", str(vocab)], times, "vocab")
+    stores = [str(hidden)] + ([str(extra_store(ws, a, times))] if a.extra else [])
     if not (run / "best" / "config.json").is_file():
         overrides = [x for kv in a.set for x in ("--" + kv.split("=")[0].replace("_", "-"), kv.split("=", 1)[1])]
-        stage(["train", "--config", str(QUICK), "--model", a.model, "--store", str(hidden), "--vocab", str(vocab),
-               "--out", str(run), "--overwrite", *overrides], times, "train")
+        stage(["train", "--config", str(QUICK), "--model", a.model, *[x for st in stores for x in ("--store", st)],
+               "--vocab", str(vocab), "--out", str(run), "--overwrite", *overrides], times, "train")
     ev = run / "eval.json"
-    if not ev.is_file():
+    if not ev.is_file() and not a.extra:   # a run over two stores has no held-out split in either: natural τ only
         stage(["eval", "--model", a.model, "--drafter", str(run), "--store", str(hidden), "-k", str(a.k),
                "--out", str(ev)], times, "eval")
     nat_ev = run / "eval_natural.json"
@@ -95,7 +113,7 @@ def point(ws: Path, n: int, a) -> dict:
     regen = prep.get("regeneration") or {}
     result = {"samples": n, "trained_tokens": prep["counts"]["loss_tokens"], "truncated_turns": regen.get("truncated_turns"),
               "regen_tokens_per_s": regen["new_tokens"] / regen["seconds"] if regen.get("seconds") else None,
-              "eval_tau_by_k": json.loads(ev.read_text())["accept_len_by_k"],
+              "eval_tau_by_k": json.loads(ev.read_text())["accept_len_by_k"] if ev.is_file() else [],
               "natural_eval": natural_eval(nat_ev) if a.natural_store else None,
               "natural": bench_tau(a.model, run, "natural", a.natural_limit, a.bench_tokens, a.k,
                                    run / "bench_natural.json", times, "bench_natural") if a.natural_limit else None,
@@ -117,7 +135,8 @@ def table(results: list[dict], k: int) -> str:
             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         s = r["seconds"]
-        minutes = sum(s.get(x, 0) for x in ("prepare", "capture", "vocab", "train")) / 60
+        minutes = sum(s.get(x, 0) for x in ("prepare", "capture", "vocab", "train", "prepare_extra",
+                                            "capture_extra")) / 60
         by_k = r["eval_tau_by_k"]
         ev = f"{by_k[k]:.2f}" if k < len(by_k) else "-"
         nat_ev = r.get("natural_eval")
@@ -172,6 +191,8 @@ def main() -> None:
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--natural-store", type=Path, default=None,
                     help="a store captured from the natural set's prompts: eval's τ on all of them")
+    ap.add_argument("--extra", default=None, help="SOURCE:N, e.g. pydoc:300: a second store of N conversations "
+                    "kept as written (no regeneration) that every point also trains on")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON, table and plot go")
     a = ap.parse_args()
     a.tag = f"-{a.label}" if a.label else ""
@@ -179,7 +200,7 @@ def main() -> None:
     name = f"data_scaling{a.tag}"
     from specdraft.infer.kernels import cpu_label   # torch: only once every point is done
 
-    report = {"cpu": cpu_label(), "k": a.k, "conversations": a.conversations, "settings": a.set,
+    report = {"cpu": cpu_label(), "k": a.k, "conversations": a.conversations, "extra": a.extra, "settings": a.set,
               "max_new_tokens": a.max_new_tokens, "natural_prompts": a.natural_limit, "holdout_prompts": a.holdout_limit,
               "bench_tokens": a.bench_tokens, "points": results}
     a.results.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,19 @@ def test_scaling_points_record_tau_and_stage_times_and_reuse_answers(tiny_target
         for method in point[prompts].values():
             assert method["tau"] >= 1.0 and method["identical_to_greedy"] is True
 
+    # the lever that needs no regeneration: a second store of Python's documentation, trained on beside
+    run_scaling(tiny_target, tmp_path, "--samples", "4", "--set", "epochs=1", "--label", "extra", "--extra", "pydoc:3",
+                "--natural-store", str(ws / "hidden-4"), "--natural-limit", "0", "--holdout-limit", "0")
+    report = json.loads((tmp_path / "results" / "data_scaling-extra.json").read_text())
+    point = report["points"][0]
+    assert report["extra"] == "pydoc:3" and {"prepare_extra", "capture_extra"} <= set(point["seconds"])
+    assert "eval" not in point["seconds"] and point["eval_tau_by_k"] == []    # no held-out split over two stores
+    assert len(point["natural_eval"]["tau_by_k"]) == 3
+    extra = json.loads((ws / "extra-pydoc-3" / "prepare.json").read_text())
+    assert extra["counts"]["samples"] == 3 and extra["counts"]["loss_tokens"] > 30 and not extra.get("regeneration")
+    config = (ws / "runs" / "4-extra" / "config.yaml").read_text()
+    assert str(ws / "hidden-4") in config and str(ws / "extra-pydoc-3-hidden") in config, config
+
 
 def test_long_context_benchmark_on_the_tiny_target(tiny_target, tmp_path):
     """benchmarks/long_context.py (issue 38) at toy size: train RSS and tok/s per row length, τ by

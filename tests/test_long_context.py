@@ -44,7 +44,7 @@ def test_bench_records_tau_by_context_per_drafting_method(tiny_target, tmp_path,
     prompts.write_text(json.dumps({"prompt": "say one two one two"}) + "\n")
     L = len(B.prompt_ids(load_target(str(tiny_target)).tokenizer, [{"role": "user", "content": "say one two one two"}]))
     edges = f"{L},{L + 12}"                                     # 24 new tokens cross the second
-    report = B.run_bench(str(tiny_target), "untrained:64", str(prompts), "greedy,ngram,eagle3", 24, "3", None,
+    report = B.run_bench(str(tiny_target), "untrained:64", str(prompts), "greedy,ngram,eagle3", 24, 3, None,
                          1, None, (1, 3), None, "cpu", "float32", False, None, edges)
     assert report["config"]["context_buckets"] == [L, L + 12]
     assert "by_context" not in report["methods"]["greedy"]

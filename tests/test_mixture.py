@@ -32,6 +32,7 @@ def write_jsonl(path, records):
 def test_which_sources_are_mixtures(tmp_path):
     existing = write_jsonl(tmp_path / "a:1.jsonl", conversations("a", 1))
     assert is_mixture("builtin:0.5,self:0.5") and is_mixture("builtin:0.7") and is_mixture("a.jsonl:1,b.jsonl:1")
+    assert is_mixture("pydoc:1,builtin:1") and is_mixture("pydoc:0.5") and not is_mixture("pydoc")
     assert is_mixture("builtin:x") and is_mixture("org/ds:2")       # refused by parse_mixture, not read as a hub id
     for single in ["builtin", "self", "self:5", "org/ds", "data.jsonl", str(existing)]:
         assert not is_mixture(single), single
@@ -110,6 +111,32 @@ def test_a_file_mixture_draws_seeded_shares_and_records_them(tiny_target, tmp_pa
         with pytest.raises(SpecdraftError, match=rf"^--conversations {a}:1,{part}:1: part '{part}' is questions "
                                                  "without answers; pass --regenerate"):
             prepare(str(tiny_target), f"{a}:1,{part}:1", tmp_path / "no-regen", limit=4)
+
+
+def test_pydoc_answers_are_pythons_documentation_as_written(tiny_target, tmp_path):
+    """`--conversations pydoc`: chat turns whose answers are the interpreter's documentation, the data
+    that needs no regeneration (the teacher is the target at every position anyway); seeded, a part
+    of a mixture like any file, and questions only under --regenerate (the target answers them)."""
+    from specdraft.data.conversations import load_conversations
+    from specdraft.data.documents import PYDOC_ANSWER_CHARS, pydoc_pairs
+
+    pairs = pydoc_pairs()
+    assert len(pairs) > 300 and all(0 < len(a) <= PYDOC_ANSWER_CHARS for _, a in pairs)
+    assert any(q == "Explain the Python topic 'pass'." for q, _ in pairs)           # the language reference
+    assert any(q.startswith("What does `json.") for q, _ in pairs)                   # stdlib docstrings, by ast
+    meta = prepare(str(tiny_target), "pydoc", tmp_path / "docs", limit=5)
+    ds, _ = load_prepared(tmp_path / "docs")
+    turns = [json.loads(m) for m in ds["messages"]]
+    assert meta["counts"]["samples"] == 5 and [t["role"] for t in turns[0]] == ["user", "assistant"]
+    assert all((t[0]["content"], t[1]["content"]) in set(pairs) for t in turns)
+    assert meta["counts"]["loss_tokens"] > 5 * 20 and not meta.get("regeneration")
+    again = [c.messages for c in load_conversations("pydoc", seed=0, limit=5)]
+    assert again == turns and again != [c.messages for c in load_conversations("pydoc", seed=1, limit=5)]
+    asked = list(load_conversations("pydoc", limit=2, regenerate=True))
+    assert [[t["role"] for t in c.messages] for c in asked] == [["user"], ["user"]]
+    a = write_jsonl(tmp_path / "a.jsonl", conversations("alpha", 6))
+    mixed = prepare(str(tiny_target), f"{a}:1,pydoc:1", tmp_path / "mixed", limit=4)
+    assert [p["source"] for p in mixed["mixture"]] == [str(a), "pydoc"] and mixed["counts"]["samples"] == 4
 
 
 def test_builtin_and_self_mixture_prepares_on_the_tiny_target(tiny_target, tmp_path):

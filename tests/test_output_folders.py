@@ -395,6 +395,22 @@ def test_eval_val_split_on_another_store_is_refused(ws, run, monkeypatch, capsys
     assert not any("trained on" in w or "may include" in w for w in unseen["warnings"]), unseen["warnings"]
 
 
+def test_eval_val_split_of_a_run_over_several_stores_names_a_fix_that_parses(tmp_path, monkeypatch):
+    """A run trained with --store A --store B records "A + B"; `eval --store A + B` does not parse (eval
+    reads one store), so the refusal says --split all instead of suggesting it."""
+    from specdraft.analysis import evaluate as E
+
+    monkeypatch.setattr(E, "store_mismatch", lambda *a: "its inputs.json records another fingerprint")
+    monkeypatch.setattr(E, "trained_store_of", lambda checkpoint: ({"store": "ws/a + ws/b"}, "inputs.json"))
+    with pytest.raises(SpecdraftError) as err:
+        E.check_trained_store(tmp_path, None, "ws/c", {})
+    line = str(err.value)
+    assert "several stores (ws/a + ws/b)" in line and "--split all" in line and "--store ws/a" not in line, line
+    monkeypatch.setattr(E, "trained_store_of", lambda checkpoint: ({"store": "ws/a"}, "inputs.json"))
+    with pytest.raises(SpecdraftError, match="pass --store ws/a [(]the run's own[)]"):
+        E.check_trained_store(tmp_path, None, "ws/c", {})
+
+
 def test_eval_of_an_export_leaves_out_its_training_samples(ws, run, tmp_path):
     """Issue 36: the folder a user ships was scored on all the store's samples, its own training data
     included, with no word. The export carries the run's inputs.json and split, so eval of it uses the

@@ -82,9 +82,12 @@ def check_trained_store(checkpoint: Path, hidden: HiddenStore, store, run_cfg: d
     why = store_mismatch(checkpoint, hidden, store, run_cfg)
     if why:
         trained = trained_store_of(checkpoint)[0].get("store") or run_cfg.get("store")
+        several = isinstance(trained, list) or " + " in str(trained)     # train --store A --store B: their union
+        fix = (f"the run trained on several stores ({trained}), whose union eval does not read: pass --split all "
+               "with a store it did not train on" if several else
+               f"pass --store {trained} (the run's own) for its held-out samples, or --split all")
         raise SpecdraftError(f"--split val: {store} is not the store the run trained on ({why}), so the run's "
-                             f"held-out samples are not there; pass --store {trained} (the run's own) for its "
-                             "held-out samples, or --split all")
+                             f"held-out samples are not there; {fix}")
 
 
 def training_split_of(checkpoint: Path) -> dict:

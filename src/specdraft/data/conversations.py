@@ -31,9 +31,10 @@ class Conversation:
 
 
 def source_kind(source: str) -> str:
-    """'builtin', 'self' (the target writes the questions), 'file' or 'hub' (a dataset id such as org/name)."""
-    if source == "builtin":
-        return "builtin"
+    """'builtin', 'self' (the target writes the questions), 'pydoc' (Python's documentation as answers),
+    'file' or 'hub' (a dataset id such as org/name)."""
+    if source in ("builtin", "pydoc"):
+        return source
     if source == "self" or source.startswith("self:"):
         return "self"
     path = Path(source)
@@ -197,6 +198,12 @@ def load_conversations(source: str, split: str = "train", seed: int = 0, limit: 
 
         for i, prompt in enumerate(builtin_prompts(limit, seed=seed, split="train")):
             yield Conversation(messages=[{"role": "user", "content": prompt}], where=f"builtin prompt {i}")
+        return
+    if source == "pydoc":                # answers as written: the teacher is the target at every position anyway
+        from specdraft.data.documents import pydoc_conversations
+
+        for i, messages in enumerate(pydoc_conversations(seed, limit, answers=not regenerate)):
+            yield Conversation(messages=messages, where=f"pydoc conversation {i}")
         return
     if source_kind(source) == "self":   # written by the target once it is loaded (data/self_prompts.py)
         if not regenerate:

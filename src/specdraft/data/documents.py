@@ -145,3 +145,47 @@ def long_prompts(count: int, max_tokens: int, count_tokens: Callable[[str], int]
         doc = build_document(i, max(n - words, 1), count_tokens)
         convs.append([{"role": "user", "content": task_prompt(task, doc)}])
     return convs
+
+
+# --- `prepare --conversations pydoc`: chat answers that are Python's own documentation ----------------------------
+
+PYDOC = "pydoc"
+PYDOC_ANSWER_CHARS = 2400        # about 600 tokens: one answer's length at most
+
+
+def pydoc_pairs() -> list[tuple[str, str]]:
+    """(question, answer) pairs whose answers are the interpreter's documentation, no import of
+    what they document: the language reference's topics (pydoc_data) and the docstrings of the
+    standard library's modules, classes and functions, read with `ast` (only those over 300
+    characters: a sentence or two teaches little). Sorted, so the same interpreter gives the same list."""
+    import ast
+
+    from pydoc_data.topics import topics
+
+    pairs = [(f"Explain the Python topic '{name}'.", text.strip()) for name, text in sorted(topics.items())]
+    for path in stdlib_files():
+        try:
+            tree = ast.parse(read(path))
+        except (SyntaxError, ValueError):
+            continue
+        module = path.stem if path.stem != "__init__" else path.parent.name
+        doc = ast.get_docstring(tree)
+        if doc and len(doc) > 200:
+            pairs.append((f"What is the Python module `{module}` for?", doc))
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 300:
+                    pairs.append((f"What does `{module}.{node.name}` do?", doc))
+    return [(q, a[:PYDOC_ANSWER_CHARS]) for q, a in pairs]
+
+
+def pydoc_conversations(seed: int, limit: int | None, answers: bool) -> list[list[dict]]:
+    """`limit` of pydoc_pairs in --seed's order as chat turns; answers=False keeps the questions only
+    (--regenerate: the target answers them)."""
+    import random
+
+    pairs = pydoc_pairs()
+    random.Random(seed).shuffle(pairs)
+    return [[{"role": "user", "content": q}] + ([{"role": "assistant", "content": a}] if answers else [])
+            for q, a in pairs[:limit]]

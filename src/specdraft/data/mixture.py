@@ -1,6 +1,6 @@
 """`prepare --conversations builtin:0.5,self:0.5`: a mixture of the sources prepare already reads.
 
-Each part is SOURCE:WEIGHT, SOURCE one of `builtin`, `self`, a .jsonl/.json/.parquet file or a
+Each part is SOURCE:WEIGHT, SOURCE one of `builtin`, `self`, `pydoc`, a .jsonl/.json/.parquet file or a
 hub dataset id (org/name). The weights are shares of --limit (positive, normalised), and the
 mixture holds exactly --limit conversations: each part's count is its share of --limit, rounded
 by largest remainder so that the counts sum to --limit. Each part draws its count in a seeded
@@ -22,12 +22,12 @@ from specdraft.data.conversations import Conversation, load_conversations, sourc
 from specdraft.errors import SpecdraftError
 
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
-PARTS_HELP = "each part is builtin, self, a .jsonl/.json/.parquet file or a hub dataset id (org/name)"
+PARTS_HELP = "each part is builtin, self, pydoc, a .jsonl/.json/.parquet file or a hub dataset id (org/name)"
 
 
 @dataclass
 class Part:
-    source: str     # builtin, self, a file path or a hub dataset id
+    source: str     # builtin, self, pydoc, a file path or a hub dataset id
     weight: float   # as written
     share: float    # weight / sum of the weights
     samples: int    # conversations drawn from it: its share of --limit
@@ -45,7 +45,7 @@ def is_mixture(source: str) -> bool:
     if source == "self" or source.startswith("self:") or Path(source).expanduser().exists():
         return False
     name, sep, weight = source.rpartition(":")
-    return bool(sep) and (name == "builtin" or bool(name) and is_number(weight))
+    return bool(sep) and (name in ("builtin", "pydoc") or bool(name) and is_number(weight))
 
 
 def is_number(text: str) -> bool:
