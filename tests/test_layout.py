@@ -9,8 +9,6 @@ SRC = Path(__file__).parent.parent / "src"
 TRAIN = SRC / "specdraft" / "train"
 MAX_FUNCTION_BODY = 60      # lines
 MAX_LOOP = 250              # lines of train/loop.py
-# issue 39: data/store.py's read_manifest is the other half of issue 39's (a pydantic model replaces it)
-LONG_FUNCTIONS_ALLOWED = {"data/store.py:read_manifest"}
 
 
 def function_lengths(path: Path) -> dict[str, int]:
@@ -70,7 +68,7 @@ def long_functions(package: Path) -> dict[str, int]:
 
 
 def test_no_function_in_src_is_over_60_lines():
-    long = {name: n for name, n in long_functions(SRC / "specdraft").items() if name not in LONG_FUNCTIONS_ALLOWED}
+    long = long_functions(SRC / "specdraft")
     assert not long, f"functions over {MAX_FUNCTION_BODY} lines in src/specdraft: {long}"
 
 
