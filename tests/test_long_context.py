@@ -321,3 +321,51 @@ def test_the_recipes_max_tokens_keeps_long_samples_for_long_rows(tmp_path):
     args = prepare_args("default", "builtin", long, "hf", tmp_path / "data")
     assert long.max_tokens == 8192 and args[args.index("--max-length") + 1] == "8192"
     assert_parses(" ".join(args), {"id": "recipe"})                       # the real CLI takes it
+
+
+def test_our_proposer_drafts_with_the_window_it_was_trained_with():
+    """A sliding-window drafter drafts in our loop as vLLM serves it: the query at position q sees keys
+    q - window + 1 .. q only. Keys and values of the one decoder layer depend on their own position's
+    input alone and RoPE on relative positions, so with a window W the last position's draft equals the
+    draft over the last W positions alone (catch-up, then each chain step, then the tree); without the
+    window it does not (the check can fail)."""
+    from specdraft.infer.sampling import Sampling
+    from specdraft.infer.tree import TreeShape
+    from specdraft.model.common.chain import causal_chunk_mask
+    from specdraft.model.eagle3.config import DrafterConfig
+    from specdraft.model.eagle3.module import Eagle3Drafter
+    from specdraft.model.eagle3.proposer import EagleProposer
+    from specdraft.testing import tiny_llama
+
+    assert causal_chunk_mask(5, 1, "cpu") is None and causal_chunk_mask(3, 1, "cpu", window=4) is None
+    m = causal_chunk_mask(4, 2, "cpu", window=3)[0, 0]                       # queries at positions 4, 5
+    assert m.tolist() == [[False, False, True, True, True, False], [False, False, False, True, True, True]]
+    torch.manual_seed(0)
+    target = tiny_llama(vocab_size=100, hidden_size=32, num_layers=8, num_heads=4, num_kv_heads=2)
+    W, P = 6, 20
+    aux = torch.randn(P, 3, 32)
+    tokens = torch.randint(3, 100, (P + 1,)).tolist()
+
+    def drafts(window: int, last: int, tree=None):
+        cfg = DrafterConfig.from_target(target.config, draft_vocab_size=100, aux_layer_ids=[2, 4, 5],
+                                        sliding_window=window)
+        torch.manual_seed(1)
+        proposer = EagleProposer(Eagle3Drafter(cfg), k=4, tree=tree)
+        proposer.observe(aux[-last:])
+        logits, hidden = proposer.catch_up(tokens[-last - 1:])
+        chain = [logits]
+        for step in range(3):
+            logits, hidden = proposer.step(logits.argmax(), hidden, last + step)
+            chain.append(logits)
+        proposer.reset()
+        proposer.observe(aux[-last:])
+        draft = proposer.propose(tokens[-last - 1:], 8, Sampling(), torch.Generator())
+        return torch.stack(chain), draft.tokens
+
+    windowed, windowed_tree = drafts(W, P, TreeShape(depth=3, topk=2, total=5))
+    alone, alone_tree = drafts(W, W, TreeShape(depth=3, topk=2, total=5))
+    full, _ = drafts(0, P)
+    assert torch.allclose(windowed[0], alone[0], atol=1e-5)                  # catch-up's last position
+    assert torch.allclose(windowed, alone, atol=1e-4)                        # each chain step (window 6 > K)
+    assert windowed_tree == alone_tree
+    assert not torch.allclose(full[0], alone[0], atol=1e-3)                  # the whole context differs

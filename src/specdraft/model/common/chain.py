@@ -9,12 +9,19 @@ from specdraft.infer.sampling import Sampling, probabilities, sample
 from specdraft.infer.tree import Draft
 
 
-def causal_chunk_mask(cached: int, new: int, device) -> torch.Tensor | None:
-    """bool [1,1,new,cached+new]: new queries see every cached key and the new keys up to their own."""
-    if new == 1:
+def causal_chunk_mask(cached: int, new: int, device, window: int = 0) -> torch.Tensor | None:
+    """bool [1,1,new,cached+new]: new queries see every cached key and the new keys up to their own
+    (None where that is every key). The cache holds positions 0..cached-1 in order, so with a sliding
+    `window` (the drafter's config) query position q also stops seeing keys q - window and older, as
+    its training mask (eagle3 ttt_mask) and a serving engine's sliding window do."""
+    if new == 1 and (window <= 0 or cached < window):
         return None
-    return torch.cat([torch.ones(new, cached, dtype=torch.bool, device=device),
-                      torch.ones(new, new, dtype=torch.bool, device=device).tril()], dim=1)[None, None]
+    q = torch.arange(cached, cached + new, device=device)[:, None]                 # [new, 1] positions
+    j = torch.arange(cached + new, device=device)[None, :]                         # [1, cached+new]
+    seen = j <= q
+    if window > 0:
+        seen &= (q - j) < window
+    return seen[None, None]
 
 
 def draw_chain(logits: torch.Tensor, advance, k: int, sampling: Sampling, generator: torch.Generator,

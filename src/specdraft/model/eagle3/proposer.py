@@ -44,6 +44,7 @@ class EagleProposer:
         self.draft_target_ids = drafter.draft_to_target(torch.arange(drafter.config.draft_vocab_size,
                                                                      device=self.param.device))
         self.position_ids = torch.arange(1024, device=self.param.device)[None]  # [1, N], sliced per step
+        self.window = int(getattr(drafter.config, "sliding_window", 0) or 0)     # 0: the whole context
         self.reset()
 
     @property
@@ -79,8 +80,9 @@ class EagleProposer:
         """One chain draft step: target id (a tensor, no host round trip), hidden [1, H] at `position`
         -> (logits [Vd], hidden_out [1, H])."""
         with self.profile.timed("draft_s"):
+            mask = causal_chunk_mask(position, 1, self.param.device, self.window) if self.window else None
             logits, hidden_out = self.drafter(target_id.view(1, 1), hidden.view(1, 1, -1),
-                                              self.positions(position, 1), None, self.cache)
+                                              self.positions(position, 1), mask, self.cache)
         return logits[0, -1], hidden_out[0]
 
     def catch_up(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +97,7 @@ class EagleProposer:
         with self.profile.timed("draft_s"), rows:
             hidden = self.drafter.combine_aux(aux.flatten(-2))                     # [P, n_aux*H] -> [P, H]
             out = self.drafter.decode(ids, hidden[None], self.positions(start, n),
-                                      causal_chunk_mask(start, n, self.param.device), self.cache)[:, -1:]
+                                      causal_chunk_mask(start, n, self.param.device, self.window), self.cache)[:, -1:]
             logits = self.drafter.compute_logits(out)                              # [1, 1, Vd]
             hidden_out = self.drafter.feedback(out)
         return logits[0, -1], hidden_out[0]
@@ -164,7 +166,7 @@ class EagleProposer:
             fed = len(slot_of)
             n = len(frontier)
             mask = torch.zeros(n, real + fed + n, dtype=torch.bool)                # [F, cache+F]
-            mask[:, :real] = True
+            mask[:, max(0, t + d - self.window) if self.window else 0:real] = True   # the window: as in training
             for row, node in enumerate(frontier):
                 mask[row, real + fed + row] = True
                 anc = node_parent[node]

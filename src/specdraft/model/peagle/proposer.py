@@ -49,8 +49,9 @@ class PeagleProposer(EagleProposer):
         with self.profile.timed("draft_s"), rows:
             hidden = torch.cat([self.drafter.combine_aux(aux.flatten(-2)),         # [P, H]
                                 self.drafter.mask_slots(slots)])                   # + [K-1, H]
-            out = self.drafter.decode(ids, hidden[None], self.positions(start, n + slots),
-                                      causal_chunk_mask(start, n + slots, dev), self.cache)[:, n - 1:]   # [1, K, H]
+            mask = causal_chunk_mask(start, n + slots, dev, self.window)
+            out = self.drafter.decode(ids, hidden[None], self.positions(start, n + slots), mask,
+                                      self.cache)[:, n - 1:]                       # [1, K, H]
             self.rows = self.drafter.compute_logits(out)[0]                        # [K, Vd]
         self.cache.crop(start + n)                                                 # the real positions only
         self.root = start + n - 1
