@@ -13,7 +13,7 @@ def causal_chunk_mask(cached: int, new: int, device, window: int = 0) -> torch.T
     """bool [1,1,new,cached+new]: new queries see every cached key and the new keys up to their own
     (None where that is every key). The cache holds positions 0..cached-1 in order, so with a sliding
     `window` (the drafter's config) query position q also stops seeing keys q - window and older, as
-    its training mask (eagle3 ttt_mask) and a serving engine's sliding window do."""
+    its training mask and a serving engine's sliding window do."""
     if new == 1 and (window <= 0 or cached < window):
         return None
     q = torch.arange(cached, cached + new, device=device)[:, None]                 # [new, 1] positions
