@@ -79,10 +79,12 @@ def store_mismatch(checkpoint: Path, hidden: HiddenStore, store, run_cfg: dict) 
 def check_trained_store(checkpoint: Path, hidden: HiddenStore, store, run_cfg: dict) -> None:
     """--split val means the run's held-out samples, which exist only in the store it trained on: on
     another store the same seed and fraction pick samples the run may have trained on."""
+    from specdraft.train.inputs import STORE_SEPARATOR
+
     why = store_mismatch(checkpoint, hidden, store, run_cfg)
     if why:
         trained = trained_store_of(checkpoint)[0].get("store") or run_cfg.get("store")
-        several = isinstance(trained, list) or " + " in str(trained)     # train --store A --store B: their union
+        several = isinstance(trained, list) or STORE_SEPARATOR in str(trained)   # --store A --store B: their union
         fix = (f"the run trained on several stores ({trained}), whose union eval does not read: pass --split all "
                "with a store it did not train on" if several else
                f"pass --store {trained} (the run's own) for its held-out samples, or --split all")

@@ -1,6 +1,6 @@
 """Long documents made from text that ships on every machine, and long-context prompts over them.
 
-`bench --prompts long` (and, later, prepare as a conversation source) needs prompts of thousands of
+`bench --prompts long` needs prompts of thousands of
 tokens without a download: the running interpreter's own standard library (its source with its
 docstrings, found through `sysconfig`) and the licence texts beside it (the interpreter's LICENSE.txt,
 /usr/share/common-licenses where the system has them). Everything is a pure function of those files,
@@ -10,6 +10,9 @@ A prompt is one of three tasks over a document: summarize it, answer a question 
 it defines), or continue it from where it stops. Lengths are spread geometrically from
 MIN_TOKENS up to the bound (the target's context less the answer's room), so every context bucket
 of `bench`'s τ-by-context gets prompts.
+
+`prepare --conversations pydoc` reads the same standard library for chat turns whose answers are its
+documentation (`pydoc_pairs`): training data that needs no regeneration.
 """
 
 from __future__ import annotations
@@ -149,7 +152,6 @@ def long_prompts(count: int, max_tokens: int, count_tokens: Callable[[str], int]
 
 # --- `prepare --conversations pydoc`: chat answers that are Python's own documentation ----------------------------
 
-PYDOC = "pydoc"
 PYDOC_ANSWER_CHARS = 2400        # about 600 tokens: one answer's length at most
 
 

@@ -14,6 +14,8 @@ from specdraft.train.batches import StoreBatches, split_samples
 from specdraft.train.config import RunConfig
 from specdraft.train.runtime import Runtime, TrainData
 
+STORE_SEPARATOR = " + "      # how a run over several stores (--store A --store B) names its data: "A + B"
+
 
 def store_data(cfg: RunConfig, runtime: Runtime) -> TrainData:
     """The default data: packed batches from the hidden store (or the union of its parts), split by sample."""
@@ -26,7 +28,8 @@ def store_data(cfg: RunConfig, runtime: Runtime) -> TrainData:
     data = store.manifest.get("data") if isinstance(store.manifest.get("data"), dict) else {}
     identity = {"data_fingerprint": data.get("fingerprint", ""), "num_samples": len(store),
                 "num_tokens": store.num_tokens, "store_format": store.store_format}
-    return TrainData(train, val, store.hidden_size, store.layer_ids, store.target, " + ".join(cfg.stores), identity)
+    return TrainData(train, val, store.hidden_size, store.layer_ids, store.target, STORE_SEPARATOR.join(cfg.stores),
+                     identity)
 
 
 def training_target(cfg: RunConfig):
