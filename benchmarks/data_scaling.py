@@ -10,7 +10,7 @@ The same harness is the source and lever ablation: `--conversations self:N` or a
 `--max-new-tokens 256` a lever, each against the plain run at equal samples. `--extra SOURCE:N` is
 the lever of data that needs no regeneration: N conversations of SOURCE (e.g. `pydoc`, Python's own
 documentation as the answers) prepared as written and captured into a second store, and every
-point trains over both stores (its held-out eval is then left out: the union's split is in neither store).
+point trains over both stores (its held-out eval reads their union: `eval --store A --store B`).
 
 For each sample count N: `specdraft prepare` (the target regenerates N answers; answers already in
 another point's regen.jsonl are reused, so a curve costs its largest point), `capture`, `vocab build`
@@ -102,9 +102,9 @@ def point(ws: Path, n: int, a) -> dict:
         stage(["train", "--config", str(QUICK), "--model", a.model, *[x for st in stores for x in ("--store", st)],
                "--vocab", str(vocab), "--out", str(run), "--overwrite", *overrides], times, "train")
     ev = run / "eval.json"
-    if not ev.is_file() and not a.extra:   # a run over two stores has no held-out split in either: natural τ only
-        stage(["eval", "--model", a.model, "--drafter", str(run), "--store", str(hidden), "-k", str(a.k),
-               "--out", str(ev)], times, "eval")
+    if not ev.is_file():   # over both stores with --extra: the run's held-out samples are in their union
+        stage(["eval", "--model", a.model, "--drafter", str(run), *[x for st in stores for x in ("--store", st)],
+               "-k", str(a.k), "--out", str(ev)], times, "eval")
     nat_ev = run / "eval_natural.json"
     if a.natural_store and not nat_ev.is_file():
         stage(["eval", "--model", a.model, "--drafter", str(run), "--store", str(a.natural_store), "--split", "all",

@@ -396,8 +396,8 @@ def test_eval_val_split_on_another_store_is_refused(ws, run, monkeypatch, capsys
 
 
 def test_eval_val_split_of_a_run_over_several_stores_names_a_fix_that_parses(tmp_path, monkeypatch):
-    """A run trained with --store A --store B records "A + B"; `eval --store A + B` does not parse (eval
-    reads one store), so the refusal says --split all instead of suggesting it."""
+    """A run trained with --store A --store B records "A + B"; the refusal on another store names the
+    flags that read their union (`--store A --store B`), never "A + B", which does not parse."""
     from specdraft.analysis import evaluate as E
 
     monkeypatch.setattr(E, "store_mismatch", lambda *a: "its inputs.json records another fingerprint")
@@ -405,9 +405,9 @@ def test_eval_val_split_of_a_run_over_several_stores_names_a_fix_that_parses(tmp
     with pytest.raises(SpecdraftError) as err:
         E.check_trained_store(tmp_path, None, "ws/c", {})
     line = str(err.value)
-    assert "several stores (ws/a + ws/b)" in line and "--split all" in line and "--store ws/a" not in line, line
+    assert "pass --store ws/a --store ws/b (the run's own" in line and "--split all" in line, line
     monkeypatch.setattr(E, "trained_store_of", lambda checkpoint: ({"store": "ws/a"}, "inputs.json"))
-    with pytest.raises(SpecdraftError, match="pass --store ws/a [(]the run's own[)]"):
+    with pytest.raises(SpecdraftError, match="pass --store ws/a [(]the run's own"):
         E.check_trained_store(tmp_path, None, "ws/c", {})
 
 

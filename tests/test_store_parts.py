@@ -72,6 +72,16 @@ def test_two_part_run_gives_the_metrics_of_the_one_store_run(captured, tmp_path)
     two = train(config(captured, tmp_path / "two", [str(root / "p1"), str(root / "p2")]))
     assert one["val"] and one["val"] == two["val"] and one["tokens_seen"] == two["tokens_seen"]
     assert metrics(tmp_path / "one") == metrics(tmp_path / "two")
+    # eval reads the union as train did (`eval --store A --store B`): the same held-out samples, the same τ
+    from specdraft.analysis.evaluate import evaluate
+
+    parts = [root / "p1", root / "p2"]
+    of_one = evaluate(tmp_path / "one", root / "whole", model=captured["model"], steps=2)
+    of_two = evaluate(tmp_path / "two", parts, model=captured["model"], steps=2)
+    assert "held-out samples of the run" in of_two["split"] and of_two["samples"] == of_one["samples"] > 0
+    assert of_two["accept_len_by_k"] == of_one["accept_len_by_k"] and of_two["store"] == f"{parts[0]} + {parts[1]}"
+    with pytest.raises(SpecdraftError, match=f"pass --store {parts[0]} --store {parts[1]} [(]the run's own"):
+        evaluate(tmp_path / "two", parts[0], model=captured["model"], steps=2)
 
 
 def metrics(run) -> list[dict]:

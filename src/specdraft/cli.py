@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -218,7 +218,7 @@ app.command("train", cls=PlainCommand)(numbers_checked_first(train_command, skip
 @command(app, "eval")
 def eval_cmd(
     drafter: str = typer.Option(..., "--drafter", help=DRAFTER_HELP),
-    store: Path = typer.Option(..., "--store", help=STORE_HELP),
+    store: List[Path] = typer.Option(..., "--store", help=STORE_HELP + " Here: repeated for a run over several."),
     model: str = MODEL,
     split: str = typer.Option("val", help="Which part of the data. Here: val (the run's held-out samples) or all "
                               "(training samples included)."),
@@ -232,9 +232,9 @@ def eval_cmd(
     from specdraft.analysis.evaluate import evaluate, format_result
     from specdraft.io import write_json
 
-    check_out(out, [drafter, store], ".json")
-    result = evaluate(drafter, store, model=model, split=split, steps=draft_length, trust_remote_code=trust_remote_code,
-                      context_buckets=context_buckets)
+    check_out(out, [drafter, *store], ".json")
+    result = evaluate(drafter, store[0] if len(store) == 1 else store, model=model, split=split, steps=draft_length,
+                      trust_remote_code=trust_remote_code, context_buckets=context_buckets)
     say(result["warnings"])
     print(json.dumps(result, indent=2) if as_json else format_result(result))
     if out is not None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from specdraft import run_layout
 from specdraft.analysis.probe import drafter_metrics_by_context
 from specdraft.data.store import HiddenStore
+from specdraft.data.store_parts import open_stores
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
@@ -21,6 +22,7 @@ from specdraft.metrics import by_context_section, by_context_text, parse_context
 from specdraft.progress import track
 from specdraft.targets import load_target, same_target
 from specdraft.train.batches import StoreBatches, split_samples
+from specdraft.train.inputs import STORE_SEPARATOR
 
 
 def run_config_of(drafter: Path) -> dict:
@@ -71,23 +73,26 @@ def store_mismatch(checkpoint: Path, hidden: HiddenStore, store, run_cfg: dict) 
         if was and have and was != have:
             return f"{where} records {key} {was}, {store} has {have}"
     trained = saved.get("store") or run_cfg.get("store")
-    if not saved and (not trained or Path(str(trained)).resolve() != Path(store).resolve()):
+    if not saved and (not trained or resolved(trained) != resolved(store)):
         return f"the run records no fingerprint of its training store and {store} is not the store its config.yaml names ({trained})"
     return None
+
+
+def resolved(stores) -> list[Path]:
+    """A store, several (a list), or their union's name ("A + B") as resolved paths, to compare."""
+    names = stores if isinstance(stores, list) else str(stores).split(STORE_SEPARATOR)
+    return [Path(str(s)).resolve() for s in names]
 
 
 def check_trained_store(checkpoint: Path, hidden: HiddenStore, store, run_cfg: dict) -> None:
     """--split val means the run's held-out samples, which exist only in the store it trained on: on
     another store the same seed and fraction pick samples the run may have trained on."""
-    from specdraft.train.inputs import STORE_SEPARATOR
-
     why = store_mismatch(checkpoint, hidden, store, run_cfg)
     if why:
         trained = trained_store_of(checkpoint)[0].get("store") or run_cfg.get("store")
-        several = isinstance(trained, list) or STORE_SEPARATOR in str(trained)   # --store A --store B: their union
-        fix = (f"the run trained on several stores ({trained}), whose union eval does not read: pass --split all "
-               "with a store it did not train on" if several else
-               f"pass --store {trained} (the run's own) for its held-out samples, or --split all")
+        parts = trained if isinstance(trained, list) else str(trained).split(STORE_SEPARATOR)
+        fix = (f"pass --store {' --store '.join(map(str, parts))} (the run's own, in its order) for its held-out "
+               "samples, or --split all")
         raise SpecdraftError(f"--split val: {store} is not the store the run trained on ({why}), so the run's "
                              f"held-out samples are not there; {fix}")
 
@@ -142,14 +147,16 @@ def chain_accept_lengths(cond_acc: list[float]) -> list[float]:
 FEW_SAMPLES = 8   # held-out samples below which eval warns that τ is noise
 
 
-def evaluate(drafter: str | Path, store: str | Path, model: str = "default", split: str = "val",
+def evaluate(drafter: str | Path, store: str | Path | list, model: str = "default", split: str = "val",
              steps: int = DRAFT_LENGTH, max_tokens: int = 2048, trust_remote_code: bool = False,
              context_buckets: str | None = None) -> dict:
     if split not in ("val", "all"):
         raise SpecdraftError(f"--split {split}: use val (the run's held-out samples) or all")
     context_edges = parse_context_buckets(context_buckets)   # before any loading: a bad list is one line
     checkpoint = resolve_checkpoint(str(drafter))
-    hidden = HiddenStore(store)
+    stores = list(store) if isinstance(store, (list, tuple)) else [store]
+    hidden = open_stores(stores)             # several: their union, split as train split it
+    store = STORE_SEPARATOR.join(map(str, stores))
     target = load_target(model, trust_remote_code=trust_remote_code)
     if not same_target(hidden.target.get("fingerprint"), target.identity):
         raise SpecdraftError(f"{store}: captured from {hidden.target.get('id')} but --model is {target.name} "
