@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -89,3 +91,25 @@ def test_long_context_benchmark_on_the_tiny_target(tiny_target, tmp_path):
         assert b["k"] == 2 and b["identical_to_greedy"] is True and sum(rounds) > 0
     table = (tmp_path / "results" / "long_context-tiny.md").read_text()
     assert "| 256 |" in table and "untrained:32" in table and "rounds" in table
+
+
+def test_ngram_datastore_replay_gives_bench_tau_without_the_target(tmp_path):
+    """benchmarks/ngram_datastore.py replays n-gram over answers the target wrote: τ per round as a bench
+    counts it, with and without a datastore; a datastore holding the answers lifts it."""
+    from specdraft.data.prepared import save_prepared
+
+    answer = [50 + (i * 7) % 31 for i in range(40)]          # a greedy answer that repeats little
+    rows = {"input_ids": [[1, 2, 3] + answer], "loss_mask": [[0, 0, 0] + [1] * 40], "messages": ["[]"]}
+    save_prepared(tmp_path / "natural", rows, {"source": "test"})
+    save_prepared(tmp_path / "train", {**rows, "input_ids": [[9, 9, 9] + answer]}, {"source": "test"})
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ngram_datastore.py"), "--natural",
+                           str(tmp_path / "natural"), "--datastore", f"train={tmp_path / 'train'}", "-k", "3",
+                           "--results", str(tmp_path / "results")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "results" / "ngram_datastore.json").read_text())["rows"]
+    whole = {r["datastore"]: r for r in rows if r["prompts"].startswith("all 1 prompts")}
+    plain, stored = whole["none (the context only)"], whole["train"]
+    assert stored["tokens"] == 40 and stored["tau"] > plain["tau"] + 1 and stored["tau"] <= 4
+    # the replay's rounds: 40 tokens in rounds of at most K + 1
+    assert stored["rounds"] >= 10 and plain["rounds"] * plain["tau"] == pytest.approx(40)
+    assert "| train | 40 |" in (tmp_path / "results" / "ngram_datastore.md").read_text()

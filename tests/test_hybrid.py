@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdraft.infer.hybrid import HybridProposer, union
-from specdraft.infer.ngram import NgramProposer, lookup_match
+from specdraft.infer.ngram import Datastore, NgramProposer, draft_tokens, lookup_match
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import Profile, generate
 from specdraft.infer.tree import greedy_path
@@ -115,3 +115,58 @@ def test_first_token_of_a_round_keeps_the_targets_distribution_with_hybrid_sampl
     top = p.topk(3).indices
     for t in top:
         assert abs(counts[t] / n - p[t]) < 4 * (p[t] * (1 - p[t]) / n) ** 0.5 + 0.01, (int(t), float(p[t]))
+
+
+# ----------------------------------------------------------------------------- the datastore (bench --datastore)
+
+def test_datastore_drafts_the_targets_most_frequent_continuation_where_the_context_repeats_nothing():
+    """The context's own match of 2+ tokens first (answers repeat their context), else the continuation
+    the target wrote most often after the context's last 2-4 tokens, else the context's 1-token match."""
+    store = Datastore([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5, 6], [7, 8, 9]])
+    assert store.lookup([9, 1, 2], 2) == [3, 4]             # (1, 2): 3, 4 twice, 5, 6 once
+    assert store.lookup([0, 7, 8], 3) == [9]                 # what the answer had, however short
+    assert store.lookup([5, 5], 2) == [] and store.lookup([2], 2) == []   # no 2-token key: nothing
+    assert draft_tokens([1, 2, 7, 0, 1, 2], 2, 3, 1, store) == ([7, 0], 2)     # the context's own 2-gram wins
+    assert draft_tokens([8, 2, 9, 1, 2], 2, 3, 1, store) == ([3, 4], 2)        # only a 1-gram in the context
+    assert draft_tokens([8, 2, 9, 4, 2], 2, 3, 1, store) == ([9, 4], 1)        # the datastore has no (4, 2)
+    assert draft_tokens([8, 2, 9, 1, 2], 2, 3, 1, None) == ([9, 1], 1)         # no datastore: as before
+
+
+def test_datastore_holding_the_answer_drafts_it_and_the_output_stays_greedys(target, drafter):
+    """With the target's own answer in the datastore, ngram and hybrid accept far more per round on a
+    prompt whose context repeats nothing; the tokens stay transformers' greedy either way."""
+    prompt = list(range(40, 64))
+    ref = hf_greedy(target, prompt, 24)
+    store = Datastore([ref])
+    tau = {}
+    for name, proposer in (("ngram", NgramProposer(k=3)), ("ngram+store", NgramProposer(k=3, datastore=store)),
+                           ("hybrid+store", HybridProposer(EagleProposer(drafter, k=2), ngram_k=3, datastore=store))):
+        out = generate(target, prompt, proposer, max_new_tokens=24, eos_token_ids={2})
+        assert out.token_ids == ref, name
+        tau[name] = (sum(out.accepted) + len(out.accepted)) / len(out.accepted)
+    assert tau["ngram+store"] > tau["ngram"] + 1 and tau["hybrid+store"] >= tau["ngram+store"] - 1e-9, tau
+
+
+def test_datastore_reads_each_assistant_turn_of_prepared_data(tmp_path):
+    from specdraft.data.prepared import save_prepared
+    from specdraft.errors import SpecdraftError
+
+    rows = {"input_ids": [[1, 2, 3, 4, 5, 6, 7], [8, 9]], "loss_mask": [[0, 1, 1, 0, 0, 1, 1], [0, 0]],
+            "messages": ["[]", "[]"]}
+    save_prepared(tmp_path / "data", rows, {"source": "test"})
+    store = Datastore.from_prepared(tmp_path / "data")
+    assert store.answers == [[2, 3], [6, 7]] and store.describe("d") == {"path": "d", "answers": 2, "tokens": 4}
+    save_prepared(tmp_path / "none", {**rows, "loss_mask": [[0] * 7, [0, 0]]}, {"source": "test"})
+    with pytest.raises(SpecdraftError, match="no assistant tokens in its loss mask"):
+        Datastore.from_prepared(tmp_path / "none")
+    with pytest.raises(SpecdraftError, match="prepared data folder not found"):
+        Datastore.from_prepared(tmp_path / "missing")
+
+
+def test_datastore_without_ngram_or_hybrid_is_refused_before_any_load():
+    from specdraft.errors import SpecdraftError
+    from specdraft.infer.bench import run_bench
+
+    with pytest.raises(SpecdraftError, match="--datastore ws/data: only ngram and hybrid draft from it"):
+        run_bench("no/such-model", None, "natural", "greedy,plain", 8, None, None, 1, None, (1, 3), 1, "cpu",
+                  "float32", False, datastore="ws/data")

@@ -72,6 +72,9 @@ def test_recipe_runs_every_stage_through_the_vllm_engine_and_resumes(tiny_recipe
     natural = json.loads((run / "bench_natural.json").read_text())
     k = bench["config"]["k"]
     assert natural["config"]["prompts"] == "natural" and natural["config"]["k"] == k
+    # n-gram and hybrid also draft from the training answers (bench --datastore WS/data), in both benches
+    for report in (natural, bench):
+        assert report["config"]["datastore"]["path"] == str(ws / "data") and report["config"]["datastore"]["answers"] > 0
     export = ws / "export" / "speculators"
     assert json.loads((run / "exports.json").read_text())["exports"][-1]["num_speculative_tokens"] == k
     page = (run / "report.html").read_text()

@@ -14,7 +14,7 @@ from specdraft.defaults import DRAFT_LENGTH, draft_length_option, parse_draft_st
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT as DEFAULT_FAMILY
 from specdraft.flags import (AS_JSON, COMPUTE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS, CONVERSATIONS_HELP, DEVICE,
-                             DRAFT_LENGTH_OR_AUTO, MAX_CONTEXT,
+                             DATASTORE, DRAFT_LENGTH_OR_AUTO, MAX_CONTEXT,
                              DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS, MAX_NEW_TOKENS_HELP,
                              MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP, PREPARED_HELP, PROFILE_HELP,
                              PROMPTS_HELP, SEED_HELP, STORE_FORMAT_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TREE_HELP,
@@ -257,7 +257,7 @@ def bench(
     rounds: int = typer.Option(3, "--rounds", help="Timing rounds, the order rotated per round; the medians count. "
                                "Here: each runs every method on every prompt."),
     tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: for FAMILY-tree (default 4,4,16)."),
-    ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN,
+    ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN, datastore: Optional[Path] = DATASTORE,
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N. Here: prompts (builtin-holdout: 32)."),
     out: Optional[Path] = out_option("the results JSON and a .png chart."), as_json: bool = AS_JSON,
     time_split: bool = typer.Option(False, "--time-split", help="Print the draft / verify / other time split."),
@@ -269,11 +269,12 @@ def bench(
     from specdraft.infer import bench as B
     from specdraft.io import write_json
 
-    check_out(out, [prompts, drafter], ".json")
-    check_out(out and out.with_suffix(".png"), [prompts, drafter], ".png")
+    check_out(out, [prompts, drafter, datastore], ".json")
+    check_out(out and out.with_suffix(".png"), [prompts, drafter, datastore], ".png")
     k, stop = draft_length_option(num_speculative_tokens), parse_draft_stop(draft_stop)   # parsed here, once
     report = B.run_bench(model, drafter, prompts, methods, max_new_tokens, k, stop, rounds, tree, (ngram_min, ngram_max),
-                         limit, device, compute_dtype, trust_remote_code, verify_rows, context_buckets, max_context)
+                         limit, device, compute_dtype, trust_remote_code, verify_rows, context_buckets, max_context,
+                         datastore)
     say(report["warnings"])
     B.print_report(report, as_json)
     say(B.time_split_lines(report) if time_split else [])
@@ -289,31 +290,30 @@ def generate(
     model: str = MODEL, drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
     method: str = typer.Option(DEFAULT_FAMILY, "--method", help="greedy (no drafting), ngram, the drafter's family "
                                "(`specdraft info` lists them), or hybrid (drafter + n-gram)."),
-    num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO,
-    draft_stop: Optional[str] = DRAFT_STOP,
+    num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO, draft_stop: Optional[str] = DRAFT_STOP,
     tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: greedy only."),
     temperature: float = typer.Option(0.0, help=TEMPERATURE_HELP + " Here: >0 samples; rejection sampling keeps the "
                                       "target's distribution."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
     seed: int = typer.Option(0, help=SEED_HELP + " Here: sampling."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", help=MAX_NEW_TOKENS_HELP),
-    ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN, device: str = DEVICE, compute_dtype: str = COMPUTE_DTYPE,
-    verify_rows: Optional[int] = VERIFY_ROWS, as_json: bool = AS_JSON, trust_remote_code: bool = TRUST,
+    ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN, datastore: Optional[Path] = DATASTORE,
+    device: str = DEVICE, compute_dtype: str = COMPUTE_DTYPE, verify_rows: Optional[int] = VERIFY_ROWS,
+    as_json: bool = AS_JSON, trust_remote_code: bool = TRUST,
 ):
     """Speculative generation for one prompt. Streams the answer, then tokens/s and τ."""
     from specdraft.infer.generate import generate_one
     from specdraft.infer.sampling import Sampling
+    from specdraft.metrics import tau_text
 
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
     k, stop = draft_length_option(num_speculative_tokens), parse_draft_stop(draft_stop)   # parsed here, once
     result, name = generate_one(prompt, model, drafter, method, k, stop, tree, sampling, max_new_tokens,
                                 (ngram_min, ngram_max), device, compute_dtype, trust_remote_code,
-                                stream=not as_json, rows=verify_rows)
+                                stream=not as_json, rows=verify_rows, datastore=datastore)
     if as_json:
         return print(json.dumps(result))
     sys.stdout.write("\n")
-    from specdraft.metrics import tau_text
-
     say(f"{result['new_tokens']} tokens, {result['tokens_per_s']:.1f} tokens/s, "
         f"{tau_text(result['accept_len'], result.get('k'), 'prompt')} ({name})")
 

@@ -88,6 +88,8 @@ VERIFY_ROWS = typer.Option(None, "--verify-rows", help=(
     "draft (plain decoding: 1)."))
 NGRAM_MAX = typer.Option(3, "--ngram-max", help="Longest suffix n-gram the ngram method looks up.")
 NGRAM_MIN = typer.Option(1, "--ngram-min", help="Shortest suffix n-gram the ngram method looks up.")
+DATASTORE = typer.Option(None, "--datastore", help="Prepared data (WS/data) whose answers, the target's own, ngram "
+                         "and hybrid also draft from where the context repeats no 2 tokens.")
 TEMPERATURE_HELP = "Sampling temperature (0 = greedy)."
 SEED_HELP = "Seed of what this command draws at random."
 

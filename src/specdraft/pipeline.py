@@ -237,11 +237,12 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     run_stage(console, ["bench", "--model", model, "--drafter", str(drafter), "--prompts", "builtin-holdout",
                         "--methods", ",".join(methods), "--limit", str(recipe.bench_prompts),
                         "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(recipe.k),
-                        "--rounds", str(recipe.bench_rounds), "--out", str(run / run_layout.BENCH),
+                        "--rounds", str(recipe.bench_rounds), "--datastore", str(ws / "data"),
+                        "--out", str(run / run_layout.BENCH),
                         *([] if recipe.draft_stop == "off" else ["--draft-stop", str(recipe.draft_stop)])], log)
     bench = json.loads((run / run_layout.BENCH).read_text())
     k = served_k(bench)
-    bench_natural(console, model, drafter, run, recipe, k, log)
+    bench_natural(console, model, drafter, run, recipe, k, log, ws / "data")
     export = ws / "export" / "speculators"
     run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(export),
                         *(["--num-speculative-tokens", str(k)] if k else [])], log)   # serves the K bench measured
@@ -308,13 +309,15 @@ def served_k(bench: dict) -> int | None:
 
 
 def bench_natural(console: Console, model: str, drafter: Path, run: Path, recipe: Recipe, k: int | None,
-                  log: Path) -> None:
+                  log: Path, data: Path) -> None:
     """τ on the natural prompt set at the K the export serves (RUN/bench_natural.json): the report's,
-    the card's and the summary's headline. One round: τ is deterministic under greedy."""
+    the card's and the summary's headline. One round: τ is deterministic under greedy. n-gram and
+    hybrid also draft from the datastore of `data`'s answers (the target's own, to training prompts)."""
     run_stage(console, ["bench", "--model", model, "--drafter", str(drafter), "--prompts", "natural",
                         "--methods", f"ngram,{recipe.family},hybrid", "--limit", str(recipe.bench_prompts),
                         "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(k or "auto"),
-                        "--rounds", "1", "--out", str(run / run_layout.BENCH_NATURAL)], log, name="bench-natural")
+                        "--rounds", "1", "--datastore", str(data), "--out", str(run / run_layout.BENCH_NATURAL)], log,
+              name="bench-natural")
 
 
 LOW_ACCEPT = 1 / 3   # τ below 1 + K/3 (a third of the K drafts accepted per round): the drafter barely pays
@@ -385,7 +388,8 @@ def hybrid_line(run: Path) -> str | None:
         return None
     parts = [f"{name} {tau_text(methods[name].get('accept_len'), cfg.get('k'), cfg.get('prompts'), cfg.get('num_prompts'))}"
              for name in ("hybrid", "ngram") if name in methods]
-    return "; ".join(parts) + " (hybrid: our loop only, no serving engine has it yet)"
+    store = " with the datastore of the training answers" if cfg.get("datastore") else ""
+    return "; ".join(parts) + f" (hybrid: our loop only, no serving engine has it yet{store})"
 
 
 def summarize(bench: dict, seconds: float) -> dict:

@@ -19,7 +19,7 @@ from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import load_drafter, resolve_checkpoint
 from specdraft.infer.hybrid import HYBRID, HybridProposer
-from specdraft.infer.ngram import NgramProposer
+from specdraft.infer.ngram import Datastore, NgramProposer
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.tree import TreeShape
 from specdraft.infer.speculative import (Generation, Profile, eos_ids_of, generate, per_position_accept,
@@ -270,9 +270,11 @@ class Method:
 
 
 def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngram_max: int,
-                  ngram_min: int, draft_stop: float | None = None, ngram_k: int | None = None) -> list[Method]:
+                  ngram_min: int, draft_stop: float | None = None, ngram_k: int | None = None,
+                  datastore: Datastore | None = None) -> list[Method]:
     """The methods `names` name, checked by the command that read them (run_bench, generate_one:
-    known names, each drafter method with a drafter of its family) before any model loaded."""
+    known names, each drafter method with a drafter of its family) before any model loaded.
+    `datastore`: the target's answers that ngram and hybrid also draft from (infer/ngram.py)."""
     methods = []
     for name in names:
         if name == "greedy":
@@ -280,12 +282,12 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
         elif name == "plain":
             methods.append(Method(name, None))
         elif name == "ngram" or (name == HYBRID and k == 0):   # hybrid without a drafter chain that pays
-            methods.append(Method(name, NgramProposer(ngram_k or k or DRAFT_LENGTH, ngram_max, ngram_min)))
+            methods.append(Method(name, NgramProposer(ngram_k or k or DRAFT_LENGTH, ngram_max, ngram_min, datastore)))
         elif k == 0 and not name.endswith(TREE):   # -k auto found no chain that pays here: plain decoding
             methods.append(Method(name, None))
         elif name == HYBRID:
             chain = family_of(drafter).proposer(drafter, k=k, stop=draft_stop)
-            methods.append(Method(name, HybridProposer(chain, ngram_k or k, ngram_max, ngram_min)))
+            methods.append(Method(name, HybridProposer(chain, ngram_k or k, ngram_max, ngram_min, datastore=datastore)))
         elif not name.endswith(TREE):
             methods.append(Method(name, family_of(drafter).proposer(drafter, k=k, stop=draft_stop)))
         else:
@@ -358,7 +360,7 @@ def summarize_rounds(name: str, rounds: list[list[Generation]], reference: list[
 def bench(target, drafter, conversations: list[list[dict]], method_names: list[str], max_new_tokens: int,
           k: int, tree: TreeShape | None, ngram_max: int = 3, ngram_min: int = 1, progress=None,
           rounds: int = 3, draft_stop: float | None = None, ngram_k: int | None = None,
-          rows: int | None = None, context_edges=CONTEXT_EDGES) -> dict:
+          rows: int | None = None, context_edges=CONTEXT_EDGES, datastore: Datastore | None = None) -> dict:
     """Same prompts for every method, batch 1, one warm-up generation per method first; then
     `rounds` rounds, each running every method on every prompt, the method order rotated per round.
     rows: every loop method at that row count, plain decoding included as their reference (the same
@@ -371,7 +373,7 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
     names = ["greedy"] + [n for n in method_names if n != "greedy"]   # greedy is the reference
     if rows and "plain" not in names:                                 # ... and plain, at the same rows
         names.append("plain")
-    methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min, draft_stop, ngram_k)
+    methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min, draft_stop, ngram_k, datastore)
     for m in methods:                                                 # --verify-rows refused before any run
         if not m.hf:
             checked_rows(m.proposer, rows, m.name)
@@ -514,7 +516,8 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def check_bench_options(names: list[str], methods: str, chains: list[str], k, k_option, stop, tree, dtype: str) -> None:
+def check_bench_options(names: list[str], methods: str, chains: list[str], k, k_option, stop, tree, dtype: str,
+                        datastore=None) -> None:
     """bench's settings checked before any model loads: every one names a method that uses it."""
     from specdraft.targets import DTYPES
 
@@ -534,12 +537,20 @@ def check_bench_options(names: list[str], methods: str, chains: list[str], k, k_
     if k_option is not None and all(n in ("greedy", "plain") for n in names):
         raise SpecdraftError(f"-k {k_option}: no method in --methods {methods} drafts (greedy and plain decode one "
                              "token a step); add ngram or a drafter family, or drop -k")
+    check_datastore_methods(datastore, names, "--methods")
+
+
+def check_datastore_methods(datastore, names: list[str], option: str) -> None:
+    if datastore is not None and not {"ngram", HYBRID} & set(names):
+        raise SpecdraftError(f"--datastore {datastore}: only ngram and hybrid draft from it; add one to {option} "
+                             "or drop --datastore")
 
 
 def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int,
               k_option: int | str | None, stop: float | str | None, rounds: int, tree: str | None,
               ngram: tuple[int, int], limit: int | None, device: str, dtype: str, trust_remote_code: bool,
-              rows: int | None = None, context_buckets: str | None = None, max_context: int | None = None) -> dict:
+              rows: int | None = None, context_buckets: str | None = None, max_context: int | None = None,
+              datastore: str | None = None) -> dict:
     """`specdraft bench`: the options checked before the model loads, then bench() over the prompts.
     `k_option`, `stop`: -k and --draft-stop as the CLI parsed them (defaults.draft_length_option,
     parse_draft_stop); -k unset is auto for a drafter's chain and DRAFT_LENGTH for n-gram and the tree."""
@@ -553,7 +564,7 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     names = [n.strip() for n in methods.split(",") if n.strip()]
     chains = [n for n in names if needs_drafter(n) and not n.endswith(TREE)]   # -k auto applies to these
     k = draft_length(k_option, default_auto=bool(chains))
-    check_bench_options(names, methods, chains, k, k_option, stop, tree, dtype)
+    check_bench_options(names, methods, chains, k, k_option, stop, tree, dtype, datastore)
     shape = TreeShape.parse(tree or DEFAULT_TREE)
     edges = parse_context_buckets(context_buckets)
     if max_context is not None and prompts != LONG:
@@ -569,12 +580,14 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     draft_model = (load_drafter_for(drafter, target, dev, DTYPES[dtype]) if any(map(needs_drafter, names)) else None)
     if draft_model is not None:
         check_drafter_methods(names, draft_model)      # --methods FAMILY for a drafter of that family
+    answers = Datastore.from_prepared(datastore, target) if datastore else None
     k, stop, choice = resolve(target, draft_model, drafter, prompt_ids(target.tokenizer, conversations[0]), k, stop)
     total = len(conversations) * len(set(names) | {"greedy"}) * rounds
     with progress("bench", total, 0, "runs", console=Console(stderr=True)) as tracker:
         report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
                        progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
-                       ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None, rows=rows, context_edges=edges)
+                       ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None, rows=rows, context_edges=edges,
+                       datastore=answers)
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
@@ -582,7 +595,8 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
                         "family": family_of(draft_model).model_type if draft_model is not None else None,
                         "tree": [shape.depth, shape.topk, shape.total] if any(n.endswith(TREE) for n in names)
                         else None,
-                        "ngram": list(ngram), **environment(dev, dtype)}
+                        "ngram": list(ngram), "datastore": answers and answers.describe(datastore),
+                        **environment(dev, dtype)}
     return report
 
 

@@ -12,7 +12,8 @@ from specdraft.infer import bench as B
 def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_option: int | str | None,
                  stop: float | str | None,
                  tree: str | None, sampling, max_new_tokens: int, ngram: tuple[int, int], device: str, dtype: str,
-                 trust_remote_code: bool, stream: bool, rows: int | None = None) -> tuple[dict, str]:
+                 trust_remote_code: bool, stream: bool, rows: int | None = None,
+                 datastore: str | None = None) -> tuple[dict, str]:
     """-> ({text, token_ids, tokens_per_s, accept_len, new_tokens}, the method's name). `k_option`,
     `stop`: -k and --draft-stop as the CLI parsed them (defaults.py); -k unset is auto for a drafter's
     chain and DRAFT_LENGTH otherwise; options are checked before the model loads."""
@@ -38,6 +39,7 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
         raise SpecdraftError(f"--tree: only with --method {' or '.join(tree_families)} and greedy decoding "
                              "(--temperature 0)")
     name = method + B.TREE if shape else method
+    B.check_datastore_methods(datastore, [name], "--method")
     if drafter is None:
         B.check_drafter_methods([name], None, "--method")
     dev = B.resolve_device(device)
@@ -48,7 +50,8 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
     tok = target.tokenizer
     ids = B.prompt_ids(tok, [{"role": "user", "content": prompt}])
     k, stop, _ = resolve(target, draft_model, drafter, ids, k, stop)
-    m = B.build_methods([name], draft_model, k, shape, ngram[1], ngram[0], stop)[0]
+    answers = B.Datastore.from_prepared(datastore, target) if datastore else None
+    m = B.build_methods([name], draft_model, k, shape, ngram[1], ngram[0], stop, datastore=answers)[0]
     shown = {"ids": [], "text": ""}
 
     def show(new):

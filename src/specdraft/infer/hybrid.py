@@ -6,14 +6,17 @@ wins. Greedy decoding sends both proposals to the verifier as one small tree (a 
 branch), so a round accepts the longer agreeing path: per round never less than either part alone, for
 at most K_ngram extra verify rows. Sampling verifies chains only (sample_chain), so there a round
 takes the n-gram continuation where the context repeats its last `min_match` tokens and the drafter's
-chain elsewhere. The output is the target's own either way: only what is proposed changes.
+chain elsewhere. The output is the target's own either way: only what is proposed changes. With a
+datastore (infer/ngram.py) the greedy n-gram branch also drafts the target's most frequent continuation
+where the context repeats nothing; sampling keeps the context's own repeats (a datastore match would
+displace the drafter's chain almost everywhere).
 """
 
 from __future__ import annotations
 
 import torch
 
-from specdraft.infer.ngram import lookup_match
+from specdraft.infer.ngram import Datastore, draft_tokens
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import Profile
 from specdraft.infer.tree import Draft
@@ -42,9 +45,11 @@ class HybridProposer:
     """`inner` is any family's chain proposer (it observes every accepted position, so it stays in
     step whichever branch the target took); `ngram_k` tokens of prompt lookup go beside its chain."""
 
-    def __init__(self, inner, ngram_k: int = 3, ngram_max: int = 3, ngram_min: int = 1, min_match: int = 2):
+    def __init__(self, inner, ngram_k: int = 3, ngram_max: int = 3, ngram_min: int = 1, min_match: int = 2,
+                 datastore: Datastore | None = None):
         self.inner = inner
         self.ngram_k, self.ngram_max, self.ngram_min, self.min_match = ngram_k, ngram_max, ngram_min, min_match
+        self.datastore = datastore      # the target's answers: n-gram drafts where the context has no match
         self.aux_layer_ids = inner.aux_layer_ids
 
     @property
@@ -73,8 +78,9 @@ class HybridProposer:
     def propose(self, tokens: list[int], budget: int, sampling: Sampling,
                 generator: torch.Generator) -> Draft:
         drafted = self.inner.propose(tokens, budget, sampling, generator)
-        with self.profile.timed("draft_s"):
-            repeat, n = lookup_match(tokens, min(self.ngram_k, budget), self.ngram_max, self.ngram_min)
+        with self.profile.timed("draft_s"):      # sampling: the context's own repeat only, never the datastore's
+            store = self.datastore if sampling.greedy else None
+            repeat, n = draft_tokens(tokens, min(self.ngram_k, budget), self.ngram_max, self.ngram_min, store)
         if not repeat:
             return drafted
         if not sampling.greedy:

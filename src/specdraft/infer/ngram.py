@@ -1,7 +1,15 @@
 """Prompt-lookup (n-gram) drafting: find the latest earlier occurrence of the context's last n
-tokens (n from ngram_max down to ngram_min) and propose what followed it. No model, no aux."""
+tokens (n from ngram_max down to ngram_min) and propose what followed it. No model, no aux.
+
+With a datastore (`--datastore WS/data`: the target's own answers from prepared data), a context
+without a match of DATASTORE_AFTER tokens or more drafts the continuation the target wrote most often
+after its last 2-4 tokens in those answers (the idea of REST and suffix decoding, kept as a table).
+"""
 
 from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,13 +42,75 @@ def lookup_match(tokens: list[int] | np.ndarray, k: int, ngram_max: int = 3,
     return [], 0
 
 
+DATASTORE_AFTER = 2   # a context match this long or longer wins over the datastore (answers repeat their context)
+
+
+class Datastore:
+    """The continuation the target wrote most often after each 2-4 token sequence of its answers.
+    Ours, not a suffix tree library's: a dict of n-grams is all a lookup of at most 4 tokens needs."""
+
+    def __init__(self, answers: list[list[int]], ngram_max: int = 4, ngram_min: int = 2):
+        self.answers, self.ngram_max, self.ngram_min = answers, ngram_max, ngram_min
+        self.tables: dict[int, dict[tuple, tuple]] = {}            # by draft length k
+
+    @classmethod
+    def from_prepared(cls, path: str | Path, target=None) -> "Datastore":
+        """Every assistant turn (a run of the loss mask) of `specdraft prepare`'s data."""
+        from specdraft.data.prepared import check_prepared_for, load_prepared
+
+        ds, meta = load_prepared(path)
+        if target is not None:
+            check_prepared_for(meta, target, path, "pass --datastore data prepared")
+        answers = []
+        for ids, mask in zip(ds["input_ids"], ds["loss_mask"]):
+            edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(mask, dtype=np.int8), [0]])))
+            answers += [list(ids[a:b]) for a, b in zip(edges[::2], edges[1::2])]
+        if not answers:
+            raise SpecdraftError(f"--datastore {path}: no assistant tokens in its loss mask; pass data prepared "
+                                 "with answers (WS/data after prepare --regenerate)")
+        return cls(answers)
+
+    def describe(self, path) -> dict:
+        """What bench.json records of it."""
+        return {"path": str(path), "answers": len(self.answers), "tokens": sum(map(len, self.answers))}
+
+    def table(self, k: int) -> dict[tuple, tuple]:
+        """n-gram -> its most frequent k-token continuation, built once per k."""
+        if k not in self.tables:
+            counts: dict[tuple, Counter] = defaultdict(Counter)
+            for seq in self.answers:
+                for i in range(self.ngram_min, len(seq)):
+                    for n in range(self.ngram_min, min(self.ngram_max, i) + 1):
+                        counts[tuple(seq[i - n:i])][tuple(seq[i:i + k])] += 1
+            self.tables[k] = {key: c.most_common(1)[0][0] for key, c in counts.items()}
+        return self.tables[k]
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        table = self.table(k)
+        for n in range(self.ngram_max, self.ngram_min - 1, -1):
+            if len(tokens) >= n and (found := table.get(tuple(tokens[-n:]))):
+                return list(found)
+        return []
+
+
+def draft_tokens(tokens: list[int], k: int, ngram_max: int, ngram_min: int,
+                 datastore: Datastore | None = None) -> tuple[list[int], int]:
+    """(draft, matched length): the context's own match, else the datastore's (matched length
+    DATASTORE_AFTER), else a shorter context match."""
+    found, n = lookup_match(tokens, k, ngram_max, ngram_min)
+    if datastore is None or n >= DATASTORE_AFTER or k < 1:
+        return found, n
+    stored = datastore.lookup(tokens, k)
+    return (stored, DATASTORE_AFTER) if stored else (found, n)
+
+
 class NgramProposer:
     aux_layer_ids = None
 
-    def __init__(self, k: int = 4, ngram_max: int = 3, ngram_min: int = 1):
+    def __init__(self, k: int = 4, ngram_max: int = 3, ngram_min: int = 1, datastore: Datastore | None = None):
         if not 1 <= ngram_min <= ngram_max:
             raise SpecdraftError(f"--ngram-min {ngram_min} / --ngram-max {ngram_max}: need 1 <= min <= max")
-        self.k, self.ngram_max, self.ngram_min = k, ngram_max, ngram_min
+        self.k, self.ngram_max, self.ngram_min, self.datastore = k, ngram_max, ngram_min, datastore
         self.profile = Profile()
 
     @property
@@ -56,4 +126,5 @@ class NgramProposer:
     def propose(self, tokens: list[int], budget: int, sampling: Sampling,
                 generator: torch.Generator) -> Draft:
         with self.profile.timed("draft_s"):
-            return Draft.chain(lookup(tokens, min(self.k, budget), self.ngram_max, self.ngram_min))
+            return Draft.chain(draft_tokens(tokens, min(self.k, budget), self.ngram_max, self.ngram_min,
+                                            self.datastore)[0])
