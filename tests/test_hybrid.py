@@ -126,6 +126,7 @@ def test_datastore_drafts_the_targets_most_frequent_continuation_where_the_conte
     assert store.lookup([9, 1, 2], 2) == [3, 4]             # (1, 2): 3, 4 twice, 5, 6 once
     assert store.lookup([0, 7, 8], 3) == [9]                 # what the answer had, however short
     assert store.lookup([5, 5], 2) == [] and store.lookup([2], 2) == []   # no 2-token key: nothing
+    assert store.depth == 3 and store.lookup([9, 1, 2], 1) == [3]   # built once for the longest k, cut to k
     assert draft_tokens([1, 2, 7, 0, 1, 2], 2, 3, 1, store) == ([7, 0], 2)     # the context's own 2-gram wins
     assert draft_tokens([8, 2, 9, 1, 2], 2, 3, 1, store) == ([3, 4], 2)        # only a 1-gram in the context
     assert draft_tokens([8, 2, 9, 4, 2], 2, 3, 1, store) == ([9, 4], 1)        # the datastore has no (4, 2)

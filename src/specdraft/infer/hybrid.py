@@ -50,6 +50,8 @@ class HybridProposer:
         self.inner = inner
         self.ngram_k, self.ngram_max, self.ngram_min, self.min_match = ngram_k, ngram_max, ngram_min, min_match
         self.datastore = datastore      # the target's answers: n-gram drafts where the context has no match
+        if datastore is not None:
+            datastore.table(ngram_k)
         self.aux_layer_ids = inner.aux_layer_ids
 
     @property

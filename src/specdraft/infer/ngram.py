@@ -51,7 +51,7 @@ class Datastore:
 
     def __init__(self, answers: list[list[int]], ngram_max: int = 4, ngram_min: int = 2):
         self.answers, self.ngram_max, self.ngram_min = answers, ngram_max, ngram_min
-        self.tables: dict[int, dict[tuple, tuple]] = {}            # by draft length k
+        self.depth, self.continuations = 0, {}        # n-gram -> its most frequent `depth`-token continuation
 
     @classmethod
     def from_prepared(cls, path: str | Path, target=None) -> "Datastore":
@@ -75,21 +75,22 @@ class Datastore:
         return {"path": str(path), "answers": len(self.answers), "tokens": sum(map(len, self.answers))}
 
     def table(self, k: int) -> dict[tuple, tuple]:
-        """n-gram -> its most frequent k-token continuation, built once per k."""
-        if k not in self.tables:
+        """n-gram -> its most frequent k-token continuation (k or more: lookup cuts it), built once
+        for the longest k asked; proposers ask at construction, so no round pays for it."""
+        if k > self.depth:
             counts: dict[tuple, Counter] = defaultdict(Counter)
             for seq in self.answers:
                 for i in range(self.ngram_min, len(seq)):
                     for n in range(self.ngram_min, min(self.ngram_max, i) + 1):
                         counts[tuple(seq[i - n:i])][tuple(seq[i:i + k])] += 1
-            self.tables[k] = {key: c.most_common(1)[0][0] for key, c in counts.items()}
-        return self.tables[k]
+            self.depth, self.continuations = k, {key: c.most_common(1)[0][0] for key, c in counts.items()}
+        return self.continuations
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         table = self.table(k)
         for n in range(self.ngram_max, self.ngram_min - 1, -1):
             if len(tokens) >= n and (found := table.get(tuple(tokens[-n:]))):
-                return list(found)
+                return list(found[:k])
         return []
 
 
@@ -112,6 +113,8 @@ class NgramProposer:
             raise SpecdraftError(f"--ngram-min {ngram_min} / --ngram-max {ngram_max}: need 1 <= min <= max")
         self.k, self.ngram_max, self.ngram_min, self.datastore = k, ngram_max, ngram_min, datastore
         self.profile = Profile()
+        if datastore is not None:
+            datastore.table(k)
 
     @property
     def max_nodes(self) -> int:
