@@ -17,8 +17,8 @@ another point's regen.jsonl are reused, so a curve costs its largest point), `ca
 and `train --config quick.yaml` (plus any `--set KEY=VALUE` training setting: the levers), then `eval`
 (τ on the store's held-out samples) and one `bench` round per prompt set, on the natural set (the
 first --natural-limit of its 96 hand-written prompts: its lines alternate categories) and on the
-builtin hold-out, with ngram, the drafter's chain and hybrid at -k K: τ of each, each method's
-output checked equal to greedy. `--natural-store` (a store captured from the natural set's prompts:
+builtin hold-out, with ngram, the drafter's chain and hybrid at -k K (n-gram and hybrid also drafting from
+the point's answers, --datastore, as the recipes do): τ of each, each method's output checked equal to greedy. `--natural-store` (a store captured from the natural set's prompts:
 `prepare --conversations benchmarks/prompts/natural.jsonl --regenerate` then `capture`) adds the
 drafter's τ on all 96 natural prompts by `eval` in seconds (greedy chain τ is the same number a bench
 measures, without generating); --natural-limit 0 / --holdout-limit 0 skip a bench. Every stage's wall seconds are recorded, so τ is read against the
@@ -49,11 +49,12 @@ def stage(args: list[str], times: dict, name: str) -> None:
 
 
 def bench_tau(model: str, drafter: Path, prompts: str, limit: int, tokens: int, k: int, out: Path,
-              times: dict, name: str) -> dict:
+              times: dict, name: str, data: Path) -> dict:
+    """One bench round; n-gram and hybrid also draft from the point's answers (--datastore), as in the recipes."""
     if not out.is_file():
         stage(["bench", "--model", model, "--drafter", str(drafter), "--prompts", prompts, "--limit", str(limit),
                "--methods", "greedy,ngram,eagle3,hybrid", "--max-new-tokens", str(tokens), "-k", str(k),
-               "--rounds", "1", "--out", str(out)], times, name)
+               "--rounds", "1", "--datastore", str(data), "--out", str(out)], times, name)
     methods = json.loads(out.read_text())["methods"]
     return {m: {"tau": r["accept_len"], "per_position": r["per_position_accept"],
                 "identical_to_greedy": r["identical_to_greedy"]} for m, r in methods.items() if m != "greedy"}
@@ -116,9 +117,9 @@ def point(ws: Path, n: int, a) -> dict:
               "eval_tau_by_k": json.loads(ev.read_text())["accept_len_by_k"] if ev.is_file() else [],
               "natural_eval": natural_eval(nat_ev) if a.natural_store else None,
               "natural": bench_tau(a.model, run, "natural", a.natural_limit, a.bench_tokens, a.k,
-                                   run / "bench_natural.json", times, "bench_natural") if a.natural_limit else None,
+                                   run / "bench_natural.json", times, "bench_natural", data) if a.natural_limit else None,
               "holdout": bench_tau(a.model, run, "builtin-holdout", a.holdout_limit, a.bench_tokens, a.k,
-                                   run / "bench_holdout.json", times, "bench_holdout") if a.holdout_limit else None,
+                                   run / "bench_holdout.json", times, "bench_holdout", data) if a.holdout_limit else None,
               "seconds": times}
     (run / "scaling_point.json").write_text(json.dumps(result, indent=2))
     return result

@@ -22,11 +22,12 @@ def run_scaling(tiny_target, tmp_path, *extra):
 
 def test_scaling_points_record_tau_and_stage_times_and_reuse_answers(tiny_target, tmp_path):
     """Two points with --natural-store (eval's τ on a store the later point never trained on; in use the
-    natural set's prompts, regenerated and captured) and no benches; then the first point again with
-    both benches, everything before them reused."""
+    natural set's prompts, regenerated and captured) and no benches, each also trained on a second store
+    that needs no regeneration (--extra pydoc:3, Python's documentation as answers); then the first
+    point again with both benches, everything before them reused."""
     ws = tmp_path / "ws"
     run_scaling(tiny_target, tmp_path, "--set", "epochs=1", "--label", "tiny", "--natural-store", str(ws / "hidden-4"),
-                "--natural-limit", "0", "--holdout-limit", "0")
+                "--natural-limit", "0", "--holdout-limit", "0", "--extra", "pydoc:3")
     report = json.loads((tmp_path / "results" / "data_scaling-tiny.json").read_text())
     assert [p["samples"] for p in report["points"]] == [4, 6] and report["k"] == 2
     assert report["settings"] == ["epochs=1"] and report["conversations"] == "builtin"
@@ -44,9 +45,16 @@ def test_scaling_points_record_tau_and_stage_times_and_reuse_answers(tiny_target
     assert "| 4 |" in table and row and "| - | - |" in row[0] and "cond" in row[0], table
     assert (tmp_path / "results" / "data_scaling-tiny.png").stat().st_size > 1000
     assert "epochs: 1" in (ws / "runs" / "4-tiny" / "config.yaml").read_text()
+    # the extra store: prepared as written (no regeneration), captured once, trained on by every point
+    assert report["extra"] == "pydoc:3" and {"prepare_extra", "capture_extra"} <= set(report["points"][0]["seconds"])
+    extra = json.loads((ws / "extra-pydoc-3" / "prepare.json").read_text())
+    assert extra["counts"]["samples"] == 3 and extra["counts"]["loss_tokens"] > 30 and not extra.get("regeneration")
+    for n in (4, 6):
+        config = (ws / "runs" / f"{n}-tiny" / "config.yaml").read_text()
+        assert str(ws / f"hidden-{n}") in config and str(ws / "extra-pydoc-3-hidden") in config, config
 
     trained = (ws / "runs" / "4-tiny" / "best" / "config.json").stat().st_mtime_ns
-    run_scaling(tiny_target, tmp_path, "--samples", "4", "--set", "epochs=1", "--label", "tiny",
+    run_scaling(tiny_target, tmp_path, "--samples", "4", "--set", "epochs=1", "--label", "tiny", "--extra", "pydoc:3",
                 "--results", str(tmp_path / "benched"))
     point = json.loads((tmp_path / "benched" / "data_scaling-tiny.json").read_text())["points"][0]
     # nothing before the benches ran again, and the reused stages keep the times they cost
@@ -57,19 +65,9 @@ def test_scaling_points_record_tau_and_stage_times_and_reuse_answers(tiny_target
         assert set(point[prompts]) == {"ngram", "eagle3", "hybrid"}
         for method in point[prompts].values():
             assert method["tau"] >= 1.0 and method["identical_to_greedy"] is True
-
-    # the lever that needs no regeneration: a second store of Python's documentation, trained on beside
-    run_scaling(tiny_target, tmp_path, "--samples", "4", "--set", "epochs=1", "--label", "extra", "--extra", "pydoc:3",
-                "--natural-store", str(ws / "hidden-4"), "--natural-limit", "0", "--holdout-limit", "0")
-    report = json.loads((tmp_path / "results" / "data_scaling-extra.json").read_text())
-    point = report["points"][0]
-    assert report["extra"] == "pydoc:3" and {"prepare_extra", "capture_extra"} <= set(point["seconds"])
-    assert len(point["eval_tau_by_k"]) == 3          # held-out samples of the two stores' union
-    assert len(point["natural_eval"]["tau_by_k"]) == 3
-    extra = json.loads((ws / "extra-pydoc-3" / "prepare.json").read_text())
-    assert extra["counts"]["samples"] == 3 and extra["counts"]["loss_tokens"] > 30 and not extra.get("regeneration")
-    config = (ws / "runs" / "4-extra" / "config.yaml").read_text()
-    assert str(ws / "hidden-4") in config and str(ws / "extra-pydoc-3-hidden") in config, config
+    # n-gram and hybrid drafted from the point's answers too, as in the recipes
+    assert json.loads((ws / "runs" / "4-tiny" / "bench_natural.json").read_text())["config"]["datastore"]["path"] == \
+        str(ws / "data-4")
 
 
 def test_long_context_benchmark_on_the_tiny_target(tiny_target, tmp_path):
