@@ -13,6 +13,10 @@ import pytest
 # ~/.cache can no longer hide a missing install step (issue 22). Subprocesses inherit both.
 _SUITE_CACHE = Path(tempfile.mkdtemp(prefix="specdraft-test-cache-"))
 os.environ["SPECDRAFT_CACHE"] = str(_SUITE_CACHE / "specdraft")
+# Each fresh suite cache would time F.linear against mm for every tiny model's Linear shapes (0.7-12 s
+# a shape, bf16 the slowest on a CPU without it): the suite runs F.linear everywhere instead, and
+# tests/test_kernels.py times the real paths with the variable removed.
+os.environ["SPECDRAFT_KERNEL_PATH"] = "linear"
 os.environ["HF_HOME"] = str(_SUITE_CACHE / "hf")
 atexit.register(shutil.rmtree, _SUITE_CACHE, ignore_errors=True)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

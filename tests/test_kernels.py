@@ -12,9 +12,11 @@ from specdraft.infer.speculative import few_row_matmul
 
 @pytest.fixture(autouse=True)
 def fresh_tables(monkeypatch, tmp_path):
-    """Each test starts with no table in this process and an empty cache folder."""
+    """Each test starts with no table in this process and an empty cache folder, and times the real
+    paths (conftest's SPECDRAFT_KERNEL_PATH=linear removed)."""
     monkeypatch.setattr(kernels, "_TABLES", {})
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECDRAFT_KERNEL_PATH", raising=False)
 
 
 def faked(mm_wins: dict[tuple[int, int], set[int]], calls: list | None = None):
@@ -114,3 +116,16 @@ def test_streamed_weight_bytes_count_a_tied_head_once_and_skip_an_untied_embeddi
     assert streamed_weight_bytes(model) == expected
     floor = weight_floor(model, bandwidth_gbs=10.0)
     assert floor["floor_ms"] == pytest.approx(expected / 10e9 * 1e3) and floor["bandwidth_gbs"] == 10.0
+
+
+def test_kernel_path_linear_skips_the_timing_and_anything_else_is_one_line(monkeypatch):
+    from specdraft.errors import SpecdraftError
+
+    monkeypatch.setenv("SPECDRAFT_KERNEL_PATH", "linear")
+    layer = torch.nn.Linear(64, 160)
+    assert not any(kernels.kernel_table([(64, 160)]).use_mm((64, 160)))         # F.linear at every row count
+    assert not kernels.cache_file(kernels.machine_key(torch.float32)).exists()   # nothing timed, nothing cached
+    assert "SPECDRAFT_KERNEL_PATH=linear" in kernels.describe(torch.nn.Sequential(layer))["cache"]
+    monkeypatch.setenv("SPECDRAFT_KERNEL_PATH", "mm")
+    with pytest.raises(SpecdraftError, match="SPECDRAFT_KERNEL_PATH=mm: use linear"):
+        kernels.kernel_table([(64, 160)])

@@ -7,13 +7,16 @@ forward while mm(W, x^T) stayed on the bandwidth-bound path; on an AVX-512 Xeon 
 3-4x F.linear (issue 23). So nothing is hard-coded: on first use per machine (CPU model and flags,
 torch version, threads, dtype) and per Linear shape, both paths are timed at each row count of
 ROWS, the faster kept, and the table is cached in $SPECDRAFT_CACHE/kernels/. A row count between
-two measured ones uses the next larger one; beyond the last, F.linear.
+two measured ones uses the next larger one; beyond the last, F.linear. SPECDRAFT_KERNEL_PATH=linear
+skips the timing (F.linear everywhere: the same kernels on every machine, no first-use wait; the
+test suite runs so, since a fresh cache would time every tiny model's shapes).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
 import platform
 import statistics
 import sys
@@ -198,6 +201,8 @@ def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer:
     file, measuring (and saving) only the shapes neither holds."""
     from specdraft.io import read_json, write_json
 
+    if timer is None and not measuring():
+        return KernelTable("linear", cpu_identity(), str(dtype), {})      # F.linear at every row count
     key = machine_key(dtype)
     table = _TABLES.get(key)
     if table is None:
@@ -224,6 +229,15 @@ def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer:
         except (OSError, SpecdraftError):   # a read-only or full cache still runs, it measures again next time
             pass
     return table
+
+
+def measuring() -> bool:
+    """False under SPECDRAFT_KERNEL_PATH=linear; any other value is refused in one line."""
+    path = os.environ.get("SPECDRAFT_KERNEL_PATH", "")
+    if path not in ("", "linear"):
+        raise SpecdraftError(f"SPECDRAFT_KERNEL_PATH={path}: use linear (F.linear at every row count, no timing) "
+                             "or unset it (each Linear shape's faster kernel, timed once per machine)")
+    return path != "linear"
 
 
 def mm_flags(linears: list[torch.nn.Linear], timer: Timer | None = None) -> list[tuple[bool, ...]] | None:
@@ -305,7 +319,8 @@ def describe(model) -> dict | None:
     shapes = linear_shapes(linears)
     table = kernel_table(shapes, linears[0].weight.dtype)
     names = {shape_name(s) for s in shapes}
-    return {"machine": table.machine, "dtype": table.dtype, "cache": str(cache_file(table.key)),
+    return {"machine": table.machine, "dtype": table.dtype,
+            "cache": str(cache_file(table.key)) if measuring() else "nowhere: SPECDRAFT_KERNEL_PATH=linear",
             "shapes": [row for row in table.summary() if row["shape"] in names]}
 
 
