@@ -155,7 +155,8 @@ def long_prompts(count: int, max_tokens: int, count_tokens: Callable[[str], int]
 PYDOC_ANSWER_CHARS = 2400        # about 600 tokens: one answer's length at most
 
 
-def pydoc_pairs() -> list[tuple[str, str]]:
+@lru_cache(maxsize=1)   # ~3.6 s of parsing the standard library: once per process
+def pydoc_pairs() -> tuple[tuple[str, str], ...]:
     """(question, answer) pairs whose answers are the interpreter's documentation, no import of
     what they document: the language reference's topics (pydoc_data) and the docstrings of the
     standard library's modules, classes and functions, read with `ast` (only those over 300
@@ -179,7 +180,7 @@ def pydoc_pairs() -> list[tuple[str, str]]:
                 doc = ast.get_docstring(node)
                 if doc and len(doc) > 300:
                     pairs.append((f"What does `{module}.{node.name}` do?", doc))
-    return [(q, a[:PYDOC_ANSWER_CHARS]) for q, a in pairs]
+    return tuple((q, a[:PYDOC_ANSWER_CHARS]) for q, a in pairs)
 
 
 def pydoc_conversations(seed: int, limit: int | None, answers: bool) -> list[list[dict]]:
@@ -187,7 +188,7 @@ def pydoc_conversations(seed: int, limit: int | None, answers: bool) -> list[lis
     (--regenerate: the target answers them)."""
     import random
 
-    pairs = pydoc_pairs()
+    pairs = list(pydoc_pairs())
     random.Random(seed).shuffle(pairs)
     return [[{"role": "user", "content": q}] + ([{"role": "assistant", "content": a}] if answers else [])
             for q, a in pairs[:limit]]
