@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from specdraft.infer.ngram import Datastore, draft_tokens  # noqa: E402
+from specdraft.infer.ngram import Datastore, assistant_spans, draft_tokens  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -37,16 +37,8 @@ def answers_to_replay(prepared: Path) -> list[tuple[list[int], int, int]]:
     from specdraft.data.prepared import load_prepared
 
     ds, _ = load_prepared(prepared)
-    out = []
-    for ids, mask in zip(ds["input_ids"], ds["loss_mask"]):
-        on = np.flatnonzero(np.asarray(mask))
-        if not on.size:
-            continue
-        end = start = int(on[-1]) + 1
-        while start > 0 and mask[start - 1]:
-            start -= 1
-        out.append((list(ids), start, end))
-    return out
+    return [(list(ids), *spans[-1]) for ids, mask in zip(ds["input_ids"], ds["loss_mask"])
+            if (spans := assistant_spans(mask))]
 
 
 def replay(samples, k: int, store: Datastore | None, ngram=(3, 1)) -> dict:

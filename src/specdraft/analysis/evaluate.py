@@ -78,10 +78,13 @@ def store_mismatch(checkpoint: Path, hidden: HiddenStore, store, run_cfg: dict) 
     return None
 
 
+def store_names(stores) -> list[str]:
+    """A store, several (a list), or their union's name ("A + B") as the list of its stores."""
+    return [str(s) for s in stores] if isinstance(stores, list) else str(stores).split(STORE_SEPARATOR)
+
+
 def resolved(stores) -> list[Path]:
-    """A store, several (a list), or their union's name ("A + B") as resolved paths, to compare."""
-    names = stores if isinstance(stores, list) else str(stores).split(STORE_SEPARATOR)
-    return [Path(str(s)).resolve() for s in names]
+    return [Path(s).resolve() for s in store_names(stores)]
 
 
 def check_trained_store(checkpoint: Path, hidden: HiddenStore, store, run_cfg: dict) -> None:
@@ -90,8 +93,7 @@ def check_trained_store(checkpoint: Path, hidden: HiddenStore, store, run_cfg: d
     why = store_mismatch(checkpoint, hidden, store, run_cfg)
     if why:
         trained = trained_store_of(checkpoint)[0].get("store") or run_cfg.get("store")
-        parts = trained if isinstance(trained, list) else str(trained).split(STORE_SEPARATOR)
-        fix = (f"pass --store {' --store '.join(map(str, parts))} (the run's own, in its order) for its held-out "
+        fix = (f"pass --store {' --store '.join(store_names(trained))} (the run's own, in its order) for its held-out "
                "samples, or --split all")
         raise SpecdraftError(f"--split val: {store} is not the store the run trained on ({why}), so the run's "
                              f"held-out samples are not there; {fix}")

@@ -42,6 +42,12 @@ def lookup_match(tokens: list[int] | np.ndarray, k: int, ngram_max: int = 3,
     return [], 0
 
 
+def assistant_spans(mask) -> list[tuple[int, int]]:
+    """(start, end) of each run of 1s in a loss mask: each assistant turn."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(mask, dtype=np.int8), [0]])))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
+
+
 DATASTORE_AFTER = 2   # a context match this long or longer wins over the datastore (answers repeat their context)
 
 
@@ -61,10 +67,8 @@ class Datastore:
         ds, meta = load_prepared(path)
         if target is not None:
             check_prepared_for(meta, target, path, "pass --datastore data prepared")
-        answers = []
-        for ids, mask in zip(ds["input_ids"], ds["loss_mask"]):
-            edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(mask, dtype=np.int8), [0]])))
-            answers += [list(ids[a:b]) for a, b in zip(edges[::2], edges[1::2])]
+        answers = [list(ids[a:b]) for ids, mask in zip(ds["input_ids"], ds["loss_mask"])
+                   for a, b in assistant_spans(mask)]
         if not answers:
             raise SpecdraftError(f"--datastore {path}: no assistant tokens in its loss mask; pass data prepared "
                                  "with answers (WS/data after prepare --regenerate)")
