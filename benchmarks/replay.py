@@ -1,0 +1,154 @@
+"""τ of any bench method on every natural prompt, by replaying greedy decoding over the target's answers.
+
+    .venv/bin/python benchmarks/replay.py --natural WS/nat/data --drafter RUN
+        [--methods eagle3,hybrid] [-k 3] [--datastore WS/data] [--limit 0] [--max-new-tokens 128]
+        [--label NAME] [--check BENCH_JSON]
+
+Under greedy decoding the target accepts a draft exactly as far as it agrees with the target's own
+answer, and the hidden states a drafter reads are the target's over that answer. So the loop of
+infer/speculative.generate can run without a verify forward: one target forward per prompt computes
+the hidden states of every position (the capture's own hooks, fp32), and each round's accepted path is
+`greedy_path` with the answer's next tokens as the target's choices. The proposers are bench's own
+(`bench.build_methods`: the family's chain, its tree, hybrid, ngram, with the datastore), fed exactly
+what generate feeds them, so τ and the per-position rates are bench's, in minutes instead of a
+27-minute bench, and on all 96 prompts. The answers come from `prepare --conversations
+benchmarks/prompts/natural.jsonl --regenerate` (batched greedy; a row whose batched answer parts from
+batch-1 greedy would make the replay part from bench there). --check BENCH_JSON compares with a
+bench.json measured on the same prompts. Writes benchmarks/results/replay[-LABEL].json and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from ngram_datastore import answers_to_replay  # noqa: E402
+
+from specdraft.analysis.probe import target_hidden  # noqa: E402
+from specdraft.infer.bench import build_methods, load_drafter_for  # noqa: E402
+from specdraft.infer.ngram import Datastore  # noqa: E402
+from specdraft.infer.sampling import Sampling  # noqa: E402
+from specdraft.infer.speculative import Profile, per_position_accept  # noqa: E402
+from specdraft.infer.tree import Draft, greedy_path  # noqa: E402
+from specdraft.targets import load_target  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def replay_one(proposer, ids: list[int], start: int, end: int, aux: torch.Tensor | None
+               ) -> tuple[list[int], list[int]]:
+    """generate()'s loop over one answer ids[start:end], the target's forwards replaced by the answer:
+    -> (accepted, proposed) per round, as Generation records them."""
+    sampling, generator = Sampling(), torch.Generator().manual_seed(0)
+    proposer.profile = Profile()
+    proposer.reset()
+    proposer.observe(None if aux is None else aux[:start])   # the prefill: every prompt position
+    tokens, accepted, proposed = list(ids[:start + 1]), [], []   # the first token comes from the prefill
+    while len(tokens) < end:
+        budget = end - len(tokens) - 1                  # drafts past the answer's end are never used
+        draft = proposer.propose(tokens, budget, sampling, generator) if budget > 0 else Draft([], [])
+        root = len(tokens) - 1
+        choice = [ids[root + 1 + d] if root + 1 + d < end else -1 for d in draft.depths()]
+        path = greedy_path(draft, choice)
+        proposer.observe(None if aux is None else aux[root:root + len(path)])   # the verified root and the accepted drafts
+        accepted.append(len(path) - 1)
+        proposed.append(max(draft.depths()))
+        tokens.extend(ids[root + 1:min(root + 1 + len(path), end)])
+    return accepted, proposed
+
+
+def summary(accepted: list[int], proposed: list[int]) -> dict:
+    rounds = len(accepted)
+    return {"tau": (sum(accepted) + rounds) / rounds if rounds else 1.0, "rounds": rounds,
+            "per_position": [round(x, 4) for x in per_position_accept(accepted, proposed)]}
+
+
+def natural_answers(prepared: Path, limit: int = 0, max_new_tokens: int = 128) -> list[tuple[list[int], int, int]]:
+    """(tokens, answer start, answer end) of the first `limit` answers (0: all), cut at max_new_tokens."""
+    samples = answers_to_replay(prepared)[:limit or None]
+    return [(ids[:min(end, start + max_new_tokens)], start, min(end, start + max_new_tokens))
+            for ids, start, end in samples]
+
+
+def replay_methods(target, methods, samples, on_prompt=None) -> dict[str, dict]:
+    """Every method (bench.Method with a proposer) replayed over every answer: {name: summary + per-prompt τ}.
+    One target forward per answer and aux layer set gives the hidden states all methods read."""
+    runs = {m.name: ([], [], []) for m in methods}                      # accepted, proposed, per-prompt τ
+    for n, (ids, start, end) in enumerate(samples, 1):
+        hidden = {}
+        for m in methods:
+            layers = tuple(m.proposer.aux_layer_ids or [])
+            if layers not in hidden:
+                hidden[layers] = target_hidden(target, [ids], list(layers))[0] if layers else None
+            acc, prop = replay_one(m.proposer, ids, start, end, hidden[layers])
+            runs[m.name][0].extend(acc)
+            runs[m.name][1].extend(prop)
+            runs[m.name][2].append(summary(acc, prop)["tau"])
+        if on_prompt:
+            on_prompt(n, {name: summary(acc, prop)["tau"] for name, (acc, prop, _) in runs.items()})
+    return {name: {**summary(acc, prop), "per_prompt_tau": [round(t, 4) for t in taus]}
+            for name, (acc, prop, taus) in runs.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--natural", type=Path, required=True, help="prepared data of the natural prompts' answers")
+    ap.add_argument("--drafter", required=True)
+    ap.add_argument("--methods", default="eagle3,hybrid", help="bench method names (the family's chain, "
+                    "FAMILY-tree, hybrid, ngram)")
+    ap.add_argument("-k", type=int, default=3)
+    ap.add_argument("--datastore", type=Path, default=None, help="prepared data ngram and hybrid also draft from")
+    ap.add_argument("--limit", type=int, default=0, help="first N prompts (0: all)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--check", type=Path, default=None, help="a bench.json on the same prompts to compare with")
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    samples = natural_answers(a.natural, a.limit, a.max_new_tokens)
+    target = load_target(a.model)
+    drafter = load_drafter_for(a.drafter, target)
+    store = Datastore.from_prepared(a.datastore) if a.datastore else None
+    methods = build_methods(a.methods.split(","), drafter, a.k, None, 3, 1, datastore=store)
+    started = time.perf_counter()
+
+    def shown(n, taus):
+        if n % 8 == 0 or n == len(samples):
+            print(f"{n}/{len(samples)} prompts, {time.perf_counter() - started:.0f} s: "
+                  + ", ".join(f"{k} τ {t:.3f}" for k, t in taus.items()), flush=True)
+
+    rows = replay_methods(target, methods, samples, shown)
+    check = {}
+    if a.check:
+        bench = json.loads(a.check.read_text())["methods"]
+        check = {name: {"bench_tau": bench[name]["accept_len"], "replay_tau": rows[name]["tau"],
+                        "bench_per_position": bench[name]["per_position_accept"]}
+                 for name in rows if name in bench}
+        for name, c in check.items():
+            print(f"{name}: replay τ {c['replay_tau']:.4f}, bench τ {c['bench_tau']:.4f}")
+    config = {"natural": str(a.natural), "prompts": len(samples), "drafter": str(a.drafter), "k": a.k,
+              "max_new_tokens": a.max_new_tokens, "datastore": str(a.datastore) if a.datastore else None,
+              "seconds": round(time.perf_counter() - started, 1), "check": str(a.check) if a.check else None}
+    a.results.mkdir(parents=True, exist_ok=True)
+    stem = a.results / f"replay{'-' + a.label if a.label else ''}"
+    stem.with_suffix(".json").write_text(json.dumps({"config": config, "methods": rows, "check": check}, indent=2))
+    table = [f"| method | τ (K={a.k}), {len(samples)} natural prompts, replay | accepted per position | rounds |",
+             "|---|---|---|---|"]
+    table += [f"| {name} | {r['tau']:.2f} | {' '.join(f'{x:.2f}' for x in r['per_position'])} | {r['rounds']} |"
+              for name, r in rows.items()]
+    stem.with_suffix(".md").write_text("\n".join(table) + "\n")
+    print(f"-> {stem}.json, {stem}.md")
+
+
+if __name__ == "__main__":
+    main()

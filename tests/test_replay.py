@@ -1,0 +1,77 @@
+"""benchmarks/replay.py: greedy decoding replayed over the target's answers gives generate()'s rounds."""
+
+import random
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from specdraft.infer.hybrid import HybridProposer
+from specdraft.infer.ngram import NgramProposer
+from specdraft.infer.speculative import generate
+from specdraft.infer.tree import TreeShape
+from specdraft.model.eagle3.proposer import EagleProposer
+from specdraft.testing import tiny_drafter_for, tiny_llama
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from replay import replay_methods, replay_one  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=3)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    return tiny_drafter_for(target, [0, 2, 3], every=3, seed=0).eval()
+
+
+def prompts(n, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 200) for _ in range(rng.randint(4, 12))] * rng.randint(2, 3) for _ in range(n)]
+
+
+def proposers(drafter):
+    return {"eagle3": EagleProposer(drafter, k=3), "tree": EagleProposer(drafter, tree=TreeShape.parse("2,2,4")),
+            "ngram": NgramProposer(k=3), "hybrid": HybridProposer(EagleProposer(drafter, k=3), ngram_k=3)}
+
+
+def test_replay_gives_every_rounds_accepted_and_proposed_drafts_as_generate(target, drafter):
+    """Chain, tree, n-gram and hybrid: the replay over generate's own output reproduces its rounds exactly,
+    from the answer's hidden states computed in one forward (no verify)."""
+    methods = proposers(drafter)
+    accepted_anywhere = dict.fromkeys(methods, 0)
+    for prompt in prompts(4, seed=5):
+        for name, proposer in methods.items():
+            out = generate(target, prompt, proposer, max_new_tokens=20, eos_token_ids=set())
+            ids = prompt + out.token_ids
+            aux = replay_aux(target, ids, proposer.aux_layer_ids)
+            accepted, proposed = replay_one(proposer, ids, len(prompt), len(ids), aux)
+            assert accepted == out.accepted and proposed == out.proposed, (name, prompt)
+            accepted_anywhere[name] += sum(accepted)
+    assert accepted_anywhere["ngram"] > 0 and accepted_anywhere["hybrid"] > 0, accepted_anywhere
+
+
+def replay_aux(target, ids, layer_ids):
+    from specdraft.analysis.probe import target_hidden
+
+    return target_hidden(SimpleNamespace(model=target), [ids], list(layer_ids))[0] if layer_ids else None
+
+
+def test_replay_methods_sums_rounds_over_answers_as_bench_counts_tau(target, drafter):
+    """τ = (accepted + rounds) / rounds over every answer, per-prompt τ kept, one entry per method."""
+    samples = []
+    for prompt in prompts(3, seed=7):
+        out = generate(target, prompt, None, max_new_tokens=16, eos_token_ids=set())
+        samples.append((prompt + out.token_ids, len(prompt), len(prompt) + 16))
+    methods = [SimpleNamespace(name=name, proposer=p) for name, p in proposers(drafter).items()]
+    seen = []
+    rows = replay_methods(SimpleNamespace(model=target), methods, samples, lambda n, taus: seen.append(n))
+    assert seen == [1, 2, 3] and set(rows) == {"eagle3", "tree", "ngram", "hybrid"}
+    for name, row in rows.items():
+        # 16 new tokens per answer: the prefill's first one, then 15 over the rounds
+        assert row["tau"] * row["rounds"] == pytest.approx(15 * 3), name
+        assert len(row["per_prompt_tau"]) == 3 and 1.0 <= row["tau"] <= 4.0
