@@ -9,7 +9,7 @@ from specdraft.infer.hybrid import HybridProposer, union
 from specdraft.infer.ngram import Datastore, NgramProposer, draft_tokens, lookup_match
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import Profile, generate
-from specdraft.infer.tree import greedy_path
+from specdraft.infer.tree import Draft, greedy_path
 from specdraft.model.eagle3.proposer import EagleProposer
 from specdraft.testing import tiny_drafter_for, tiny_llama
 
@@ -46,6 +46,16 @@ def test_union_merges_shared_prefixes_and_keeps_parents_first():
     # the verifier walks whichever branch the target agrees with, to its end
     assert greedy_path(d, [5, 6, 9, 0, 10, 0]) == [0, 1, 2, 4, 5]     # choice is by node
     assert greedy_path(d, [5, 6, 7, 1, 0, 0]) == [0, 1, 2, 3]
+
+
+def test_union_grafts_a_chain_onto_a_drafters_tree():
+    """The tree's nodes keep their numbers; the n-gram chain reuses the branch it shares, then grows its own."""
+    tree = Draft([5, 8, 6, 9], [0, 0, 1, 1])                 # root -> 5 -> (6, 9); root -> 8
+    d = union([[5, 9, 4]], base=tree)
+    assert d.tokens == [5, 8, 6, 9, 4] and d.parents == [0, 0, 1, 1, 4]
+    assert union([[8]], base=tree).tokens == tree.tokens     # already there: nothing added
+    assert union([[7, 7]], base=tree).parents == [0, 0, 1, 1, 0, 5]
+    assert greedy_path(d, [5, 9, 0, 0, 4, 0]) == [0, 1, 4, 5]
 
 
 def test_lookup_match_reports_the_matched_length():

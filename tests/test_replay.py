@@ -36,7 +36,8 @@ def prompts(n, seed=0):
 
 def proposers(drafter):
     return {"eagle3": EagleProposer(drafter, k=3), "tree": EagleProposer(drafter, tree=TreeShape.parse("2,2,4")),
-            "ngram": NgramProposer(k=3), "hybrid": HybridProposer(EagleProposer(drafter, k=3), ngram_k=3)}
+            "ngram": NgramProposer(k=3), "hybrid": HybridProposer(EagleProposer(drafter, k=3), ngram_k=3),
+            "hybrid-tree": HybridProposer(EagleProposer(drafter, tree=TreeShape.parse("2,2,4")), ngram_k=3)}
 
 
 def test_replay_gives_every_rounds_accepted_and_proposed_drafts_as_generate(target, drafter):
@@ -45,14 +46,16 @@ def test_replay_gives_every_rounds_accepted_and_proposed_drafts_as_generate(targ
     methods = proposers(drafter)
     accepted_anywhere = dict.fromkeys(methods, 0)
     for prompt in prompts(4, seed=5):
+        plain = generate(target, prompt, None, max_new_tokens=20, eos_token_ids=set()).token_ids
         for name, proposer in methods.items():
             out = generate(target, prompt, proposer, max_new_tokens=20, eos_token_ids=set())
+            assert out.token_ids == plain, name                                  # lossless, a grafted tree too
             ids = prompt + out.token_ids
             aux = replay_aux(target, ids, proposer.aux_layer_ids)
             accepted, proposed = replay_one(proposer, ids, len(prompt), len(ids), aux)
             assert accepted == out.accepted and proposed == out.proposed, (name, prompt)
             accepted_anywhere[name] += sum(accepted)
-    assert accepted_anywhere["ngram"] > 0 and accepted_anywhere["hybrid"] > 0, accepted_anywhere
+    assert accepted_anywhere["ngram"] > 0 and accepted_anywhere["hybrid-tree"] > 0, accepted_anywhere
 
 
 def replay_aux(target, ids, layer_ids):
@@ -70,7 +73,7 @@ def test_replay_methods_sums_rounds_over_answers_as_bench_counts_tau(target, dra
     methods = [SimpleNamespace(name=name, proposer=p) for name, p in proposers(drafter).items()]
     seen = []
     rows = replay_methods(SimpleNamespace(model=target), methods, samples, lambda n, taus: seen.append(n))
-    assert seen == [1, 2, 3] and set(rows) == {"eagle3", "tree", "ngram", "hybrid"}
+    assert seen == [1, 2, 3] and set(rows) == {"eagle3", "tree", "ngram", "hybrid", "hybrid-tree"}
     for name, row in rows.items():
         # 16 new tokens per answer: the prefill's first one, then 15 over the rounds
         assert row["tau"] * row["rounds"] == pytest.approx(15 * 3), name

@@ -24,12 +24,13 @@ from specdraft.infer.tree import Draft
 HYBRID = "hybrid"
 
 
-def union(chains: list[list[int]]) -> Draft:
-    """One draft tree holding every chain from the root; chains that share a prefix share its nodes.
-    Nodes are numbered in creation order, so a parent precedes its children (tree.py's rule)."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    node_of: dict[tuple[int, int], int] = {}          # (parent node, token) -> node
+def union(chains: list[list[int]], base: Draft | None = None) -> Draft:
+    """One draft tree holding `base` (a chain or a tree; none: the root alone) and every chain from the
+    root; a chain that shares a prefix with what is already there shares its nodes. Nodes are numbered
+    in creation order, so a parent precedes its children (tree.py's rule)."""
+    tokens = list(base.tokens) if base else []
+    parents = list(base.parents) if base else []
+    node_of = {(p, t): i + 1 for i, (p, t) in enumerate(zip(parents, tokens))}   # (parent node, token) -> node
     for chain in chains:
         node = 0
         for token in chain:
@@ -42,8 +43,8 @@ def union(chains: list[list[int]]) -> Draft:
 
 
 class HybridProposer:
-    """`inner` is any family's chain proposer (it observes every accepted position, so it stays in
-    step whichever branch the target took); `ngram_k` tokens of prompt lookup go beside its chain."""
+    """`inner` is any family's chain or tree proposer (it observes every accepted position, so it stays
+    in step whichever branch the target took); `ngram_k` tokens of prompt lookup go beside its drafts."""
 
     def __init__(self, inner, ngram_k: int = 3, ngram_max: int = 3, ngram_min: int = 1, min_match: int = 2,
                  datastore: Datastore | None = None):
@@ -87,4 +88,4 @@ class HybridProposer:
             return drafted
         if not sampling.greedy:
             return Draft.chain(repeat) if n >= self.min_match else drafted
-        return union([drafted.tokens, repeat])
+        return union([repeat], base=drafted)        # the drafter's chain or tree, the n-gram branch grafted on
