@@ -308,7 +308,7 @@ def test_the_recipe_and_the_readers_of_bench_json_use_the_runs_family(toy_family
                     "recipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64}\n")
     recipe = load_recipe(path)
     assert recipe.family == "toy"
-    assert bench_methods(recipe.family, tree=True) == ["greedy", "plain", "ngram", "toy", "hybrid"]  # no toy tree
+    assert bench_methods(recipe.family, tree=True) == ["greedy", "plain", "ngram", "toy"]  # no toy tree
     monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(TOY, tree=True))
     assert bench_methods("toy", tree=True)[-1] == "toy-tree" and "toy-tree" not in bench_methods("toy", tree=False)
 

@@ -254,9 +254,19 @@ def generate_batch(target, prompts: list[list[dict]], settings: RegenSettings, e
                    on_step=None) -> list[tuple[str, bool, int]]:
     """(answer text, hit --max-new-tokens, new token count) for each prompt conversation."""
     tok = target.tokenizer
-    device = next(target.model.parameters()).device
     encoded = [encode(tok, render_text(tok, p, add_generation_prompt=True)) for p in prompts]
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else end_ids[0]
+    new = padded_generate(target.model, encoded, settings.max_new_tokens, end_ids,
+                          tok.pad_token_id if tok.pad_token_id is not None else end_ids[0],
+                          settings.temperature, on_step)
+    return [answer_from_ids(tok, ids, True, end_ids) for ids in new]
+
+
+@torch.no_grad()
+def padded_generate(model, encoded: list[list[int]], max_new_tokens: int, end_ids: list[int], pad_id: int,
+                    temperature: float = 0.0, on_step=None) -> list[list[int]]:
+    """transformers' generate over the prompts as one left-padded batch -> each row's new token ids
+    (a finished row padded after its end id, as generate returns it)."""
+    device = next(model.parameters()).device
     width = max(len(ids) for ids in encoded)
     # Left padding: every prompt ends at column `width`, where generation starts.
     input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)   # [B, T]
@@ -264,13 +274,11 @@ def generate_batch(target, prompts: list[list[dict]], settings: RegenSettings, e
     for row, ids in enumerate(encoded):
         input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
         attention_mask[row, width - len(ids):] = 1
-    sampling = settings.temperature > 0
+    sampling = temperature > 0
     # Plain temperature sampling over the full vocabulary (no top-k/top-p truncation).
-    kwargs = {"temperature": settings.temperature, "top_k": 0, "top_p": 1.0} if sampling else {}
-    output = target.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                   max_new_tokens=settings.max_new_tokens, do_sample=sampling,
-                                   eos_token_id=list(end_ids), pad_token_id=pad_id,
-                                   stopping_criteria=[ReportEachStep(on_step, width)] if on_step else None,
-                                   **kwargs)
-    new = output[:, width:].tolist()                                          # [B, <= max_new_tokens]
-    return [answer_from_ids(tok, ids, True, end_ids) for ids in new]
+    kwargs = {"temperature": temperature, "top_k": 0, "top_p": 1.0} if sampling else {}
+    output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                            max_new_tokens=max_new_tokens, do_sample=sampling,
+                            eos_token_id=list(end_ids), pad_token_id=pad_id,
+                            stopping_criteria=[ReportEachStep(on_step, width)] if on_step else None, **kwargs)
+    return output[:, width:].tolist()                                         # [B, <= max_new_tokens]
