@@ -36,6 +36,7 @@ from replay import natural_answers, replay_methods
 from specdraft.families import family_of
 from specdraft.formats.checkpoints import load_drafter
 from specdraft.infer import bench as B
+from specdraft.infer.kernels import cpu_info
 from specdraft.infer.speculative import eos_ids_of
 from specdraft.infer.timing import rotated
 from specdraft.infer.tree import TreeShape
@@ -162,7 +163,7 @@ def main() -> None:
     report = {"benchmark": "families", "natural_prompts": args.natural, "num_natural": len(natural), "workspace": str(ws), "prompts": args.prompts, "num_prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "trained": trained,
               "methods": {n: {k: v for k, v in r.items() if k not in ("profile",)} for n, r in results.items()},
-              "environment": B.environment("cpu", "float32")}
+              "environment": {**B.environment("cpu", "float32"), **cpu_info()}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
