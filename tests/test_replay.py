@@ -1,6 +1,5 @@
 """benchmarks/replay.py: greedy decoding replayed over the target's answers gives generate()'s rounds."""
 
-import random
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,26 +11,11 @@ from specdraft.infer.ngram import NgramProposer
 from specdraft.infer.speculative import generate
 from specdraft.infer.tree import TreeShape
 from specdraft.model.eagle3.proposer import EagleProposer
-from specdraft.testing import tiny_drafter_for, tiny_llama
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from replay import replay_methods, replay_one  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=3)
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return tiny_drafter_for(target, [0, 2, 3], every=3, seed=0).eval()
-
-
-def prompts(n, seed=0):
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 200) for _ in range(rng.randint(4, 12))] * rng.randint(2, 3) for _ in range(n)]
+from test_hybrid import drafter, repetitive_prompts, target  # noqa: E402, F401  (the tiny target and drafter)
 
 
 def proposers(drafter):
@@ -45,7 +29,7 @@ def test_replay_gives_every_rounds_accepted_and_proposed_drafts_as_generate(targ
     from the answer's hidden states computed in one forward (no verify)."""
     methods = proposers(drafter)
     accepted_anywhere = dict.fromkeys(methods, 0)
-    for prompt in prompts(4, seed=5):
+    for prompt in repetitive_prompts(4, seed=5):
         plain = generate(target, prompt, None, max_new_tokens=20, eos_token_ids=set()).token_ids
         for name, proposer in methods.items():
             out = generate(target, prompt, proposer, max_new_tokens=20, eos_token_ids=set())
@@ -67,7 +51,7 @@ def replay_aux(target, ids, layer_ids):
 def test_replay_methods_sums_rounds_over_answers_as_bench_counts_tau(target, drafter):
     """τ = (accepted + rounds) / rounds over every answer, per-prompt τ kept, one entry per method."""
     samples = []
-    for prompt in prompts(3, seed=7):
+    for prompt in repetitive_prompts(3, seed=7):
         out = generate(target, prompt, None, max_new_tokens=16, eos_token_ids=set())
         samples.append((prompt + out.token_ids, len(prompt), len(prompt) + 16))
     methods = [SimpleNamespace(name=name, proposer=p) for name, p in proposers(drafter).items()]
