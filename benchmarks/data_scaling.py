@@ -199,7 +199,7 @@ def main() -> None:
     a.tag = f"-{a.label}" if a.label else ""
     results = [point(a.workspace, int(n), a) for n in a.samples.split(",")]
     name = f"data_scaling{a.tag}"
-    from specdraft.infer.kernels import cpu_label   # torch: only once every point is done
+    from specdraft.kernels import cpu_label   # torch: only once every point is done
 
     report = {"cpu": cpu_label(), "k": a.k, "conversations": a.conversations, "extra": a.extra, "settings": a.set,
               "max_new_tokens": a.max_new_tokens, "natural_prompts": a.natural_limit, "holdout_prompts": a.holdout_limit,

@@ -1,10 +1,13 @@
 """The data engine: regeneration and capture tokens/s, vLLM vs transformers, same prompts.
 
     .venv/bin/python benchmarks/engine.py [--samples 128] [--batch 64] [--new-tokens 128] [--rounds 2]
-        [--engines hf,vllm] [--no-capture]
+        [--engines hf,vllm,hf:bfloat16,hf:auto,vllm:bfloat16:128] [--no-capture]
 
 Regeneration engines: hf is `prepare --engine hf` (transformers' generate over left-padded batches of
---batch prompts), vllm the offline vLLM engine; ratios are against hf, from the same rounds.
+--batch prompts), vllm the offline vLLM engine; ENGINE:DTYPE sets prepare's --compute-dtype (float32
+unless named: today's path; auto is what prepare picks on this machine), ENGINE:DTYPE:BATCH its
+--batch-size for that engine alone (vLLM batches what it is given). Ratios are against the first
+engine named, from the same rounds; each row also counts the answers equal to that engine's.
 
 Each measurement runs in a child process of its own (a clean engine, a clean peak-memory figure:
 the child and every process it starts, summed, sampled every 0.1 s), in interleaved rounds:
@@ -37,10 +40,14 @@ ENGINES = ("hf", "vllm")
 def child_regenerate(job: dict) -> dict:
     from specdraft.data.prepare import prepare
 
+    engine, dtype, batch = (job["engine"].split(":") + ["", ""])[:3]
     meta = prepare(model=job["model"], source="builtin", out=job["out"], regenerate=True, limit=job["samples"],
-                   max_new_tokens=job["new_tokens"], batch_size=job["batch"], engine=job["engine"])
+                   max_new_tokens=job["new_tokens"], batch_size=int(batch or job["batch"]), engine=engine,
+                   compute_dtype=dtype or "float32")
     regen = meta["regeneration"]
-    return {"tokens": regen["new_tokens"], "seconds": regen["seconds"], "samples": regen["generated"]}
+    answers = [json.loads(line)["messages"] for line in (Path(job["out"]) / "regen.jsonl").read_text().splitlines()]
+    return {"tokens": regen["new_tokens"], "seconds": regen["seconds"], "samples": regen["generated"],
+            "compute_dtype": regen["compute_dtype"], "answers": answers}
 
 
 def child_capture(job: dict) -> dict:
@@ -77,7 +84,7 @@ def run_child(kind: str, job: dict, work: Path) -> dict:
     """Run one measurement in a child process; add its peak memory (the whole process tree)."""
     import psutil
 
-    job_file = work / f"{kind}-{job['engine']}-{job['round']}.json"
+    job_file = work / f"{kind}-{job['engine'].replace(':', '-')}-{job['round']}.json"
     job_file.write_text(json.dumps(job))
     proc = subprocess.Popen([sys.executable, __file__, "--child", kind, "--job", str(job_file)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -133,14 +140,19 @@ def main() -> None:
     capture_engines = () if args.no_capture else ENGINES
     runs: dict[str, dict[str, list[dict]]] = {"regenerate": {e: [] for e in regen_engines},
                                               "capture": {e: [] for e in capture_engines}}
-    data = None
+    data, reference = None, None
     for r in range(args.rounds):
         for engine in regen_engines:
             job = {"model": args.model, "engine": engine, "round": r, "samples": args.samples, "batch": args.batch,
-                   "new_tokens": args.new_tokens, "out": str(work / f"data-{engine}-{r}")}
-            runs["regenerate"][engine].append(run_child("regenerate", job, work))
+                   "new_tokens": args.new_tokens, "out": str(work / f"data-{engine.replace(':', '-')}-{r}")}
+            run = run_child("regenerate", job, work)
+            answers = run.pop("answers")
+            reference = reference or answers
+            run["equal_answers"] = len({json.dumps(a) for a in answers} & {json.dumps(a) for a in reference})
+            runs["regenerate"][engine].append(run)
             data = data or job["out"]        # capture reads round 1's first data, every time
-            console.print(f"round {r + 1}: regenerate {engine}: {runs['regenerate'][engine][-1]['tokens_per_s']:.1f} tok/s")
+            console.print(f"round {r + 1}: regenerate {engine} ({run['compute_dtype']}): {run['tokens_per_s']:.1f} "
+                          f"tok/s, {run['equal_answers']}/{len(answers)} answers equal to {regen_engines[0]}'s")
         for engine in capture_engines:
             job = {"model": args.model, "engine": engine, "round": r, "data": data,
                    "out": str(work / f"hidden-{engine}-{r}")}
@@ -152,21 +164,23 @@ def main() -> None:
         if not by_engine:
             continue
         med = {e: statistics.median(x["tokens_per_s"] for x in by_engine[e]) for e in by_engine}
-        base = med.get("hf") or next(iter(med.values()))
-        summary[kind] = {"median_tokens_per_s": med, "vs_baseline": {e: v / base for e, v in med.items()},
-                         "baseline": "hf" if "hf" in med else next(iter(med)),
-                         "peak_rss_gib": {e: max(x["peak_rss_gib"] for x in by_engine[e]) for e in by_engine}}
+        baseline = next(iter(med))
+        summary[kind] = {"median_tokens_per_s": med, "vs_baseline": {e: med[e] / med[baseline] for e in med},
+                         "baseline": baseline,
+                         "peak_rss_gib": {e: max(x["peak_rss_gib"] for x in by_engine[e]) for e in by_engine},
+                         "equal_answers": {e: min(x.get("equal_answers", -1) for x in by_engine[e]) for e in by_engine}}
         if "vllm" in med and "hf" in med:
             summary[kind]["vllm_vs_hf"] = med["vllm"] / med["hf"]
     starts = [x["engine_start_seconds"] for x in runs["capture"].get("vllm", [])]
     import torch
     import transformers
 
-    from specdraft.infer.kernels import cpu_label
+    from specdraft.kernels import cpu_label
 
     result = {"model": args.model, "samples": args.samples, "batch": args.batch, "new_tokens": args.new_tokens,
               "rounds": args.rounds, "cpu": cpu_label(),
-              "dtype": "float32 compute, bfloat16 store", "cpu_count": os.cpu_count(),
+              "dtype": "regeneration: each run's compute_dtype; capture: float32 compute, bfloat16 store",
+              "cpu_count": os.cpu_count(),
               "versions": {"vllm": vllm_version(), "transformers": transformers.__version__,
                            "torch": torch.__version__},
               "goal_vllm_vs_hf": 0.9, "summary": summary, "vllm_capture_engine_start_seconds": starts,
@@ -176,12 +190,13 @@ def main() -> None:
 
     table = Table(title=f"data engine on {args.model}: {args.samples} prompts x <= {args.new_tokens} new tokens, "
                         f"median of {args.rounds} interleaved rounds")
-    for col in ("stage", "engine", "tok/s", "x baseline", "peak RSS"):
+    for col in ("stage", "engine", "tok/s", "x baseline", "peak RSS", "answers equal to baseline's"):
         table.add_column(col, justify="right" if col not in ("stage", "engine") else "left")
     for kind, s in summary.items():
         for e, tps in s["median_tokens_per_s"].items():
             table.add_row(kind, e, f"{tps:.1f}", f"{s['vs_baseline'][e]:.2f}x ({s['baseline']})",
-                          f"{s['peak_rss_gib'][e]:.2f} GiB")
+                          f"{s['peak_rss_gib'][e]:.2f} GiB",
+                          f"{s['equal_answers'][e]}/{args.samples}" if s["equal_answers"][e] >= 0 else "-")
     console.print(table)
     if starts:
         console.print(f"vLLM capture engine start: {', '.join(f'{s:.0f} s' for s in starts)} (not in tok/s)")

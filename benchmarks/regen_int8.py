@@ -23,7 +23,7 @@ from torch import nn
 from specdraft.data import builtin_prompts
 from specdraft.data.regenerate import RegenSettings, generate_batch
 from specdraft.data.render import end_of_turn_ids
-from specdraft.infer.kernels import cpu_label
+from specdraft.kernels import cpu_label
 from specdraft.targets import load_target
 
 

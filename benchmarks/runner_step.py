@@ -5,7 +5,7 @@
 
 Speculative decoding pays per round what plain decoding pays per token, plus the drafts. So the
 loop's own 1-token forward (TargetRunner.verify: tensors built per call, the aux-layer taps, the
-kernel paths of infer/kernels.py, cache bookkeeping, Python per step) must cost no more than a step
+kernel paths of kernels.py, cache bookkeeping, Python per step) must cost no more than a step
 of transformers' generate (issue 23). Each variant below decodes `steps` tokens after a prompt of
 `context` tokens, and its per-step time is (time for 1 + steps tokens - time for 1 token) / steps,
 so the prefill drops out. Variants run interleaved, the order rotated per round; medians kept:
@@ -37,7 +37,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).parent))
 from verify_cost import cpu_kind  # noqa: E402
 
-from specdraft.infer import kernels, speculative  # noqa: E402
+from specdraft import kernels, speculative  # noqa: E402
 from specdraft.infer.tree import Draft  # noqa: E402
 from specdraft.targets import load_target  # noqa: E402
 

@@ -4,7 +4,7 @@
         [--repeats 9] [--threads 2] [--dtype float32|bfloat16]
 
 Speculative decoding only pays if a target forward over the root + K drafts costs about what a
-1-token forward costs. Which matmul makes that true depends on the CPU (infer/kernels.py): this
+1-token forward costs. Which matmul makes that true depends on the CPU (kernels.py): this
 benchmark times one forward over n = 1..n_max new tokens on top of a KV cache of `context` tokens
 with every Linear on `F.linear` (plain transformers), on mm(W, x^T) at every few-row count (the
 choice that was once hard-coded), and on the path measured for this machine (what the loop runs),
@@ -29,7 +29,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from specdraft.infer import kernels
+from specdraft import kernels
 from specdraft.infer.speculative import Profile, TargetRunner, cache_kwarg, few_row_matmul, target_linears
 from specdraft.targets import load_target
 

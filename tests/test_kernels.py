@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from specdraft.infer import kernels
+from specdraft import kernels
 from specdraft.infer.speculative import few_row_matmul
 
 
@@ -105,7 +105,7 @@ def test_measured_paths_run_inside_few_row_matmul_and_match_linear():
 @pytest.mark.parametrize("tie", [False, True])
 def test_streamed_weight_bytes_count_a_tied_head_once_and_skip_an_untied_embedding(tie):
     """The floor's numerator: what one forward reads. A lookup reads one row of an untied embedding."""
-    from specdraft.infer.kernels import streamed_weight_bytes, weight_floor
+    from specdraft.kernels import streamed_weight_bytes, weight_floor
     from specdraft.testing import tiny_llama
 
     model = tiny_llama(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=0, tie=tie)
@@ -129,3 +129,25 @@ def test_kernel_path_linear_skips_the_timing_and_anything_else_is_one_line(monke
     monkeypatch.setenv("SPECDRAFT_KERNEL_PATH", "mm")
     with pytest.raises(SpecdraftError, match="SPECDRAFT_KERNEL_PATH=mm: use linear"):
         kernels.kernel_table([(64, 160)])
+
+
+def test_faster_dtype_needs_a_clear_win_and_is_timed_once_per_machine(tmp_path, monkeypatch):
+    """Regeneration's 'auto' dtype (issue 33): another dtype replaces float32 only when it beats it by
+    DTYPE_MARGIN over the forward's Linears, and the timing is cached, not repeated."""
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
+    shapes = {(64, 128): 3, (128, 64): 1}
+    speed = {torch.float32: 1.0, torch.bfloat16: 0.9}
+    timed = []
+
+    def timer(shape, rows, dtype):
+        timed.append((shape, rows, dtype))
+        return speed[dtype]
+
+    dtype, ms = kernels.faster_dtype(shapes, 64, timer=timer)
+    assert dtype == "float32" and ms == {"float32": 4.0, "bfloat16": 3.6}          # 10% faster: not enough
+    assert len(timed) == 4
+    speed[torch.bfloat16] = 0.5
+    dtype, ms = kernels.faster_dtype(shapes, 32, timer=timer)
+    assert dtype == "bfloat16" and ms["bfloat16"] == 2.0
+    monkeypatch.setattr(kernels, "time_paths", lambda *a, **k: pytest.fail("timed again"))
+    assert kernels.faster_dtype(shapes, 32) == (dtype, ms)                          # read from the cache

@@ -71,7 +71,7 @@ def test_nan_and_inf_in_json_files_and_numeric_flags_are_one_line(ws, monkeypatc
 ])
 def test_the_kernel_cache_is_never_an_error(timings, tmp_path, monkeypatch):
     import torch
-    from specdraft.infer import kernels
+    from specdraft import kernels
 
     monkeypatch.setattr(kernels, "_TABLES", {})
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))

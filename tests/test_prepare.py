@@ -232,6 +232,9 @@ def bad_inputs(tmp_path, tiny_target):
         # issue 36: was told to relax --min-assistant-tokens
         ("prompts only need --regenerate", [*model, "--conversations", prompts_only, "--out", out],
          "the 3 conversations hold prompts only (no assistant turn to train on); pass --regenerate"),
+        ("unknown compute dtype", [*model, "--conversations", "builtin", "--regenerate", "--out", out,
+                                   "--compute-dtype", "int8"],
+         "--compute-dtype int8: use auto, float32, bfloat16, float16"),
     ]
 
 
@@ -293,3 +296,39 @@ def test_prepare_says_when_answers_were_cut_at_the_token_cap():
     assert lines[0] == "prepared 8 samples, 900 tokens (400 trained) -> ws/data"
     assert lines[1].startswith("warning: 5 regenerated answer(s) hit --max-new-tokens 64") and len(lines) == 2
     assert len(summary_lines({**meta, "regeneration": None}, "ws/data")) == 1
+
+
+def test_regeneration_dtype_is_recorded_and_answers_of_another_dtype_are_not_reused(tiny_target, tmp_path):
+    """prepare --compute-dtype: the target writes in that dtype, prepare.json says which, and a re-run in
+    another dtype regenerates instead of reusing the first dtype's answers (issue 33)."""
+    kw = dict(regenerate=True, limit=2, batch_size=2, max_new_tokens=4)
+    bf16 = prepare(str(tiny_target), "builtin", tmp_path / "out", compute_dtype="bfloat16", **kw)
+    assert bf16["regeneration"]["compute_dtype"] == "bfloat16" and bf16["regeneration"]["generated"] == 2
+    again = prepare(str(tiny_target), "builtin", tmp_path / "out", compute_dtype="bfloat16", **kw)
+    assert again["regeneration"]["reused"] == 2 and again["regeneration"]["generated"] == 0
+    fp32 = prepare(str(tiny_target), "builtin", tmp_path / "out", compute_dtype="float32", **kw)
+    assert fp32["regeneration"]["compute_dtype"] == "float32"
+    assert fp32["regeneration"]["generated"] == 2 and fp32["regeneration"]["reused"] == 0
+    # 'auto' in the suite (SPECDRAFT_KERNEL_PATH=linear) is float32 on every machine: the float32 answers
+    auto = prepare(str(tiny_target), "builtin", tmp_path / "out", **kw)
+    assert auto["regeneration"]["compute_dtype"] == "float32" and auto["regeneration"]["reused"] == 2
+
+
+def test_auto_regeneration_dtype_follows_this_machines_measurement(monkeypatch):
+    from transformers import LlamaConfig
+
+    from specdraft.data import regenerate
+    from specdraft import kernels
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=100)
+    assert regenerate.regeneration_dtype("bfloat16", cfg, 64) == "bfloat16"
+    assert regenerate.regeneration_dtype("auto", cfg, 64) == "float32"          # the suite: no timing
+    monkeypatch.setenv("SPECDRAFT_KERNEL_PATH", "")
+    asked = []
+    monkeypatch.setattr(kernels, "faster_dtype", lambda shapes, rows: asked.append((shapes, rows)) or ("bfloat16", {}))
+    assert regenerate.regeneration_dtype("auto", cfg, 64) == "bfloat16"
+    shapes, rows = asked[0]
+    assert rows == 64
+    # per layer q, k, v, o, gate, up, down; the head once
+    assert shapes == {(64, 64): 4, (64, 32): 4, (64, 128): 4, (128, 64): 2, (64, 100): 1}

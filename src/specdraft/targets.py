@@ -458,6 +458,22 @@ def load_target_head(model: str, dtype: str = "float32", device: str = "cpu", tr
     return described
 
 
+def linear_counts(config) -> dict[tuple[int, int], int]:
+    """(in, out) -> how many such Linears one forward of this decoder runs: attention, MLP and the head
+    (a proxy kernels.faster_dtype times; a field the config lacks takes the Llama default)."""
+    cfg = getattr(config, "text_config", None) or config
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    d = getattr(cfg, "head_dim", None) or h // heads
+    mlp = getattr(cfg, "intermediate_size", None) or 4 * h
+    counts: dict[tuple[int, int], int] = {}
+    for shape, n in (((h, heads * d), 1), ((h, kv * d), 2), ((heads * d, h), 1), ((h, mlp), 2), ((mlp, h), 1)):
+        counts[shape] = counts.get(shape, 0) + n * layers
+    counts[(h, cfg.vocab_size)] = counts.get((h, cfg.vocab_size), 0) + 1
+    return counts
+
+
 def target_config(model: str, trust_remote_code: bool = False):
     """The target's transformers config (no weights), refused unless a decoder-only causal LM."""
     from transformers import AutoConfig

@@ -20,7 +20,7 @@ from specdraft.defaults import LONGEST_CHAIN
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT, Family, family
 from specdraft.formats.checkpoints import resolve_checkpoint
-from specdraft.infer import kernels
+from specdraft import kernels
 from specdraft.infer.auto import checkpoint_accept, draft_timer, measure_costs
 from specdraft.infer.bench import load_drafter_for
 from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from,  # noqa: F401

@@ -24,7 +24,7 @@ from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT, family, family_of
 from specdraft.formats import card
-from specdraft.infer import kernels
+from specdraft import kernels
 from specdraft.infer.bench import why_not_faster
 from specdraft.io import atomic_path, check_fields
 

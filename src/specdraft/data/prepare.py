@@ -23,11 +23,14 @@ from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_opti
 from specdraft.errors import SpecdraftError
 from specdraft.io import ensure_writable_dir
 
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16", "float16")   # prepare --compute-dtype
+
 FORMAT_VERSION = 1
 
 
 def check_options(max_length: int, min_assistant_tokens: int, limit: int | None, batch_size: int,
-                  max_new_tokens: int, temperature: float, follow_ups: float = 0.0) -> None:
+                  max_new_tokens: int, temperature: float, follow_ups: float = 0.0,
+                  compute_dtype: str = "auto") -> None:
     if max_length < 2:
         raise SpecdraftError(f"--max-length {max_length}: must be at least 2 tokens")
     if min_assistant_tokens < 1:   # a sample with no trained token: the store refuses it (store.check_samples)
@@ -42,6 +45,8 @@ def check_options(max_length: int, min_assistant_tokens: int, limit: int | None,
         raise SpecdraftError(f"--temperature {temperature}: must be >= 0 (0 = greedy)")
     if not 0 <= follow_ups <= 1:
         raise SpecdraftError(f"--follow-ups {follow_ups}: must be 0..1 (the share of self-written conversations)")
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise SpecdraftError(f"--compute-dtype {compute_dtype}: use {', '.join(COMPUTE_DTYPES)}")
 
 
 @dataclass
@@ -61,7 +66,8 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
             max_new_tokens: int = 256, max_length: int = 2048, min_assistant_tokens: int = 1,
             dedup: bool = True, limit: int | None = None, batch_size: int = 16, split: str = "train",
             seed: int = 0, trust_remote_code: bool = False, console: Console | None = None,
-            engine="auto", part: tuple[int, int] | None = None, follow_ups: float = 0.0) -> dict:
+            engine="auto", part: tuple[int, int] | None = None, follow_ups: float = 0.0,
+            compute_dtype: str = "auto") -> dict:
     """Write OUT/dataset and OUT/prepare.json; return the prepare.json content.
 
     `part` (I, N) keeps samples I-1, I-1+N, ... (prepared.part_indices): with --regenerate, of the
@@ -72,16 +78,21 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     running `vllm serve`) is what regenerates; without --regenerate no engine runs.
 
     `follow_ups` (0..1): that share of the self-written conversations get a second user turn that
-    the target writes after its first answer, then answers (second_turns)."""
+    the target writes after its first answer, then answers (second_turns).
+
+    `compute_dtype` of the target that writes ('auto': regenerate.regeneration_dtype, measured here);
+    prepare.json records the one used."""
     started = time.perf_counter()
     console = console or Console(stderr=True)
-    check_options(max_length, min_assistant_tokens, limit, batch_size, max_new_tokens, temperature, follow_ups)
+    check_options(max_length, min_assistant_tokens, limit, batch_size, max_new_tokens, temperature, follow_ups,
+                  compute_dtype)
     opts = engine if isinstance(engine, EngineOptions) else engine_options(engine)
     if opts.endpoint and not regenerate:
         raise SpecdraftError("--endpoint: only regeneration runs on a server; add --regenerate or drop --endpoint")
     src = read_source(source, split, seed, limit, regenerate, follow_ups)
     out = ensure_writable_dir(out)
-    target, engine_name, end_ids = open_target(model, src, regenerate, opts, trust_remote_code)
+    target, engine_name, end_ids, dtype = open_target(model, src, regenerate, opts, trust_remote_code, compute_dtype,
+                                                      batch_size)
     conversations = with_self_written(src, target, out, end_ids, seed, batch_size, limit, console)
     records = len(conversations)
     dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "over_limit": 0}
@@ -90,7 +101,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
         from specdraft.data.regenerate import RegenSettings
 
         settings = RegenSettings(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                                 target=target.identity["fingerprint"])
+                                 target=target.identity["fingerprint"], compute_dtype=dtype)
         conversations = regeneration_input(conversations, dedup, limit, part, dropped)
         conversations, regeneration = regenerate_answers(conversations, target, engine_name, opts, settings, end_ids,
                                                          out, batch_size, follow_ups, console)
@@ -127,13 +138,16 @@ def read_source(source: str, split: str, seed: int, limit: int | None, regenerat
     return src
 
 
-def open_target(model: str, src: Source, regenerate: bool, opts: EngineOptions, trust_remote_code: bool):
-    """(target, engine name, end-of-turn ids). torch and transformers load only now: bad data was
-    reported in a fraction of a second. The hf engine loads the weights; another engine holds them,
-    so only config, tokenizer and fingerprint are read here."""
+def open_target(model: str, src: Source, regenerate: bool, opts: EngineOptions, trust_remote_code: bool,
+                compute_dtype: str = "auto", batch_size: int = 16):
+    """(target, engine name, end-of-turn ids, compute dtype). torch and transformers load only now: bad
+    data was reported in a fraction of a second. The hf engine loads the weights, in the dtype it
+    regenerates in; another engine holds them, so only config, tokenizer and fingerprint are read here."""
     import torch
 
-    from specdraft.targets import describe_target, generation_config, load_target, load_tokenizer
+    from specdraft.data.regenerate import regeneration_dtype
+    from specdraft.targets import (describe_target, generation_config, load_target, load_tokenizer,
+                                   target_config)
 
     quiet_libraries()
     require_chat_template(load_tokenizer(model, trust_remote_code), model)
@@ -143,15 +157,17 @@ def open_target(model: str, src: Source, regenerate: bool, opts: EngineOptions, 
     if (src.kind == "self" or src.self_count is not None) and engine_name != "hf":
         raise SpecdraftError(f"--conversations {src.text}: the target writes its questions in this process; "
                              "use --engine hf (the answers are then regenerated in-process too)")
+    dtype = "float32"
+    if regenerate and engine_name != "endpoint":
+        dtype = regeneration_dtype(compute_dtype, target_config(model, trust_remote_code), batch_size)
     if engine_name == "hf":
-        cuda = torch.cuda.is_available() and regenerate
-        target = load_target(model, dtype="bfloat16" if cuda else "float32", device="cuda" if cuda else "cpu",
+        target = load_target(model, dtype=dtype, device="cuda" if torch.cuda.is_available() and regenerate else "cpu",
                              trust_remote_code=trust_remote_code)
         gen_config = getattr(target.model, "generation_config", None)
     else:
         target = describe_target(model, trust_remote_code)
         gen_config = generation_config(target.path)
-    return target, engine_name, end_of_turn_ids(target.tokenizer, gen_config)
+    return target, engine_name, end_of_turn_ids(target.tokenizer, gen_config), dtype
 
 
 def with_self_written(src: Source, target, out: Path, end_ids: list[int], seed: int, batch_size: int,
@@ -198,8 +214,7 @@ def regenerate_answers(conversations: list[Conversation], target, engine_name: s
     used = ({"name": "vllm-endpoint", "url": opts.endpoint} if engine_name == "endpoint"
             else engine_record(engine_name))
     regeneration = {**settings.as_dict(), "batch_size": batch_size, "engine": used,
-                    "compute_dtype": str(next(target.model.parameters()).dtype).removeprefix("torch.")
-                    if engine_name == "hf" else None, **vars(stats)}
+                    "compute_dtype": None if engine_name == "endpoint" else settings.compute_dtype, **vars(stats)}
     if follow_ups:
         regeneration["follow_ups"] = second
     return [Conversation(messages=m, where=c.where) for m, c in zip(answered, conversations)], regeneration

@@ -34,11 +34,14 @@ class RegenSettings:
     max_new_tokens: int = 256
     seed: int = 0
     target: str = ""          # target fingerprint: answers of another target are not reused
+    compute_dtype: str = "float32"   # what the target computed in: answers of another dtype are not reused
 
     def as_dict(self) -> dict:
         d = {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens, "target": self.target}
         if self.temperature > 0:
             d["seed"] = self.seed
+        if self.compute_dtype != "float32":   # float32 keys stay as they were before the dtype was a choice
+            d["compute_dtype"] = self.compute_dtype
         return d
 
 
@@ -222,13 +225,30 @@ def answer_engine(engine: str, target, settings: RegenSettings, end_ids: list[in
         yield lambda prompts, seeds, on_step=None: ve.endpoint_answers(
             opts.endpoint, served, tok, prompt_ids(prompts), settings, end_ids, seeds)
         return
-    dtype = "bfloat16" if torch.cuda.is_available() else "float32"
-    llm = ve.start_llm(ve.llm_arguments(target.path, dtype, opts, seed=settings.seed))
+    llm = ve.start_llm(ve.llm_arguments(target.path, settings.compute_dtype, opts, seed=settings.seed))
     try:
         yield lambda prompts, seeds, on_step=None: ve.vllm_answers(llm, tok, prompt_ids(prompts), settings,
                                                                    end_ids, seeds)
     finally:
         ve.stop_llm(llm)
+
+
+def regeneration_dtype(requested: str, config, batch_size: int) -> str:
+    """The dtype the target regenerates in: as asked, or for 'auto' bf16 on a GPU and, on a CPU, the
+    dtype whose matmuls at a decode step's rows (the batch) measure faster on this machine, timed once
+    and cached (kernels.faster_dtype; a CPU with AMX or AVX512-BF16 may pick bf16, AVX2 keeps float32).
+    Answers then need not equal float32 greedy; prepare.json records the dtype. Under
+    SPECDRAFT_KERNEL_PATH=linear (the suite) 'auto' is float32: the same answers on every machine."""
+    from specdraft import kernels
+    from specdraft.targets import linear_counts
+
+    if requested != "auto":
+        return requested
+    if torch.cuda.is_available():
+        return "bfloat16"
+    if not kernels.measuring():
+        return "float32"
+    return kernels.faster_dtype(linear_counts(config), batch_size)[0]
 
 
 def seed_batch(settings: RegenSettings, batch_keys: list[str]) -> None:

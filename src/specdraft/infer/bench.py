@@ -34,7 +34,7 @@ from specdraft.targets import default_aux_layers
 
 # greedy: transformers' generate (what a user runs without us; every speedup is against it).
 # plain: specdraft's own loop with no drafter, on the kernel paths measured for this machine
-# (infer/kernels.py): a drafter's speedup over plain is what the drafts alone bring.
+# (kernels.py): a drafter's speedup over plain is what the drafts alone bring.
 # Then a drafter's own chain under its family's name, FAMILY-tree where the family drafts trees, and hybrid:
 # the drafter's chain and the n-gram continuation verified together (infer/hybrid.py), any family.
 BASE_METHODS = ("greedy", "plain", "ngram")

@@ -23,7 +23,7 @@ from typing import Callable, Protocol
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.infer.kernels import measured_linear, mm_flags, target_linears
+from specdraft.kernels import measured_linear, mm_flags, target_linears
 from specdraft.infer.sampling import Sampling, accept_draft, probabilities, sample
 from specdraft.infer.tree import Draft, ancestor_mask, greedy_path
 from specdraft.targets import decoder_layers, tap_hidden_states
@@ -138,7 +138,7 @@ def eos_ids_of(model, tokenizer=None) -> set[int]:
 def few_row_matmul(model, linears: list[torch.nn.Linear] | None = None,
                    flags: list[tuple[bool, ...]] | None = None):
     """Within the block, the CPU model's nn.Linear layers run, per row count, the kernel measured
-    fastest on this machine for their shape (infer/kernels.py: F.linear or mm(W, x^T)); restored
+    fastest on this machine for their shape (kernels.py: F.linear or mm(W, x^T)); restored
     after. `flags` (kernels.mm_flags of `linears`) saves the table lookup on a hot path."""
     if next(model.parameters()).device.type != "cpu":
         yield

@@ -14,7 +14,7 @@ import torch
 
 from specdraft.errors import SpecdraftError
 from specdraft.infer.sampling import Sampling
-from specdraft.infer.kernels import mm_flags, target_linears
+from specdraft.kernels import mm_flags, target_linears
 from specdraft.infer.speculative import Profile, few_row_matmul
 from specdraft.infer.tree import Draft, TreeShape
 from specdraft.model.common.cache import GrowingKVCache

@@ -98,7 +98,8 @@ def machine_key(dtype: torch.dtype) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def time_paths(shape: Shape, rows: int, dtype: torch.dtype = torch.float32, repeats: int = REPEATS) -> dict[str, float]:
+def time_paths(shape: Shape, rows: int, dtype: torch.dtype = torch.float32, repeats: int = REPEATS,
+               paths: tuple[str, ...] = PATHS) -> dict[str, float]:
     """ms per call of each path at this shape and row count, as a forward meets it: the weight cold.
 
     A model's weights (SmolLM2: 540 MB) stream through the cache once per forward, so timing one small
@@ -111,10 +112,10 @@ def time_paths(shape: Shape, rows: int, dtype: torch.dtype = torch.float32, repe
     copies = max(1, min(COLD_BYTES // weight_bytes, 256))
     weights = [torch.randn(n_out, n_in, generator=g).to(dtype) for _ in range(copies)]   # [out, in] each
     x = torch.randn(1, rows, n_in, generator=g).to(dtype)                                 # [1, rows, in]
-    samples: dict[str, list[float]] = {p: [] for p in PATHS}
+    samples: dict[str, list[float]] = {p: [] for p in paths}
     with torch.inference_mode():
         for r in range(repeats + 1):                  # the first round warms up
-            for path in (PATHS if r % 2 == 0 else PATHS[::-1]):
+            for path in (paths if r % 2 == 0 else paths[::-1]):
                 use_mm = path == "mm"
                 start = time.perf_counter()
                 for w in weights:
@@ -247,6 +248,40 @@ def mm_flags(linears: list[torch.nn.Linear], timer: Timer | None = None) -> list
         return None
     table = kernel_table(linear_shapes(linears), linears[0].weight.dtype, timer)
     return [table.use_mm((m.in_features, m.out_features)) for m in linears]
+
+
+DTYPE_MARGIN = 0.2              # another dtype must beat float32 by this much: answers change with it
+
+
+def faster_dtype(shapes: dict[Shape, int], rows: int, candidates: tuple[str, ...] = ("float32", "bfloat16"),
+                 timer: Callable[[Shape, int, torch.dtype], float] | None = None) -> tuple[str, dict[str, float]]:
+    """(the dtype to compute in, each candidate's ms): F.linear over `shapes` (shape -> how many such
+    Linears one forward runs) at `rows` rows, the weights cold, timed per dtype on this machine once and
+    cached beside the kernel tables. float32 unless another dtype beats it by DTYPE_MARGIN: a CPU without
+    native bf16 (AVX2) emulates it and loses, one with AVX512-BF16 or AMX may win (issue 33)."""
+    from specdraft.io import read_json, write_json
+
+    names = sorted(shape_name(s) + f"*{n}" for s, n in shapes.items())
+    key = hashlib.sha256(f"{machine_key(torch.float32)}|{names}|{rows}|{candidates}".encode()).hexdigest()[:16]
+    path = cache_file(f"dtype-{key}")
+    ms = None
+    if timer is None and path.is_file():
+        try:
+            ms = read_json(path, "dtype timing").get("ms")
+        except Exception:    # a damaged cache file is measured again, never an error
+            ms = None
+    if not (isinstance(ms, dict) and all(isinstance(ms.get(c), (int, float)) for c in candidates)):
+        if timer is None:
+            print(f"compute dtype: timing {' vs '.join(candidates)} matmuls at {rows} rows on this machine (once, "
+                  f"cached in {path})", file=sys.stderr, flush=True)
+        measure = timer or (lambda shape, n, dtype: time_paths(shape, n, dtype, paths=("linear",))["linear"])
+        ms = {c: sum(count * measure(s, rows, getattr(torch, c)) for s, count in shapes.items()) for c in candidates}
+        try:
+            write_json(path, {"machine": cpu_identity(), "shapes": names, "rows": rows, "ms": ms})
+        except (OSError, SpecdraftError):   # a read-only or full cache still runs, it measures again next time
+            pass
+    best = min(candidates, key=lambda c: ms[c])
+    return (best if ms[best] < ms["float32"] * (1 - DTYPE_MARGIN) else "float32"), ms
 
 
 FLOOR_BYTES = 256 << 20         # the copy that measures bandwidth: far beyond any last-level cache
