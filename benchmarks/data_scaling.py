@@ -19,7 +19,7 @@ and `train --config quick.yaml` (plus any `--set KEY=VALUE` training setting: th
 first --natural-limit of its 96 hand-written prompts: its lines alternate categories) and on the
 builtin hold-out, with ngram, the drafter's chain and hybrid at -k K (n-gram and hybrid also drafting from
 the point's answers, --datastore, as the recipes do): τ of each, each method's output checked equal to greedy. `--natural-store` (a store captured from the natural set's prompts:
-`prepare --conversations benchmarks/prompts/natural.jsonl --regenerate` then `capture`) adds the
+`prepare --conversations benchmarks/prompts/natural.jsonl --regenerate --compute-dtype float32` then `capture`) adds the
 drafter's τ on all 96 natural prompts by `eval` in seconds (greedy chain τ is the same number a bench
 measures, without generating); --natural-limit 0 / --holdout-limit 0 skip a bench. Every stage's wall seconds are recorded, so τ is read against the
 CPU minutes that bought it. Writes benchmarks/results/data_scaling[-LABEL].json, a Markdown table and a

@@ -15,7 +15,7 @@ Triton), so DSpark has no vLLM τ here (benchmarks/interop_vllm.py). Reports tra
 tokens/s, τ and tok/s vs greedy, and whether each output equals greedy's; then τ of every drafter method
 on all the natural prompts, replayed over the target's answers to them (benchmarks/replay.py: bench's τ
 without a verify forward; --natural is `prepare --conversations benchmarks/prompts/natural.jsonl
---regenerate --max-new-tokens 128`'s output). Writes JSON and a table.
+--regenerate --compute-dtype float32 --max-new-tokens 128`'s output: fp32 greedy, as bench). Writes JSON and a table.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 
 Under greedy decoding a draft is accepted exactly as far as it agrees with the target's own answer, so
 replaying the proposer over answers the target already wrote (`prepare --conversations
-benchmarks/prompts/natural.jsonl --regenerate --max-new-tokens 128`) gives the τ a bench would
+benchmarks/prompts/natural.jsonl --regenerate --compute-dtype float32 --max-new-tokens 128`) gives the τ a bench would
 measure, round by round, with no target forward. The replay calls the proposer's own lookup
 (infer/ngram.py draft_tokens), so it measures the code bench runs. Each --datastore is prepared data
 whose answers the lookup also drafts from (the target's answers to *training* prompts, never the
@@ -33,10 +33,16 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def answers_to_replay(prepared: Path) -> list[tuple[list[int], int, int]]:
-    """(tokens, start, end) of each sample's last assistant turn: the answer generation would write."""
+    """(tokens, start, end) of each sample's last assistant turn: the answer generation would write.
+    Only float32 answers replay bench's fp32 greedy: prepare's default dtype is measured per machine
+    and may be bf16, so a store regenerated in another dtype is refused."""
     from specdraft.data.prepared import load_prepared
 
-    ds, _ = load_prepared(prepared)
+    ds, meta = load_prepared(prepared)
+    dtype = (meta.get("regeneration") or {}).get("compute_dtype") or "float32"
+    if dtype != "float32":
+        raise SystemExit(f"{prepared}: answers regenerated in {dtype}, but replay stands for fp32 greedy; "
+                         "prepare it again with --compute-dtype float32")
     return [(list(ids), *spans[-1]) for ids, mask in zip(ds["input_ids"], ds["loss_mask"])
             if (spans := assistant_spans(mask))]
 

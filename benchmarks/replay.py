@@ -12,7 +12,7 @@ the hidden states of every position (the capture's own hooks, fp32), and each ro
 (`bench.build_methods`: the family's chain, its tree, hybrid, ngram, with the datastore), fed exactly
 what generate feeds them, so τ and the per-position rates are bench's, in minutes instead of a
 27-minute bench, and on all 96 prompts. The answers come from `prepare --conversations
-benchmarks/prompts/natural.jsonl --regenerate` (batched greedy; a row whose batched answer parts from
+benchmarks/prompts/natural.jsonl --regenerate --compute-dtype float32` (batched greedy; a row whose batched answer parts from
 batch-1 greedy would make the replay part from bench there). --check BENCH_JSON compares with a
 bench.json measured on the same prompts. Writes benchmarks/results/replay[-LABEL].json and a table.
 """
