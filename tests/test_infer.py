@@ -521,16 +521,14 @@ def test_a_position_gets_the_same_bits_in_any_row_of_the_round(wide_bf16):
 
 
 def test_bf16_speculation_equals_plain_decoding_at_the_same_rows(wide_bf16):
-    """Lossless in any dtype: chain, tree, n-gram and hybrid emit this loop's own plain-decoding tokens
-    when both run at the same row count R."""
-    from specdraft.infer.hybrid import HybridProposer
-
+    """Lossless in any dtype for a chain: the drafter's chain and n-gram emit this loop's own plain-decoding
+    tokens when both run at the same row count R. (A tree's off-branch nodes see their ancestors in other
+    slots, so in bf16 they may not: docs/DESIGN.md, measured on SmolLM2.)"""
     drafter = tiny_drafter_for(wide_bf16, [0, 1], every=2, seed=1).to(torch.bfloat16).eval()
-    rows = 1 + 6 * 2                      # the largest round below (tree total 6 ... hybrid 3 + 3)
+    rows = 1 + 4
     for prompt in prompts(3, seed=4):
         plain = generate(wide_bf16, prompt, None, max_new_tokens=20, eos_token_ids=set(), rows=rows).token_ids
-        for proposer in (EagleProposer(drafter, k=3), EagleProposer(drafter, tree=TreeShape(3, 2, 6)),
-                         NgramProposer(k=4), HybridProposer(EagleProposer(drafter, k=3), ngram_k=3)):
+        for proposer in (EagleProposer(drafter, k=3), NgramProposer(k=4)):
             out = generate(wide_bf16, prompt, proposer, max_new_tokens=20, eos_token_ids=set(), rows=rows)
             assert out.token_ids == plain, type(proposer).__name__
 

@@ -87,8 +87,8 @@ def out_option(here: str, required: bool = False):
 MAX_NEW_TOKENS_HELP = "New tokens per answer at most."
 VERIFY_ROWS = typer.Option(None, "--verify-rows", help=(
     "Target rows of every decoding round: the root, the drafts, pad rows after them. Runs with the same R emit "
-    "the same tokens with or without a drafter, in any dtype (bf16 too). Default: 1 + the method's largest "
-    "draft (plain decoding: 1)."))
+    "the same tokens with or without a drafting chain, in any dtype (bf16 too; a tree only in fp32). Default: 1 "
+    "+ the method's largest draft (plain decoding: 1)."))
 NGRAM_MAX = typer.Option(3, "--ngram-max", help="Longest suffix n-gram the ngram method looks up.")
 NGRAM_MIN = typer.Option(1, "--ngram-min", help="Shortest suffix n-gram the ngram method looks up.")
 DATASTORE = typer.Option(None, "--datastore", help="Prepared data (WS/data) whose answers, the target's own, ngram "

@@ -399,7 +399,8 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
         plain_tokens = [g.token_ids for g in runs["plain"][0]]
         for n, r in results.items():
             if n != "greedy":
-                r["identical_to_plain"] = [g.token_ids for g in runs[n][0]] == plain_tokens
+                same = [g.token_ids == t for g, t in zip(runs[n][0], plain_tokens)]
+                r["identical_to_plain"], r["prompts_identical_to_plain"] = all(same), sum(same)
     for n, r in results.items():
         if r["identical_to_greedy"] is False:
             r["divergences"] = [divergence(model, ids, ref, g.token_ids)
@@ -610,8 +611,10 @@ def bench_table(report: dict):
                         "τ = tokens per target forward at K drafts per round (at most K+1)")
     cut = any(r.get("drafts_cut") for r in report["methods"].values())
     over_plain = "plain" in report["methods"]
+    rows = c.get("verify_rows")          # --verify-rows R: lossless means plain decoding's tokens at R rows
     for col in ("method", "tokens/s", "speedup") + (("x plain",) if over_plain else ()) + (
-            "τ (K)", "accept per position", "= greedy") + (("drafts cut",) if cut else ()):
+            "τ (K)", "accept per position", "= greedy") + ((f"= plain at R={rows}",) if rows else ()) + (
+            ("drafts cut",) if cut else ()):
         table.add_column(col)
     for name, r in report["methods"].items():
         pos = " ".join(f"{a:.2f}" for a in r["per_position_accept"]) or "-"
@@ -621,6 +624,9 @@ def bench_table(report: dict):
                *((f"{r['speedup_over_plain']:.2f}x",) if over_plain else ()),
                f"{r['accept_len']:.2f} (K={method_k(name, c)})", pos,
                "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']}/{c['num_prompts']})"]
+        if rows:
+            same = r.get("prompts_identical_to_plain")
+            row.append("-" if same is None else "yes" if r["identical_to_plain"] else f"no ({same}/{c['num_prompts']})")
         table.add_row(*row, *((str(r.get("drafts_cut", 0)),) if cut else ()))
     return table
 
