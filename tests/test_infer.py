@@ -533,6 +533,27 @@ def test_bf16_speculation_equals_plain_decoding_at_the_same_rows(wide_bf16):
             assert out.token_ids == plain, type(proposer).__name__
 
 
+def test_bench_at_fixed_rows_counts_the_prompts_equal_to_plain(tiny_target, tmp_path):
+    """bench --verify-rows R: each method's tokens against plain decoding's at R, per prompt, in the JSON
+    and in an '= plain at R' column (issue 35: a tree may leave plain in bf16, so the count is the news)."""
+    from typer.testing import CliRunner
+
+    from specdraft.cli import app
+
+    prompts_file = tmp_path / "prompts.jsonl"
+    prompts_file.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"}]})
+                                      for w in ("one", "two")) + "\n")
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(app, ["bench", "--model", str(tiny_target), "--drafter", "untrained:64", "--prompts",
+                                   str(prompts_file), "--methods", "plain,eagle3", "--max-new-tokens", "8", "-k", "3",
+                                   "--verify-rows", "6", "--rounds", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    methods = json.loads(out.read_text())["methods"]
+    assert methods["eagle3"]["identical_to_plain"] is True and methods["eagle3"]["prompts_identical_to_plain"] == 2
+    assert methods["plain"]["prompts_identical_to_plain"] == 2
+    assert "= plain" in res.output and "R=6" in res.output       # the column header (rich wraps it)
+
+
 def test_rows_below_a_round_are_refused(target, drafter):
     with pytest.raises(SpecdraftError, match="--verify-rows 2: a round of this method needs 4 rows"):
         generate(target, [5, 9, 33], EagleProposer(drafter, k=3), max_new_tokens=4, rows=2)
