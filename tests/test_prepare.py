@@ -138,6 +138,35 @@ def test_left_padded_batch_matches_single_generation(tiny_target):
     assert together[1] == generate_batch(target, [long], settings, end_ids)[0]
 
 
+def test_regeneration_cache_grows_in_place_and_gives_transformers_own_answers(tiny_target):
+    """padded_generate's GrowingLayer cache writes into preallocated buffers instead of concatenating, and
+    the batched answers are the ones transformers' own DynamicCache gives."""
+    from specdraft.data.regenerate import GrowingLayer, growing_cache, padded_generate
+
+    target = load_target(str(tiny_target))
+    model, tok = target.model, target.tokenizer
+    encoded = [tok.encode(t) for t in ("hi", "a longer prompt here", "x y z w v u")]
+    end = [tok.eos_token_id]
+    ours = padded_generate(model, encoded, 300, end, 0)                     # past the first 256-slot buffer
+    width = max(map(len, encoded))
+    ids = torch.tensor([[0] * (width - len(e)) + e for e in encoded])
+    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
+    theirs = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=300, do_sample=False,
+                            eos_token_id=end, pad_token_id=0)[:, width:].tolist()
+    assert ours == theirs
+    cache = growing_cache(model.config)
+    assert all(isinstance(layer, GrowingLayer) for layer in cache.layers)
+    k = torch.randn(1, 2, 3, 4)
+    keys, _ = cache.layers[0].update(k, k)
+    buffer = cache.layers[0].buffers[0]
+    keys, _ = cache.layers[0].update(k[:, :, :1], k[:, :, :1])
+    assert keys.shape[-2] == 4 and keys.data_ptr() == buffer.data_ptr()      # written in place, not copied
+    assert torch.equal(keys[:, :, :3], k) and torch.equal(keys[:, :, 3:], k[:, :, :1])
+    big = torch.randn(1, 2, 300, 4)                                          # past the buffer: it grows
+    keys, _ = cache.layers[0].update(big, big)
+    assert keys.shape[-2] == 304 and torch.equal(keys[:, :, :3], k) and torch.equal(keys[:, :, 4:], big)
+
+
 def test_regenerate_multi_turn_turn_by_turn(tiny_target, tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", [CONVERSATIONS[1]])
     meta = prepare(str(tiny_target), str(data), tmp_path / "out", regenerate=True, max_new_tokens=4)
