@@ -200,20 +200,12 @@ def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer:
                  rows: tuple[int, ...] = ROWS) -> KernelTable:
     """The table for this machine and dtype covering `shapes`: from this process, else from the cache
     file, measuring (and saving) only the shapes neither holds."""
-    from specdraft.io import read_json, write_json
-
     if timer is None and not measuring():
         return KernelTable("linear", cpu_identity(), str(dtype), {})      # F.linear at every row count
     key = machine_key(dtype)
     table = _TABLES.get(key)
     if table is None:
-        path = cache_file(key)
-        saved = None
-        if path.is_file():
-            try:
-                saved = read_json(path, "kernel table")
-            except Exception:    # a damaged cache file is measured again, never an error
-                saved = None
+        saved = read_cache(cache_file(key), "kernel table")
         timings = usable_timings(saved.get("timings_ms") if isinstance(saved, dict) else None)
         table = KernelTable(key, cpu_identity(), str(dtype), timings)
         _TABLES[key] = table
@@ -225,11 +217,30 @@ def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer:
         measure = timer or (lambda shape, n: time_paths(shape, n, dtype))
         for shape in missing:
             table.timings[shape_name(shape)] = {str(n): measure(shape, n) for n in rows}
-        try:
-            write_json(cache_file(key), table.to_dict())
-        except (OSError, SpecdraftError):   # a read-only or full cache still runs, it measures again next time
-            pass
+        write_cache(cache_file(key), table.to_dict())
     return table
+
+
+def read_cache(path: Path, what: str):
+    """A cache file's JSON, or None when it is missing or damaged (then measured again, never an error)."""
+    from specdraft.io import read_json
+
+    if not path.is_file():
+        return None
+    try:
+        return read_json(path, what)
+    except Exception:
+        return None
+
+
+def write_cache(path: Path, data: dict) -> None:
+    """Save a measurement; a read-only or full cache still runs, it measures again next time."""
+    from specdraft.io import write_json
+
+    try:
+        write_json(path, data)
+    except (OSError, SpecdraftError):
+        pass
 
 
 def measuring() -> bool:
@@ -259,27 +270,18 @@ def faster_dtype(shapes: dict[Shape, int], rows: int, candidates: tuple[str, ...
     Linears one forward runs) at `rows` rows, the weights cold, timed per dtype on this machine once and
     cached beside the kernel tables. float32 unless another dtype beats it by DTYPE_MARGIN: a CPU without
     native bf16 (AVX2) emulates it and loses, one with AVX512-BF16 or AMX may win (issue 33)."""
-    from specdraft.io import read_json, write_json
-
     names = sorted(shape_name(s) + f"*{n}" for s, n in shapes.items())
     key = hashlib.sha256(f"{machine_key(torch.float32)}|{names}|{rows}|{candidates}".encode()).hexdigest()[:16]
     path = cache_file(f"dtype-{key}")
-    ms = None
-    if timer is None and path.is_file():
-        try:
-            ms = read_json(path, "dtype timing").get("ms")
-        except Exception:    # a damaged cache file is measured again, never an error
-            ms = None
+    saved = read_cache(path, "dtype timing") if timer is None else None
+    ms = saved.get("ms") if isinstance(saved, dict) else None
     if not (isinstance(ms, dict) and all(isinstance(ms.get(c), (int, float)) for c in candidates)):
         if timer is None:
             print(f"compute dtype: timing {' vs '.join(candidates)} matmuls at {rows} rows on this machine (once, "
                   f"cached in {path})", file=sys.stderr, flush=True)
         measure = timer or (lambda shape, n, dtype: time_paths(shape, n, dtype, paths=("linear",))["linear"])
         ms = {c: sum(count * measure(s, rows, getattr(torch, c)) for s, count in shapes.items()) for c in candidates}
-        try:
-            write_json(path, {"machine": cpu_identity(), "shapes": names, "rows": rows, "ms": ms})
-        except (OSError, SpecdraftError):   # a read-only or full cache still runs, it measures again next time
-            pass
+        write_cache(path, {"machine": cpu_identity(), "shapes": names, "rows": rows, "ms": ms})
     best = min(candidates, key=lambda c: ms[c])
     return (best if ms[best] < ms["float32"] * (1 - DTYPE_MARGIN) else "float32"), ms
 
