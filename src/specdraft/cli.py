@@ -13,7 +13,7 @@ import typer
 from specdraft.defaults import DRAFT_LENGTH, draft_length_option, parse_draft_stop
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT as DEFAULT_FAMILY
-from specdraft.flags import (AS_JSON, COMPUTE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS, CONVERSATIONS_HELP, DEVICE,
+from specdraft.flags import (AS_JSON, CAPTURE_DTYPE, COMPUTE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS, CONVERSATIONS_HELP, DEVICE,
                              DATASTORE, DRAFT_LENGTH_OR_AUTO, MAX_CONTEXT, REGEN_DTYPE, DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS, MAX_NEW_TOKENS_HELP,
                              MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP, PREPARED_HELP, PROFILE_HELP,
                              PROMPTS_HELP, SEED_HELP, STORE_FORMAT_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TREE_HELP,
@@ -102,7 +102,7 @@ def capture(
     shard_tokens: int = typer.Option(65536, help="Tokens per shard file."),
     resume: bool = typer.Option(False, "--resume", help="Continue where an interrupted run stopped."),
     verify: bool = typer.Option(False, "--verify", help="Only re-hash the shards of --out and report."),
-    compute_dtype: str = COMPUTE_DTYPE, trust_remote_code: bool = TRUST, engine: str = ENGINE,
+    compute_dtype: str = CAPTURE_DTYPE, trust_remote_code: bool = TRUST, engine: str = ENGINE, device: str = DEVICE,
     tensor_parallel_size: int = TP, engine_args: Optional[str] = ENGINE_ARGS,
     store_format: str = typer.Option("bf16", "--store-format", help=STORE_FORMAT_HELP),
     part: Optional[str] = typer.Option(None, "--part", help=PART_HELP + " Here: train on the parts "
@@ -129,7 +129,7 @@ def capture(
                                batch_tokens=batch_tokens, shard_tokens=shard_tokens, resume=resume,
                                trust_remote_code=trust_remote_code, compute_dtype=compute_dtype,
                                engine=engine_options(engine, tensor_parallel_size, engine_args),
-                               store_format=store_format, part=share)
+                               store_format=store_format, part=share, device=device)
     say(f"captured {manifest['num_samples']} samples, {manifest['num_tokens']} tokens in "
         f"{len(manifest['shards'])} shards -> {out}")
 

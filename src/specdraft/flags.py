@@ -62,8 +62,10 @@ ENGINE_ARGS = typer.Option(None, "--engine-args", help=ENGINE_ARGS_HELP)
 AS_JSON = typer.Option(False, "--json", help="Print JSON to stdout instead of the summary.")
 COMPUTE_DTYPE_HELP = "Dtype the target runs in: float32, bfloat16 or float16."
 COMPUTE_DTYPE = typer.Option("float32", "--compute-dtype", help=COMPUTE_DTYPE_HELP)
-REGEN_DTYPE = typer.Option("auto", "--compute-dtype", help=COMPUTE_DTYPE_HELP + " Here: or auto (bf16 on a GPU, and "
-                           "on a CPU where bf16 matmuls measure faster, timed once per machine); prepare.json records it.")
+AUTO_DTYPE_HELP = (COMPUTE_DTYPE_HELP + " Here: or auto (bf16 on a GPU, and on a CPU where bf16 matmuls measure "
+                   "faster, timed once per machine); {record} records it.")
+REGEN_DTYPE = typer.Option("auto", "--compute-dtype", help=AUTO_DTYPE_HELP.format(record="prepare.json"))
+CAPTURE_DTYPE = typer.Option("auto", "--compute-dtype", help=AUTO_DTYPE_HELP.format(record="the store's manifest.json"))
 DEVICE = typer.Option("auto", "--device", help="Where the models run: auto, cpu or cuda.")
 DRAFT_STOP = typer.Option(None, "--draft-stop", help=(
     "Confidence stop for the drafter's chain: end a draft when its confidence (the product of its top-1 "

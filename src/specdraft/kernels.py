@@ -286,6 +286,23 @@ def faster_dtype(shapes: dict[Shape, int], rows: int, candidates: tuple[str, ...
     return (best if ms[best] < ms["float32"] * (1 - DTYPE_MARGIN) else "float32"), ms
 
 
+def auto_dtype(requested: str, config, rows: int, gpu: bool | None = None) -> str:
+    """The dtype a target runs data in (prepare's answers, capture's hidden states): as asked, or for
+    'auto' bf16 on a GPU and, on a CPU, the faster dtype at `rows` rows per matmul (faster_dtype, timed
+    once per machine: a CPU with AMX or AVX512-BF16 may pick bf16, AVX2 keeps float32). Under
+    SPECDRAFT_KERNEL_PATH=linear (the suite) 'auto' is float32: the same data on every machine. `gpu`:
+    whether the target runs on one (default: whether one is present)."""
+    from specdraft.targets import linear_counts
+
+    if requested != "auto":
+        return requested
+    if torch.cuda.is_available() if gpu is None else gpu:
+        return "bfloat16"
+    if not measuring():
+        return "float32"
+    return faster_dtype(linear_counts(config), rows)[0]
+
+
 FLOOR_BYTES = 256 << 20         # the copy that measures bandwidth: far beyond any last-level cache
 
 

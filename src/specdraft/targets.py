@@ -30,6 +30,15 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
+def resolve_device(device: str) -> str:
+    """--device: 'auto' -> cuda when present, else cpu; refuse cuda where there is none."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecdraftError(f"--device {device}: CUDA is not available here; use --device cpu")
+    return device
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft"))
 

@@ -40,9 +40,12 @@ from specdraft.targets import (
     describe_target,
     load_target,
     load_target_head,
+    resolve_device,
     same_target,
     tap_hidden_states,
+    target_config,
 )
+from specdraft.kernels import auto_dtype
 
 # ---------------------------------------------------------------------------- data
 
@@ -282,7 +285,7 @@ def top_k_teacher(manifest: dict, target, model: str, device: str, trust_remote_
     if sf.manifest_format(manifest) != "compact":
         return None
     head = target.model if target.model is not None else load_target_head(
-        model, device="cuda" if torch.cuda.is_available() else "cpu", trust_remote_code=trust_remote_code).model
+        model, device=device, trust_remote_code=trust_remote_code).model
     return sf.TopKTeacher.from_model(head, int(manifest["teacher_topk"]))
 
 
@@ -297,21 +300,24 @@ def _size(n: int) -> str:
 def capture(model: str, data: str | Path, out: str | Path, layers: list[int] | None = None,
             dtype: str = "bfloat16", batch_tokens: int = 4096, shard_tokens: int = 65536,
             resume: bool = False, trust_remote_code: bool = False, compute_dtype: str = "float32",
-            device: str = "cpu", target=None, progress: bool = True, engine="hf",
+            device: str = "auto", target=None, progress: bool = True, engine="hf",
             store_format: str = sf.DEFAULT_FORMAT, part: tuple[int, int] | None = None) -> dict:
     """Capture the store for prepared `data` into `out`; returns the final manifest.
 
     `target` may be an already loaded specdraft.targets.Target (benchmarks, online use).
     `engine` is 'hf', 'vllm', 'auto' or a vllm_engine.EngineOptions (tensor parallelism, LLM args).
     `store_format` is how the shards keep the hidden states (data/store_formats.py); `part` (I, N)
-    captures only samples I-1, I-1+N, ... so N nodes each capture one part.
+    captures only samples I-1, I-1+N, ... so N nodes each capture one part. `device` 'auto' is the
+    GPU where there is one (transformers' engine; vLLM places the target itself).
     """
     dtype = st.dtype_name(dtype)
+    device = resolve_device(device)
     out = Path(out)
     nothing = check_capture_options(out, store_format, compute_dtype, batch_tokens, shard_tokens, resume)
     opts = engine if isinstance(engine, EngineOptions) else engine_options(engine)
     ds, meta = take_part(*load_prepared(data), part, data)
     lengths, data_fingerprint, max_id = sample_columns(ds)
+    compute_dtype = capture_dtype(compute_dtype, out, resume, model, target, trust_remote_code, batch_tokens, device)
     target, engine_name = capture_target(target, opts, model, compute_dtype, device, trust_remote_code)
     check_prepared_for(meta, target, data, "capture")
     if max_id >= target.vocab_size:
@@ -351,8 +357,8 @@ def check_capture_options(out: Path, store_format: str, compute_dtype: str, batc
     """Refuse bad options and an --out that holds something else; True when --out holds only the
     manifest of a capture that wrote no shard (started over)."""
     sf.check_format(store_format)
-    if compute_dtype not in DTYPES:
-        raise SpecdraftError(f"--compute-dtype {compute_dtype}: use float32, bfloat16 or float16")
+    if compute_dtype not in DTYPES and compute_dtype != "auto":
+        raise SpecdraftError(f"--compute-dtype {compute_dtype}: use auto, float32, bfloat16 or float16")
     if batch_tokens <= 0:
         raise SpecdraftError(f"--batch-tokens {batch_tokens}: must be positive")
     if shard_tokens <= 0:
@@ -364,6 +370,20 @@ def check_capture_options(out: Path, store_format: str, compute_dtype: str, batc
         raise SpecdraftError(f"{out}: already holds files (a previous capture?); pass --resume to continue "
                              "it or choose another --out")
     return nothing
+
+
+def capture_dtype(requested: str, out: Path, resume: bool, model: str, target, trust_remote_code: bool,
+                  batch_tokens: int, device: str) -> str:
+    """--compute-dtype as asked; 'auto' keeps a resumed store's dtype, else kernels.auto_dtype at a
+    batch's rows (bf16 on a GPU; on a CPU bf16 where it measures faster, e.g. with AMX). 512 rows
+    already show the ratio that batch_tokens rows would."""
+    if requested != "auto":
+        return requested
+    if resume and (out / "manifest.json").is_file() and st.read_manifest(out).get("compute_dtype"):
+        return st.read_manifest(out)["compute_dtype"]
+    loaded = target is not None and target.model is not None
+    config = target.model.config if loaded else target_config(model, trust_remote_code)
+    return auto_dtype("auto", config, min(batch_tokens, 512), gpu=device.startswith("cuda"))
 
 
 def capture_target(target, opts: EngineOptions, model: str, compute_dtype: str, device: str,

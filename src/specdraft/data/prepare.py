@@ -80,7 +80,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     `follow_ups` (0..1): that share of the self-written conversations get a second user turn that
     the target writes after its first answer, then answers (second_turns).
 
-    `compute_dtype` of the target that writes ('auto': regenerate.regeneration_dtype, measured here);
+    `compute_dtype` of the target that writes ('auto': kernels.auto_dtype, measured here);
     prepare.json records the one used."""
     started = time.perf_counter()
     console = console or Console(stderr=True)
@@ -145,7 +145,7 @@ def open_target(model: str, src: Source, regenerate: bool, opts: EngineOptions, 
     regenerates in; another engine holds them, so only config, tokenizer and fingerprint are read here."""
     import torch
 
-    from specdraft.data.regenerate import regeneration_dtype
+    from specdraft.kernels import auto_dtype
     from specdraft.targets import (describe_target, generation_config, load_target, load_tokenizer,
                                    target_config)
 
@@ -159,7 +159,7 @@ def open_target(model: str, src: Source, regenerate: bool, opts: EngineOptions, 
                              "use --engine hf (the answers are then regenerated in-process too)")
     dtype = "float32"
     if regenerate and engine_name != "endpoint":
-        dtype = regeneration_dtype(compute_dtype, target_config(model, trust_remote_code), batch_size)
+        dtype = auto_dtype(compute_dtype, target_config(model, trust_remote_code), batch_size)
     if engine_name == "hf":
         target = load_target(model, dtype=dtype, device="cuda" if torch.cuda.is_available() and regenerate else "cpu",
                              trust_remote_code=trust_remote_code)

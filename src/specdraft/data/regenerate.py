@@ -234,24 +234,6 @@ def answer_engine(engine: str, target, settings: RegenSettings, end_ids: list[in
         ve.stop_llm(llm)
 
 
-def regeneration_dtype(requested: str, config, batch_size: int) -> str:
-    """The dtype the target regenerates in: as asked, or for 'auto' bf16 on a GPU and, on a CPU, the
-    dtype whose matmuls at a decode step's rows (the batch) measure faster on this machine, timed once
-    and cached (kernels.faster_dtype; a CPU with AMX or AVX512-BF16 may pick bf16, AVX2 keeps float32).
-    Answers then need not equal float32 greedy; prepare.json records the dtype. Under
-    SPECDRAFT_KERNEL_PATH=linear (the suite) 'auto' is float32: the same answers on every machine."""
-    from specdraft import kernels
-    from specdraft.targets import linear_counts
-
-    if requested != "auto":
-        return requested
-    if torch.cuda.is_available():
-        return "bfloat16"
-    if not kernels.measuring():
-        return "float32"
-    return kernels.faster_dtype(linear_counts(config), batch_size)[0]
-
-
 def seed_batch(settings: RegenSettings, batch_keys: list[str]) -> None:
     """Sampling is reproducible per batch, whatever ran before it."""
     if settings.temperature > 0:

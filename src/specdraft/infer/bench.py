@@ -30,7 +30,7 @@ from specdraft.metrics import (CONTEXT_EDGES, by_context_text, drafter_method, p
                                rounds_by_context, tau_source)
 from specdraft import families
 from specdraft.families import family, family_of
-from specdraft.targets import default_aux_layers
+from specdraft.targets import default_aux_layers, resolve_device
 
 # greedy: transformers' generate (what a user runs without us; every speedup is against it).
 # plain: specdraft's own loop with no drafter, on the kernel paths measured for this machine
@@ -63,15 +63,6 @@ def check_drafter_methods(names: list[str], drafter, flag: str = "--methods") ->
             raise SpecdraftError(f"{flag} {name}: the --drafter is a {have} drafter; name it {flag} {have}{tree}")
 DEFAULT_TREE = "4,4,16"
 UNTRAINED = "untrained"
-
-
-def resolve_device(device: str) -> str:
-    """--device: 'auto' -> cuda when present, else cpu; refuse cuda where there is none."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SpecdraftError(f"--device {device}: CUDA is not available here; use --device cpu")
-    return device
 
 
 def untrained_drafter(target_model, draft_vocab_size: int = 8192, seed: int = 0, verifier: str = "",

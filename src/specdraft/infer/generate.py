@@ -6,6 +6,7 @@ import sys
 
 from specdraft import families
 from specdraft.errors import SpecdraftError
+from specdraft.targets import resolve_device
 from specdraft.infer import bench as B
 
 
@@ -42,7 +43,7 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
     B.check_datastore_methods(datastore, [name], "--method")
     if drafter is None:
         B.check_drafter_methods([name], None, "--method")
-    dev = B.resolve_device(device)
+    dev = resolve_device(device)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     draft_model = B.load_drafter_for(drafter, target, dev, DTYPES[dtype]) if B.needs_drafter(method) else None
     if draft_model is not None:
