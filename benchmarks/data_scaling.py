@@ -90,7 +90,7 @@ def point(ws: Path, n: int, a) -> dict:
         if earlier and not (data / "regen.jsonl").exists():
             (data / "regen.jsonl").write_text("".join(p.read_text() for p in earlier))
         stage(["prepare", "--model", a.model, "--conversations", a.conversations, "--regenerate", "--limit", str(n),
-               "--max-new-tokens", str(a.max_new_tokens), "--batch-size", "64", "--engine", "hf", "--out", str(data)],
+               "--max-new-tokens", str(a.max_new_tokens), "--batch-size", str(a.regen_batch), "--engine", "hf", "--out", str(data)],
               times, "prepare")
     if not (hidden / "manifest.json").is_file():
         stage(["capture", "--model", a.model, "--prepared", str(data), "--engine", "hf", "--out", str(hidden)],
@@ -185,6 +185,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--set", action="append", default=[], help="a training setting for every point, KEY=VALUE")
     ap.add_argument("--label", default="")
+    ap.add_argument("--regen-batch", type=int, default=64, help="prompts per generate() call (a GPU takes 256 and more)")
     ap.add_argument("--natural-limit", type=int, default=16)
     ap.add_argument("--holdout-limit", type=int, default=6)
     ap.add_argument("--bench-tokens", type=int, default=96)
@@ -201,7 +202,9 @@ def main() -> None:
     name = f"data_scaling{a.tag}"
     from specdraft.kernels import cpu_label   # torch: only once every point is done
 
-    report = {"cpu": cpu_label(), "k": a.k, "conversations": a.conversations, "extra": a.extra, "settings": a.set,
+    import torch
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None   # where the stages ran
+    report = {"cpu": cpu_label(), "device": device, "k": a.k, "conversations": a.conversations, "extra": a.extra, "settings": a.set,
               "max_new_tokens": a.max_new_tokens, "natural_prompts": a.natural_limit, "holdout_prompts": a.holdout_limit,
               "bench_tokens": a.bench_tokens, "points": results}
     a.results.mkdir(parents=True, exist_ok=True)
