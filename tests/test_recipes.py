@@ -123,7 +123,7 @@ def test_shipped_recipes_are_train_configs_with_their_stage_settings():
     assert (quick.samples, quick.draft_vocab, quick.bench_prompts) == (256, 4096, 6)
     assert (full.samples, full.draft_vocab, full.bench_prompts) == (2000, 8192, 16)
     assert (quick.bench_tree, full.bench_tree) == (False, True)   # the demo leaves the tree out (time)
-    assert (quick.conversations, full.conversations) == ("builtin:0.5,self:0.5", "builtin")   # issue 33's source ablation
+    assert quick.conversations == full.conversations == "builtin:0.5,self:0.5"   # issue 33: the source ablation
     cfg = resolve_config(recipe_file("quick"))        # what `train --config quick.yaml` trains with
     assert (cfg.ttt_steps, cfg.epochs, cfg.lr, cfg.max_tokens, cfg.train_on_prompts) == (2, 5, 3e-3, 512, True)
     assert resolve_config(recipe_file("full")).ttt_steps == 3
@@ -180,7 +180,9 @@ def test_bad_recipe_section_is_refused(tmp_path):
                        ("bench_tree: 1", "bench_tree is 1; expected true or false"),
                        ("draft_stop: sometimes", "draft_stop is 'sometimes'"),
                        ("conversations: 3", "conversations is 3; expected a source"),
-                       ("conversations: 'builtin:0.5,self:0'", "the weight must be a positive number")]:
+                       ("conversations: 'builtin:0.5,self:0'", "the weight must be a positive number"),
+                       ("extra: pydoc", "extra is 'pydoc'; expected SOURCE:N, e.g. pydoc:800"),
+                       ("extra: 'pydoc:0'", "extra is 'pydoc:0'"), ("extra: 800", "extra is 800")]:
         path.write_text(base + bad + "}\n")
         with pytest.raises(SpecdraftError, match=error):
             load_recipe(path)
@@ -224,3 +226,39 @@ def test_recipe_log_holds_each_stage_output(tmp_path, capsys):
     assert "$ specdraft --help" in text and "Usage:" in text and "exit 0 after" in text
     assert "No such option: --no-such-flag" in text and "exit 2 after" in text
     assert "Usage:" in capsys.readouterr().out        # and the console still shows it
+
+
+def test_the_recipes_extra_data_is_a_second_store_kept_as_written(tmp_path, monkeypatch):
+    """`extra: pydoc:800` (issue 33's lever of data that needs no regeneration): prepared without
+    --regenerate, captured into WS/extra-hidden, and passed to train and eval as a second --store;
+    the vocab still comes from the regenerated answers. Without it the stages are as before."""
+    from rich.console import Console
+
+    from specdraft import pipeline
+
+    commands = []
+    monkeypatch.setattr(pipeline, "run_stage", lambda console, args, log, name=None: commands.append((name, args)))
+    path = tmp_path / "r.yaml"
+    base = "epochs: 1\nrecipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64"
+    path.write_text(base + ", extra: 'pydoc:40'}\n")
+    ws = tmp_path / "ws"
+    stores = pipeline.data_stages(Console(quiet=True), "M", ws, load_recipe(path), "builtin", "hf", tmp_path / "log")
+    assert stores == ["--store", str(ws / "hidden"), "--store", str(ws / "extra-hidden")]
+    by_name = {name or args[0]: args for name, args in commands}
+    assert list(by_name) == ["prepare", "capture", "prepare-extra", "capture-extra", "vocab"]
+    extra = by_name["prepare-extra"]
+    assert extra[extra.index("--conversations") + 1] == "pydoc" and extra[extra.index("--limit") + 1] == "40"
+    assert "--regenerate" not in extra and "--regenerate" in by_name["prepare"]
+    assert by_name["capture-extra"][by_name["capture-extra"].index("--prepared") + 1] == str(ws / "extra")
+    assert by_name["vocab"][by_name["vocab"].index("--prepared") + 1] == str(ws / "data")
+    commands.clear()
+    path.write_text(base + "}\n")
+    assert pipeline.data_stages(Console(quiet=True), "M", ws, load_recipe(path), "builtin", "hf",
+                                tmp_path / "log") == ["--store", str(ws / "hidden")]
+    assert [name or args[0] for name, args in commands] == ["prepare", "capture", "vocab"]
+    # a workspace whose extra data is another count is refused before it is reused
+    (ws / "extra").mkdir(parents=True)
+    (ws / "extra" / "prepare.json").write_text(json.dumps({"source": "pydoc", "limit": 300}))
+    path.write_text(base + ", extra: 'pydoc:40'}\n")
+    with pytest.raises(SpecdraftError, match="holds pydoc:300, but this recipe asks for extra: pydoc:40"):
+        pipeline.check_finished_stages(ws, load_recipe(path), "builtin")

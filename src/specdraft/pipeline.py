@@ -70,6 +70,8 @@ class Recipe:
     bench_tree: bool = True      # bench FAMILY-tree next to the chain where the family drafts trees (the quick
                                  # recipe leaves it out: time)
     conversations: str = "builtin"   # prepare --conversations: the prompt source, e.g. a mixture builtin:0.5,self:0.5
+    extra: str = ""              # SOURCE:N, e.g. pydoc:800: N conversations kept as written (no regeneration) in a
+                                 # second store the drafter also trains on (the data lever of docs/recipes.md, issue 33)
 
 
 def recipe_file(profile: str) -> Path:
@@ -103,6 +105,12 @@ def load_recipe(path: str | Path) -> Recipe:
                                      "builtin, self:N or a mixture builtin:0.5,self:0.5")
             if mixtures.is_mixture(value):
                 mixtures.parse_mixture(value, stages.get("samples"))   # a bad weight fails before any stage
+            continue
+        if name == "extra":
+            source, sep, count = str(value).rpartition(":")
+            if not (isinstance(value, str) and sep and source and count.isdigit() and int(count) >= 1):
+                raise SpecdraftError(f"{path}: recipe: extra is {value!r}; expected SOURCE:N, e.g. pydoc:800 "
+                                     "(N conversations kept as written, in a second store)")
             continue
         if name == "bench_tree":
             if not isinstance(value, bool):
@@ -217,22 +225,13 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     started = time.perf_counter()
     check_finished_stages(ws, recipe, data)
 
-    if not (ws / "data" / "prepare.json").exists():
-        regen_engine = prepare_engine(console, data, recipe.samples, engine)
-        run_stage(console, prepare_args(model, data, recipe, regen_engine, ws / "data"), log)
-    if not _store_complete(ws / "hidden"):
-        resume = ["--resume"] if (ws / "hidden" / "manifest.json").exists() else []
-        run_stage(console, ["capture", "--model", model, "--prepared", str(ws / "data"), "--engine", engine,
-                            "--out", str(ws / "hidden"), *resume], log)
-    if not (ws / "vocab.safetensors").exists():
-        run_stage(console, ["vocab", "build", "--prepared", str(ws / "data"), "--size", str(recipe.draft_vocab),
-                            "--out", str(ws / "vocab.safetensors")], log)
+    stores = data_stages(console, model, ws, recipe, data, engine, log)
     if not run_layout.checkpoint_dir(run, "epoch", recipe.epochs).exists():
         continue_run = _continue_run(run)
-        run_stage(console, ["train", "--config", str(recipe.path), "--model", model, "--store", str(ws / "hidden"),
+        run_stage(console, ["train", "--config", str(recipe.path), "--model", model, *stores,
                             "--vocab", str(ws / "vocab.safetensors"), "--out", str(run), *continue_run], log)
     drafter = run_layout.best_dir(run)
-    run_stage(console, ["eval", "--model", model, "--drafter", str(drafter), "--store", str(ws / "hidden"),
+    run_stage(console, ["eval", "--model", model, "--drafter", str(drafter), *stores,
                         "--out", str(run / run_layout.EVAL)], log)
     methods = bench_methods(recipe.family, recipe.bench_tree)
     run_stage(console, ["bench", "--model", model, "--drafter", str(drafter), "--prompts", "builtin-holdout",
@@ -259,6 +258,40 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
                    **closing(model, recipe, run, export, bench, k, doctor_line))
     print_summary(console, summary, run / "report.html")
     return summary
+
+
+EXTRA_MAX_LENGTH = 1024   # the extra data's conversations longer than this are dropped, as in the measured lever
+
+
+def data_stages(console: Console, model: str, ws: Path, recipe: Recipe, data: str, engine: str, log: Path) -> list[str]:
+    """prepare, capture and vocab; returns train's and eval's --store arguments: WS/hidden, and with the
+    recipe's `extra` (SOURCE:N, kept as written) WS/extra-hidden too. The vocab comes from the
+    regenerated answers alone: the target's own words are what it drafts."""
+    if not (ws / "data" / "prepare.json").exists():
+        regen_engine = prepare_engine(console, data, recipe.samples, engine)
+        run_stage(console, prepare_args(model, data, recipe, regen_engine, ws / "data"), log)
+    capture_stage(console, model, ws / "data", ws / "hidden", engine, log)
+    stores = ["--store", str(ws / "hidden")]
+    if recipe.extra:
+        source, _, count = recipe.extra.rpartition(":")
+        if not (ws / "extra" / "prepare.json").exists():
+            run_stage(console, ["prepare", "--model", model, "--conversations", source, "--limit", count,
+                                "--max-length", str(EXTRA_MAX_LENGTH), "--out", str(ws / "extra")], log, "prepare-extra")
+        capture_stage(console, model, ws / "extra", ws / "extra-hidden", engine, log, "capture-extra")
+        stores += ["--store", str(ws / "extra-hidden")]
+    if not (ws / "vocab.safetensors").exists():
+        run_stage(console, ["vocab", "build", "--prepared", str(ws / "data"), "--size", str(recipe.draft_vocab),
+                            "--out", str(ws / "vocab.safetensors")], log)
+    return stores
+
+
+def capture_stage(console: Console, model: str, data: Path, out: Path, engine: str, log: Path,
+                  name: str | None = None) -> None:
+    """capture DATA into OUT unless OUT is complete; an interrupted one resumes."""
+    if not _store_complete(out):
+        resume = ["--resume"] if (out / "manifest.json").exists() else []
+        run_stage(console, ["capture", "--model", model, "--prepared", str(data), "--engine", engine,
+                            "--out", str(out), *resume], log, name)
 
 
 def prepare_engine(console: Console, data: str, samples: int, engine: str) -> str:
@@ -291,6 +324,14 @@ def check_finished_stages(ws: Path, recipe: Recipe, data: str) -> None:
                 raise SpecdraftError(f"{prepared}: field '{field}' is {json.dumps(have)}, but this recipe asks for "
                                      f"{json.dumps(want)} and would reuse the finished data; {fix} to continue "
                                      f"this workspace, or pass another --workspace")
+    extra = ws / "extra" / "prepare.json"
+    if recipe.extra and extra.is_file():
+        meta = read_json(extra, "prepare record")
+        have = f"{meta.get('source')}:{meta.get('limit')}" if isinstance(meta, dict) else None
+        if have != recipe.extra:
+            raise SpecdraftError(f"{extra}: holds {have}, but this recipe asks for extra: {recipe.extra} and would "
+                                 f"reuse it; set recipe: extra: {have} in {recipe.path} to continue this workspace, "
+                                 "or pass another --workspace")
     vocab_file = ws / "vocab.safetensors"
     if vocab_file.is_file():
         from specdraft.vocab import load as load_vocab     # torch: not at the CLI's start
