@@ -379,8 +379,9 @@ def capture_dtype(requested: str, out: Path, resume: bool, model: str, target, t
     already show the ratio that batch_tokens rows would."""
     if requested != "auto":
         return requested
-    if resume and (out / "manifest.json").is_file() and st.read_manifest(out).get("compute_dtype"):
-        return st.read_manifest(out)["compute_dtype"]
+    started = st.read_manifest(out).get("compute_dtype") if resume and (out / "manifest.json").is_file() else None
+    if started:
+        return started
     loaded = target is not None and target.model is not None
     config = target.model.config if loaded else target_config(model, trust_remote_code)
     return auto_dtype("auto", config, min(batch_tokens, 512), gpu=device.startswith("cuda"))
