@@ -209,6 +209,55 @@ def test_sliding_window_ttt_mask():
     assert torch.equal(ttt_mask(doc, 2, window=100), ttt_mask(doc, 2))   # a window past the row is full attention
 
 
+@pytest.mark.parametrize("window", [0, 3])
+@pytest.mark.parametrize("step", [0, 1, 3])
+def test_ttt_attention_by_query_blocks_equals_the_dense_mask(step, window):
+    """TTTBlocks attends block by block to the keys a block can see; the result is the dense ttt_mask's
+    (packed documents and padding included), and bit for bit where one block holds every query."""
+    from specdraft.model.eagle3.module import TTTBlocks, ttt_mask
+
+    g = torch.Generator().manual_seed(step + window)
+    doc = torch.tensor([[0] * 7 + [1] * 9 + [2] * 3 + [-1] * 3, [0] * 13 + [1] * 9])     # B=2, T=22
+    T = doc.shape[1]
+    q = torch.randn(2, 4, T, 8, generator=g)
+    k, v = (torch.randn(2, 2, (step + 1) * T, 8, generator=g) for _ in range(2))
+    dense = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=ttt_mask(doc, step, window),
+                                                             enable_gqa=True)
+    for block in (1, 4, 5, 64):
+        blocked = TTTBlocks(doc, step, window, block).attend(q, k, v)
+        assert torch.allclose(blocked, dense, atol=1e-6), block
+    assert torch.equal(TTTBlocks(doc, step, window, T).attend(q, k, v), dense)
+
+
+def test_chunked_kl_equals_autograds_kl_in_value_gradient_and_argmax(monkeypatch):
+    """ChunkKL (the default loss, chunk by chunk, gradient by hand) gives the KL, gradient and argmax that
+    autograd gives over log_softmax, for float32 and bfloat16 logits, held or chunked teacher rows."""
+    from specdraft.train import objective as O
+
+    g = torch.Generator().manual_seed(0)
+    R, N = 37, 50
+    teacher = O.TeacherHead(torch.ones(16), torch.randn(N, 16, generator=g), 1e-5)
+    last = torch.randn(60, 16, generator=g)
+    t_rows = torch.randint(0, 60, (R,), generator=g)
+    weight = torch.rand(R, generator=g)
+    for dtype in (torch.float32, torch.bfloat16):
+        base = torch.randn(R, N, generator=g).to(dtype)
+        ref = base.clone().requires_grad_()
+        t_logp = teacher.log_probs(last)[t_rows]
+        expected = O.position_loss(torch.log_softmax(ref.float(), -1), t_logp, t_logp.argmax(-1), "kl")
+        (expected * weight).sum().backward()
+        for chunk, hold in ((8, 60), (512, 60), (8, 5)):                 # loss chunks; teacher rows held or not
+            monkeypatch.setattr(O, "LOSS_CHUNK", chunk)
+            monkeypatch.setattr(O, "TEACHER_HOLD_BYTES", hold * 4 * N)
+            rows = O.TeacherRows(teacher, {"last": last[None]}, torch.ones(1, 60, dtype=torch.bool))
+            mine = base.clone().requires_grad_()
+            kl, top = O.chunked_position_loss(mine, rows, t_rows, t_logp.argmax(-1), "kl")
+            (kl * weight).sum().backward()
+            assert torch.allclose(kl, expected.detach(), atol=1e-5), (dtype, chunk, hold)
+            assert torch.allclose(mine.grad.float(), ref.grad.float(), atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+            assert torch.equal(top, base.float().argmax(-1))
+
+
 def test_rows_of_8k_tokens_store_offsets_and_ttt(tmp_path):
     """An 8K-token sample beside short ones: the store's offsets give every sample back whole, a packed
     8K row keeps it uncut, and the TTT unroll with a sliding window trains every position of it."""
@@ -301,7 +350,7 @@ def test_chunked_teacher_gives_the_same_loss_and_never_holds_a_long_rows_logits(
     seen = []
     real = O.TeacherHead.log_probs
     monkeypatch.setattr(O.TeacherHead, "log_probs", lambda self, last: seen.append(len(last)) or real(self, last))
-    monkeypatch.setattr(O, "TEACHER_CHUNK", 16)
+    monkeypatch.setattr(O, "TEACHER_HOLD_BYTES", 16 * 4 * len(net.d2t))       # 16 rows of the draft vocab
     chunked = measure()
     assert seen and max(seen) <= 16                                       # no more than a chunk's rows at once
     assert torch.allclose(whole[0], chunked[0], atol=1e-5) and torch.allclose(whole[2], chunked[2], atol=1e-5)

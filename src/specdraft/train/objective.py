@@ -124,27 +124,30 @@ def finalize_metrics(sums: dict[str, torch.Tensor | float]) -> dict[str, float]:
     return out
 
 
-TEACHER_CHUNK = 4096   # teacher rows whose log-probs over the draft vocab are held at once: a row with more
-                       # (long context) has them computed chunk by chunk where a step's loss reads them
+TEACHER_HOLD_BYTES = 512 * 2**20   # the teacher's fp32 log-probs over the draft vocab held at once up to this size
+                                   # (16K rows of an 8192-token vocab); a longer row has them computed chunk by chunk
+                                   # where a step's loss reads them (each step computes them again: slower, bounded)
 
 
 class TeacherRows:
     """The teacher's log-probs over the draft vocab at the positions t' whose next token is in the
-    document, indexed like a tensor [M, N] (`teacher_logp[rows]`). Up to TEACHER_CHUNK rows they are
+    document, indexed like a tensor [M, N] (`teacher_logp[rows]`). Up to TEACHER_HOLD_BYTES they are
     computed once and held; past it (long rows) each index computes its rows afresh, so the teacher's
     logits over a long row never exist at once (`chunked_position_loss` reads them a chunk at a time)."""
 
     def __init__(self, teacher: TeacherHead, batch: dict[str, torch.Tensor], need: torch.Tensor):
         self.teacher = teacher
+        self.chunk = max(1, TEACHER_HOLD_BYTES // (4 * teacher.lm_head.shape[0]))  # rows of TEACHER_HOLD_BYTES
         self.compact = "teacher_ids" in batch                                     # a compact store's top-k
         self.inputs = ((batch["teacher_ids"][need], batch["teacher_logp"][need]) if self.compact
                        else (batch["last"][need],))
         self.rows = int(need.sum())
-        self.held = self.compute(slice(None)) if self.rows <= TEACHER_CHUNK else None
+        self.held = self.compute(slice(None)) if self.rows <= self.chunk else None
+        self.held_probs = None                                                    # probs(): made on first use
         with torch.no_grad():
             self.top = (self.held.argmax(-1) if self.held is not None else
-                        torch.cat([self.compute(slice(s, s + TEACHER_CHUNK)).argmax(-1)
-                                   for s in range(0, self.rows, TEACHER_CHUNK)]))   # [M]
+                        torch.cat([self.compute(slice(s, s + self.chunk)).argmax(-1)
+                                   for s in range(0, self.rows, self.chunk)]))   # [M]
 
     @torch.no_grad()
     def compute(self, rows) -> torch.Tensor:
@@ -154,6 +157,19 @@ class TeacherRows:
 
     def __getitem__(self, rows) -> torch.Tensor:
         return self.held[rows] if self.held is not None else self.compute(rows)
+
+    @torch.no_grad()
+    def probs(self, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(p [r, N], sum p log p [r], sum p [r]) at `rows`: what ChunkKL reads; held rows keep theirs for
+        every step (one exp per batch, where each step would take its own)."""
+        if self.held is None:
+            logp = self.compute(rows)
+            p = logp.exp()
+            return p, (p * logp).sum(-1), p.sum(-1)
+        if self.held_probs is None:
+            p = self.held.exp()
+            self.held_probs = (p, (p * self.held).sum(-1), p.sum(-1))
+        return tuple(x[rows] for x in self.held_probs)
 
 
 def teacher_targets(teacher: TeacherHead, batch: dict[str, torch.Tensor]):
@@ -165,13 +181,56 @@ def teacher_targets(teacher: TeacherHead, batch: dict[str, torch.Tensor]):
     return rows, rows.top, compact_index
 
 
-def chunked_position_loss(logp: torch.Tensor, teacher_logp: TeacherRows, t_rows: torch.Tensor,
-                          t_top: torch.Tensor, loss: str) -> torch.Tensor:
-    """position_loss [R] over rows of at most TEACHER_CHUNK at a time: the teacher's log-probs of a long
-    row exist one chunk at a time (one chunk, the same computation, for rows up to TEACHER_CHUNK)."""
-    return torch.cat([position_loss(logp[s:s + TEACHER_CHUNK], teacher_logp[t_rows[s:s + TEACHER_CHUNK]],
-                                    t_top[s:s + TEACHER_CHUNK], loss)
-                      for s in range(0, max(len(t_rows), 1), TEACHER_CHUNK)])
+LOSS_CHUNK = 512   # rows of the draft's logits one loss op reads at once: [512, 8192] fp32 stays in cache, where an
+                   # 8K row's [8192, 8192] streams through memory for every elementwise op (2x slower loss)
+
+
+def chunked_position_loss(logits: torch.Tensor, teacher_logp: TeacherRows, t_rows: torch.Tensor,
+                          t_top: torch.Tensor, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(position_loss [R], the draft's argmax [R]) of the draft's logits [R, N] (any dtype; log-softmax in
+    fp32) against the teacher's rows `t_rows`, LOSS_CHUNK rows at a time; the default KL computes and
+    differentiates each chunk in one pass (`ChunkKL`), the other losses by autograd over each chunk. A long
+    row's teacher log-probs are read a chunk at a time: past TEACHER_HOLD_BYTES they never exist at once."""
+    n = min(LOSS_CHUNK, teacher_logp.chunk)
+    if loss == "kl":
+        return ChunkKL.apply(logits, t_rows, teacher_logp, n)
+    losses, tops = [], []
+    for s in range(0, max(len(t_rows), 1), n):
+        logq = torch.log_softmax(logits[s:s + n].float(), dim=-1)
+        losses.append(position_loss(logq, teacher_logp[t_rows[s:s + n]], t_top[s:s + n], loss))
+        tops.append(logq.detach().argmax(-1))
+    return torch.cat(losses), torch.cat(tops)
+
+
+class ChunkKL(torch.autograd.Function):
+    """KL(p || softmax(z)) per row (and argmax z), chunk by chunk, saving only the logits z: with
+    logsumexp l, KL = sum p (log p - z) + sum(p) l, and its gradient g (softmax(z) sum(p) - p) is recomputed
+    per chunk in backward. Kept by hand (torch has no fused KL-from-logits on the CPU): autograd's
+    version keeps [R, N] fp32 intermediates and streams each through memory, 1.5x slower at 8K rows."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, t_rows: torch.Tensor, teacher: TeacherRows, n: int):
+        ctx.save_for_backward(logits, t_rows)
+        ctx.teacher, ctx.n = teacher, n
+        kl = logits.new_empty(len(t_rows), dtype=torch.float32)
+        top = torch.empty(len(t_rows), dtype=torch.long, device=logits.device)
+        for s in range(0, len(t_rows), n):
+            p, p_logp, p_sum = teacher.probs(t_rows[s:s + n])
+            z = logits[s:s + n].float()
+            kl[s:s + n] = p_logp - (p * z).sum(-1) + p_sum * torch.logsumexp(z, dim=-1)
+            top[s:s + n] = z.argmax(-1)
+        ctx.mark_non_differentiable(top)
+        return kl, top
+
+    @staticmethod
+    def backward(ctx, grad_kl: torch.Tensor, _grad_top):
+        logits, t_rows = ctx.saved_tensors
+        grad, n = torch.empty_like(logits), ctx.n
+        for s in range(0, len(t_rows), n):
+            p, _, p_sum = ctx.teacher.probs(t_rows[s:s + n])
+            q = torch.softmax(logits[s:s + n].float(), dim=-1)
+            grad[s:s + n] = q.mul_(p_sum[:, None]).sub_(p).mul_(grad_kl[s:s + n, None])
+        return grad, None, None, None
 
 
 def position_loss(logp: torch.Tensor, t_logp: torch.Tensor, t_top: torch.Tensor, loss: str) -> torch.Tensor:

@@ -101,12 +101,13 @@ def dflash_forward(drafter: DFlashDrafter, teacher: TeacherHead, batch: dict[str
         is_trained = trained[anchor_rows]
         out_rows = (anchor_rows // N) * N * block + (anchor_rows % N) * block + k + 1   # flat rows of out
         prev_ids = input_ids.flatten()[flat_anchor[anchor_rows] + k]             # [R] token a+k
-        logp = torch.log_softmax(drafter.slot_logits(out, out_rows, prev_ids).float(), dim=-1)   # [R, Vd]
+        logits = drafter.slot_logits(out, out_rows, prev_ids)                    # [R, Vd]
         t_rows = compact_index[flat_anchor[anchor_rows] + k]                      # teacher at a+k
         t_top = teacher_top[t_rows]
-        per_pos = chunked_position_loss(logp, teacher_logp, t_rows, t_top, loss)[is_trained]
+        per_pos, top = chunked_position_loss(logits, teacher_logp, t_rows, t_top, loss)
+        per_pos = per_pos[is_trained]
         total = total + (step_decay ** k) * per_pos.sum() / max(per_pos.numel(), 1)
-        correct = logp.argmax(-1) == t_top
+        correct = top == t_top
         add_step_sums(sums, k, per_pos, correct, through, anchor_rows, is_trained)
         extra = on_slot(k, out, out_rows, prev_ids, correct, is_trained, sums) if on_slot is not None else None
         if extra is not None:

@@ -19,6 +19,8 @@ flex_attention: compiled on CUDA, eager (a slow reference that materialises the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -63,6 +65,8 @@ class DrafterAttention(nn.Module):
         k_all, v_all = cache.update(k, v, 0)                                 # [B,nkv,S+T,hd]
         if isinstance(mask, BlockMask):
             out = flex_attention_for(q.device)(q, k_all, v_all, block_mask=mask, enable_gqa=True)
+        elif isinstance(mask, TTTBlocks):
+            out = mask.attend(q, k_all, v_all)
         else:
             out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,   # mask [B|1,1,T,S+T] bool
                                                  enable_gqa=True)               # no repeat_kv copies
@@ -168,12 +172,22 @@ class Eagle3Drafter(nn.Module):
 
 def causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
     """[B,T] document ids (-1 = padding) -> bool [B,1,T,T]: query i sees key j <= i of its own document."""
-    T = doc_ids.shape[1]
-    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]                      # [B,T,T]
-    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
-    mask = same_doc & causal
-    mask |= torch.eye(T, dtype=torch.bool, device=doc_ids.device)            # padding sees itself: no NaN rows
-    return mask[:, None]
+    return prefix_mask(doc_ids, 0, 0, 0, doc_ids.shape[1], 0, doc_ids.shape[1])
+
+
+def prefix_mask(doc_ids: torch.Tensor, step: int, window: int, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
+    """The step-0 part of TTT step `step`'s mask for queries q0..q1-1 over keys k0..k1-1 -> bool
+    [B,1,q1-q0,k1-k0]: key j <= i of query i's own document and, with window > 0, less than `window`
+    positions back from the query's position i + step; a query always sees its own key (padding
+    included: no empty row)."""
+    dev = doc_ids.device
+    qi, kj = torch.arange(q0, q1, device=dev), torch.arange(k0, k1, device=dev)
+    own = qi[:, None] == kj[None, :]                                                  # [q,k]
+    seen = doc_ids[:, q0:q1, None] == doc_ids[:, None, k0:k1]                         # [B,q,k] same document
+    seen &= kj[None, :] <= qi[:, None]
+    if window > 0:
+        seen &= (qi[:, None] + step - kj[None, :]) < window
+    return (seen | own)[:, None]
 
 
 def ttt_mask(doc_ids: torch.Tensor, step: int, window: int = 0) -> torch.Tensor:
@@ -186,12 +200,45 @@ def ttt_mask(doc_ids: torch.Tensor, step: int, window: int = 0) -> torch.Tensor:
     """
     T = doc_ids.shape[1]
     eye = torch.eye(T, dtype=torch.bool, device=doc_ids.device).expand(doc_ids.shape[0], 1, T, T)
-    prefix = causal_mask(doc_ids)
-    if window > 0:
-        pos = torch.arange(T, device=doc_ids.device)
-        near = (pos[:, None] + step - pos[None, :]) < window                          # [T,T]
-        prefix = (prefix & near) | torch.eye(T, dtype=torch.bool, device=doc_ids.device)   # never an empty row
-    return torch.cat([prefix] + [eye] * step, dim=-1)
+    return torch.cat([prefix_mask(doc_ids, step, window, 0, T, 0, T)] + [eye] * step, dim=-1)
+
+
+@dataclass
+class TTTBlocks:
+    """`ttt_mask(doc_ids, step, window)` applied by blocks of `block` queries: each block attends only
+    to the keys some query of it can see (from its first query's document start, or its window, up to
+    its last query; and its own diagonals of steps 1..step), so a long row's attention costs about half
+    of T x T per step (T x window with a window) and no T x (step+1)T mask exists. Same result as the
+    dense mask up to summation order. Packed documents are contiguous (train/batches.py)."""
+    doc_ids: torch.Tensor        # [B,T], -1 on padding
+    step: int
+    window: int = 0
+    block: int = 1024
+
+    def doc_starts(self) -> torch.Tensor:
+        """[B,T]: the position where each position's document starts."""
+        B, T = self.doc_ids.shape
+        pos = torch.arange(T, device=self.doc_ids.device).expand(B, T)
+        new = torch.ones_like(self.doc_ids, dtype=torch.bool)
+        new[:, 1:] = self.doc_ids[:, 1:] != self.doc_ids[:, :-1]
+        return torch.where(new, pos, 0).cummax(dim=1).values
+
+    def attend(self, q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor) -> torch.Tensor:
+        """q [B,nh,T,hd], keys/values of steps 0..step [B,nkv,(step+1)T,hd] -> [B,nh,T,hd]."""
+        T, starts, outs = q.shape[2], self.doc_starts(), []
+        for q0 in range(0, T, self.block):
+            q1 = min(T, q0 + self.block)
+            k0 = int(starts[:, q0].min())
+            if self.window > 0:                                   # (its own key q0 always: the mask's eye)
+                k0 = max(k0, min(q0, q0 + self.step - self.window + 1))
+            keys = [slice(k0, q1)] + [slice(s * T + q0, s * T + q1) for s in range(1, self.step + 1)]
+            eye = torch.eye(q1 - q0, dtype=torch.bool, device=q.device).expand(q.shape[0], 1, -1, -1)
+            mask = torch.cat([prefix_mask(self.doc_ids, self.step, self.window, q0, q1, k0, q1)]
+                             + [eye] * self.step, dim=-1)
+            outs.append(F.scaled_dot_product_attention(
+                q[:, :, q0:q1], torch.cat([k_all[:, :, s] for s in keys], dim=2),
+                torch.cat([v_all[:, :, s] for s in keys], dim=2), attn_mask=mask, enable_gqa=True))
+        return torch.cat(outs, dim=2)
 
 
 def ttt_block_mask(doc_ids: torch.Tensor, step: int, window: int = 0) -> BlockMask:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specdraft.model.eagle3.module import DynamicCache, Eagle3Drafter, ttt_block_mask, ttt_mask
+from specdraft.model.eagle3.module import DynamicCache, Eagle3Drafter, TTTBlocks, ttt_block_mask
 from specdraft.train.objective import (ATTENTION, LOSSES, MAX_TTT_STEPS, TTT_INPUTS, TeacherHead, add_step_sums,
                                        in_document, chunked_position_loss, shift_left, teacher_targets, valid_positions)
 
@@ -42,7 +42,7 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
     attention="flex" builds flex-attention BlockMasks (same semantics) instead of boolean masks.
     """
     check_ttt_settings(steps, loss, attention, inputs)
-    make_mask = ttt_block_mask if attention == "flex" else ttt_mask
+    make_mask = ttt_block_mask if attention == "flex" else TTTBlocks                # ttt_mask by query blocks
     window = int(getattr(drafter.config, "sliding_window", 0) or 0)               # 0: the whole context
     input_ids, doc_ids, loss_mask = batch["input_ids"], batch["doc_ids"], batch["loss_mask"]
     position_ids = batch["position_ids"]
@@ -65,23 +65,24 @@ def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, t
         if parallel and k > 0:                                                    # a P-EAGLE mask slot
             tokens = torch.full_like(input_ids, drafter.config.mask_token_id)
             hidden = drafter.combine_aux(drafter.mask_hidden).expand(B, T, -1)   # [B,T,H]
-        mask = make_mask(doc_ids, k, window)                                      # [B,1,T,(k+1)T] (or BlockMask)
+        mask = make_mask(doc_ids, k, window)                                      # ttt_mask's [B,1,T,(k+1)T]
         out = drafter.decode(tokens, hidden, position_ids + k, mask, cache)       # [B,T,H] pre-norm
 
         defined = in_document(doc_ids, k).flatten()                               # [B*T] has a teacher
         trained = valid_positions(doc_ids, loss_mask, k).flatten()                # [B*T] loss-masked too
         rows = defined.nonzero().squeeze(1)                                       # [R]
         is_trained = trained[rows]                                                # [R]
-        logp = torch.log_softmax(drafter.compute_logits(out, rows).float(), dim=-1)  # [R, N]
+        logits = drafter.compute_logits(out, rows)                                # [R, N]
         t_rows = compact_index[rows + k + 1]                                      # teacher at t+k+1
         t_top = teacher_top[t_rows]                                               # [R]
-        per_pos = chunked_position_loss(logp, teacher_logp, t_rows, t_top, loss)[is_trained]
+        per_pos, top = chunked_position_loss(logits, teacher_logp, t_rows, t_top, loss)
+        per_pos = per_pos[is_trained]
         total = total + (step_decay ** k) * per_pos.sum() / max(per_pos.numel(), 1)
-        add_step_sums(sums, k, per_pos, logp.argmax(-1) == t_top, through, rows, is_trained)
+        add_step_sums(sums, k, per_pos, top == t_top, through, rows, is_trained)
         hidden = drafter.feedback(out)
         if inputs == "draft" and k + 1 < steps:                                   # token t+k+2 as drafted
             drafted = shift_left(input_ids, k + 2, 0).flatten()
-            drafted[rows] = drafter.draft_to_target(logp.detach().argmax(-1))
+            drafted[rows] = drafter.draft_to_target(top)
     return total, sums
 
 
