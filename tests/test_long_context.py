@@ -418,3 +418,29 @@ def test_our_proposer_drafts_with_the_window_it_was_trained_with():
     assert torch.allclose(windowed, alone, atol=1e-4)                        # each chain step (window 6 > K)
     assert windowed_tree == alone_tree
     assert not torch.allclose(full[0], alone[0], atol=1e-3)                  # the whole context differs
+
+
+def test_long_conversations_train_on_files_the_long_bench_never_reads(tiny_target, tmp_path):
+    """`prepare --conversations long`: continuations of standard-library source spread up to --max-length
+    tokens, kept whole, from files that no document of `bench --prompts long` reads; refused in a
+    mixture and under a --max-length that leaves no long document, in one line each."""
+    from specdraft.data.documents import BENCH_CHARS, concatenated, long_conversations, stdlib_files, training_files
+    from specdraft.data.prepare import prepare
+    from specdraft.data.prepared import load_prepared
+
+    files, pool = stdlib_files(), training_files()
+    bench_reads = {p for i in range(8) for p in concatenated(files[(i * 37) % len(files):] + files, BENCH_CHARS)[1]}
+    assert bench_reads and not bench_reads & {str(f) for f in pool} and len(pool) >= 100
+    chars = len                                                            # a counter: one token per character
+    convs = long_conversations(4, 4096, chars)
+    lengths = [chars(c[0]["content"]) for c in convs]
+    assert lengths == sorted(lengths) and lengths[-1] > 3000 and all(c[1]["content"] for c in convs)
+    assert all(len(c[1]["content"]) <= 256 for c in convs)                # the answer: what follows, cut
+    meta = prepare(str(tiny_target), "long", tmp_path / "long", limit=3, max_length=2048)
+    ds, _ = load_prepared(tmp_path / "long")
+    assert meta["counts"]["samples"] == 3 and max(len(x) for x in ds["input_ids"]) > 1500   # byte tokenizer
+    assert max(len(x) for x in ds["input_ids"]) <= 2048 and meta["counts"]["dropped"]["too_long"] == 0
+    with pytest.raises(SpecdraftError, match="^--max-length 512: --conversations long"):
+        prepare(str(tiny_target), "long", tmp_path / "short", limit=3, max_length=512)
+    with pytest.raises(SpecdraftError, match="^--conversations long: long documents are cut"):
+        prepare(str(tiny_target), "long:1,pydoc:1", tmp_path / "mixed", limit=3, max_length=2048)

@@ -249,6 +249,7 @@ def test_the_recipes_extra_data_is_a_second_store_kept_as_written(tmp_path, monk
     extra = by_name["prepare-extra"]
     assert extra[extra.index("--conversations") + 1] == "pydoc" and extra[extra.index("--limit") + 1] == "40"
     assert "--regenerate" not in extra and "--regenerate" in by_name["prepare"]
+    assert extra[extra.index("--max-length") + 1] == "1024"                 # pydoc's measured setting
     assert by_name["capture-extra"][by_name["capture-extra"].index("--prepared") + 1] == str(ws / "extra")
     assert by_name["vocab"][by_name["vocab"].index("--prepared") + 1] == str(ws / "data")
     commands.clear()
@@ -256,6 +257,12 @@ def test_the_recipes_extra_data_is_a_second_store_kept_as_written(tmp_path, monk
     assert pipeline.data_stages(Console(quiet=True), "M", ws, load_recipe(path), "builtin", "hf",
                                 tmp_path / "log") == ["--store", str(ws / "hidden")]
     assert [name or args[0] for name, args in commands] == ["prepare", "capture", "vocab"]
+    # long documents as the extra data (issue 38's knob) fill the recipe's rows: --max-length is max_tokens
+    commands.clear()
+    path.write_text("max_tokens: 8192\n" + base + ", extra: 'long:12'}\n")
+    pipeline.data_stages(Console(quiet=True), "M", tmp_path / "ws-long", load_recipe(path), "builtin", "hf", tmp_path / "log")
+    extra = dict((name or args[0], args) for name, args in commands)["prepare-extra"]
+    assert extra[extra.index("--conversations") + 1] == "long" and extra[extra.index("--max-length") + 1] == "8192"
     # a workspace whose extra data is another count is refused before it is reused
     (ws / "extra").mkdir(parents=True)
     (ws / "extra" / "prepare.json").write_text(json.dumps({"source": "pydoc", "limit": 300}))

@@ -261,6 +261,7 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
 
 
 EXTRA_MAX_LENGTH = 1024   # the extra data's conversations longer than this are dropped, as in the measured lever
+                          # (`extra: long:N` makes documents up to the recipe's max_tokens instead: its long rows)
 
 
 def data_stages(console: Console, model: str, ws: Path, recipe: Recipe, data: str, engine: str, log: Path) -> list[str]:
@@ -274,9 +275,10 @@ def data_stages(console: Console, model: str, ws: Path, recipe: Recipe, data: st
     stores = ["--store", str(ws / "hidden")]
     if recipe.extra:
         source, _, count = recipe.extra.rpartition(":")
+        longest = recipe.max_tokens if source == "long" else EXTRA_MAX_LENGTH
         if not (ws / "extra" / "prepare.json").exists():
             run_stage(console, ["prepare", "--model", model, "--conversations", source, "--limit", count,
-                                "--max-length", str(EXTRA_MAX_LENGTH), "--out", str(ws / "extra")], log, "prepare-extra")
+                                "--max-length", str(longest), "--out", str(ws / "extra")], log, "prepare-extra")
         capture_stage(console, model, ws / "extra", ws / "extra-hidden", engine, log, "capture-extra")
         stores += ["--store", str(ws / "extra-hidden")]
     if not (ws / "vocab.safetensors").exists():

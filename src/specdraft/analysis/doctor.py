@@ -590,8 +590,9 @@ def check_context_decay(d: Doctor) -> Finding:
                 "longest": long_label, "tau_longest": fmt(long["tau"]), "threshold": CONTEXT_DECAY,
                 "by_context": bucket_text(section)}
     return Finding("context_decay", holds, evidence, drop if holds else None,
-                   f"train with long rows: prepare long conversations (--max-length {LONG_ROWS}), capture them, "
-                   f"then specdraft train --out {d.run}-long --store WS/hidden-long "
+                   f"train with long rows: specdraft prepare --conversations long --max-length {LONG_ROWS} --out "
+                   f"WS/data-long; specdraft capture --prepared WS/data-long --out WS/hidden-long; then specdraft "
+                   f"train --out {d.run}-long --store WS/hidden --store WS/hidden-long "
                    f"--vocab {d.config.get('vocab', 'WS/vocab.safetensors')} --max-tokens {LONG_ROWS} "
                    f"--from-pretrained {d.run / run_layout.BEST} (a recipe: max_tokens: {LONG_ROWS})",
                    f"τ {long['tau']:.2f} at context {long_label} vs {short['tau']:.2f} at {short_label} "

@@ -32,8 +32,8 @@ class Conversation:
 
 def source_kind(source: str) -> str:
     """'builtin', 'self' (the target writes the questions), 'pydoc' (Python's documentation as answers),
-    'file' or 'hub' (a dataset id such as org/name)."""
-    if source in ("builtin", "pydoc"):
+    'long' (long documents continued, data/documents.py), 'file' or 'hub' (a dataset id such as org/name)."""
+    if source in ("builtin", "pydoc", "long"):
         return source
     if source == "self" or source.startswith("self:"):
         return "self"
@@ -205,6 +205,10 @@ def load_conversations(source: str, split: str = "train", seed: int = 0, limit: 
         for i, messages in enumerate(pydoc_conversations(seed, limit, answers=not regenerate)):
             yield Conversation(messages=messages, where=f"pydoc conversation {i}")
         return
+    if source == "long":
+        raise SpecdraftError("--conversations long: long documents are cut with the target's tokenizer to "
+                             "--max-length, so they are not a mixture's part; prepare them on their own "
+                             "(--conversations long --limit N --max-length 8192)")
     if source_kind(source) == "self":   # written by the target once it is loaded (data/self_prompts.py)
         if not regenerate:
             raise SpecdraftError(f"--conversations {source}: the target writes these questions; pass --regenerate "

@@ -93,19 +93,25 @@ def build_document(index: int, tokens: int, count_tokens: Callable[[str], int]) 
         files = stdlib_files()
         start = (index * 37) % len(files)
         files, title = files[start:] + files[:start], "Python standard library source"
-    parts, used, chars = [], [], 0
-    budget = tokens * 6              # characters: more than enough before the exact cut
+    parts, used = concatenated(files, tokens * 6)          # characters: more than enough before the exact cut
+    text = fit("\n".join(parts), tokens, count_tokens)
+    return Document(title, text, used[:text.count("# file: ")] or used[:1])
+
+
+def concatenated(files: list[Path], chars: int) -> tuple[list[str], list[str]]:
+    """The files' texts, each under a `# file:` line, in order until they reach `chars` characters
+    -> (texts, their paths)."""
+    parts, used, total = [], [], 0
     for path in files:
         body = read(path).strip()
         if not body:
             continue
         parts.append(f"# file: {path.name}\n{body}\n")
         used.append(str(path))
-        chars += len(parts[-1])
-        if chars >= budget:
+        total += len(parts[-1])
+        if total >= chars:
             break
-    text = fit("\n".join(parts), tokens, count_tokens)
-    return Document(title, text, used[:text.count("# file: ")] or used[:1])
+    return parts, used
 
 
 def defined_name(text: str) -> str | None:
@@ -147,6 +153,44 @@ def long_prompts(count: int, max_tokens: int, count_tokens: Callable[[str], int]
         words = count_tokens(task_prompt(task, Document("Python standard library source", "def " + "x" * 24, [])))
         doc = build_document(i, max(n - words, 1), count_tokens)
         convs.append([{"role": "user", "content": task_prompt(task, doc)}])
+    return convs
+
+
+# --- `prepare --conversations long`: long documents to train on, none that bench's long set reads ----------------
+
+LONG_ANSWER_TOKENS = 256         # a long conversation's answer: the next text of its document
+BENCH_DOCUMENTS = 64             # the long set's first 64 documents at 8K tokens ...
+BENCH_CHARS = 8192 * 6           # ... read these files at most: training leaves them out
+
+
+def training_files() -> list[Path]:
+    """The standard-library files no document of bench's long set reads (its first BENCH_DOCUMENTS,
+    at up to BENCH_CHARS characters each), licence texts left out too: what `long` trains on stays
+    apart from what `bench --prompts long` measures."""
+    files = stdlib_files()
+    read_by_bench = set()
+    for index in range(BENCH_DOCUMENTS):
+        start = (index * 37) % len(files)
+        read_by_bench.update(concatenated(files[start:] + files[:start], BENCH_CHARS)[1])
+    return [f for f in files if str(f) not in read_by_bench]
+
+
+def long_conversations(count: int, max_tokens: int, count_tokens: Callable[[str], int]) -> list[list[dict]]:
+    """`count` conversations over long documents (`prepare --conversations long`): the user asks to
+    continue a run of standard-library source (training_files), the answer is what follows it
+    (LONG_ANSWER_TOKENS). Document lengths spread on a log scale up to what `max_tokens` leaves after
+    the answer and the chat template, so training positions reach the longest context."""
+    files = training_files()
+    high = max_tokens - LONG_ANSWER_TOKENS - PROMPT_ROOM
+    convs = []
+    for i, n in enumerate(spread(count, high, low=min(MIN_TOKENS * 2, high))):
+        start = (i * 53) % len(files)
+        parts, _ = concatenated(files[start:] + files[:start], (n + LONG_ANSWER_TOKENS) * 6)
+        text = fit("\n".join(parts), n + LONG_ANSWER_TOKENS, count_tokens)
+        head = fit(text, n, count_tokens)
+        doc = Document("Python standard library source", head, [])
+        convs.append([{"role": "user", "content": task_prompt("continue", doc)},
+                      {"role": "assistant", "content": fit(text[len(head):], LONG_ANSWER_TOKENS, count_tokens)}])
     return convs
 
 

@@ -93,7 +93,8 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     out = ensure_writable_dir(out)
     target, engine_name, end_ids, dtype = open_target(model, src, regenerate, opts, trust_remote_code, compute_dtype,
                                                       batch_size)
-    conversations = with_self_written(src, target, out, end_ids, seed, batch_size, limit, console)
+    conversations = (long_documents(target.tokenizer, limit, max_length, regenerate) if src.kind == "long" else
+                     with_self_written(src, target, out, end_ids, seed, batch_size, limit, console))
     records = len(conversations)
     dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "over_limit": 0}
     regeneration = None
@@ -126,14 +127,14 @@ def read_source(source: str, split: str, seed: int, limit: int | None, regenerat
         src.drawn = {p.source: mixtures.draw(source, p, split, seed, regenerate) for p in mixture}
         src.conversations = [c for group in src.drawn.values() for c in group]
         src.self_count = next((p.samples for p in mixture if p.source == "self"), None)
-    else:
+    elif kind != "long":               # long: cut to --max-length with the tokenizer, once the target loads
         src.conversations = list(load_conversations(source, split=split, seed=seed, limit=limit,
                                                     regenerate=regenerate))
     src.question_count = self_question_count(source) if kind == "self" else None
     if follow_ups and kind != "self" and not src.self_count:
         raise SpecdraftError(f"--follow-ups {follow_ups}: only questions the target writes get follow-ups; "
                              "use --conversations self:N (or a mixture with a self part), or drop --follow-ups")
-    if not src.conversations and kind != "self" and not src.self_count:
+    if not src.conversations and kind not in ("self", "long") and not src.self_count:
         raise SpecdraftError(f"--conversations {source}: no conversations found; the file or split is empty")
     return src
 
@@ -180,6 +181,24 @@ def with_self_written(src: Source, target, out: Path, end_ids: list[int], seed: 
             src.drawn["self"] = self_written(target, src.self_count, out, end_ids, seed, batch_size, console)
         return mixtures.interleave(list(src.drawn.values()))
     return src.conversations
+
+
+LONG_DOCUMENTS = 64           # --conversations long without --limit
+LONG_MIN_LENGTH = 1024        # --max-length below this leaves no long document
+
+
+def long_documents(tok, limit: int | None, max_length: int, regenerate: bool) -> list[Conversation]:
+    """--conversations long: `limit` continuations of standard-library source up to --max-length tokens
+    (documents.long_conversations); with --regenerate the target writes the answers."""
+    from specdraft.data.documents import long_conversations
+
+    if max_length < LONG_MIN_LENGTH:
+        raise SpecdraftError(f"--max-length {max_length}: --conversations long makes documents up to it; use at "
+                             f"least {LONG_MIN_LENGTH} (the target's context, e.g. 8192, for long-context training)")
+    convs = long_conversations(limit or LONG_DOCUMENTS, max_length,
+                               lambda text: len(tok(text, add_special_tokens=False)["input_ids"]))
+    return [Conversation(messages=c[:1] if regenerate else c, where=f"long conversation {i}")
+            for i, c in enumerate(convs)]
 
 
 def regeneration_input(conversations: list[Conversation], dedup: bool, limit: int | None,
