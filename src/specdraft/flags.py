@@ -50,8 +50,8 @@ WORKSPACE_HELP = "Where every stage writes."
 BASELINE_HELP = "A run to beat: its folder or metrics.jsonl."
 CONVERSATIONS_HELP = ("Conversations: jsonl/json/parquet file, a Hugging Face dataset id, 'builtin', 'self:N' "
                       "(the target writes N questions), 'pydoc' (Python's documentation as the answers, "
-                      "used as written), 'long' (standard-library source up to --max-length tokens, continued: "
-                      "long-context rows), or a mixture such as builtin:0.5,self:0.5 (the weights "
+                      "used as written), 'long' (runs of standard-library source continued, as long as the maximum "
+                      "length allows: long-context rows), or a mixture such as builtin:0.5,self:0.5 (the weights "
                       "share out the sample limit).")
 OUT_HELP = "Where this command writes."
 
