@@ -207,6 +207,41 @@ def test_build_from_hidden_store(tmp_path):
     assert summary["coverage"] == pytest.approx(4 / 5)
 
 
+def test_build_counts_several_stores_together_and_refuses_two_targets(tmp_path, monkeypatch):
+    """`vocab build --store A --store B`: the tokens of both stores counted as one (a second store of
+    long documents brings tokens the first never has); stores of two targets are refused in one line."""
+    def store(name, ids, mask, target="t"):
+        folder = tmp_path / name
+        folder.mkdir()
+        save_file({"input_ids": torch.tensor(ids), "loss_mask": torch.tensor(mask, dtype=torch.uint8)},
+                  str(folder / "shard-00000.safetensors"))
+        (folder / "manifest.json").write_text(json.dumps(
+            {"target": {"id": target, "vocab_size": 16}, "shards": [{"file": "shard-00000.safetensors"}]}))
+        return folder
+
+    a, b = store("a", [3, 3, 3, 5], [1, 1, 1, 1]), store("b", [7, 7, 7, 7, 5], [1, 1, 1, 1, 1])
+    vocab.build_from_data(a, 2, tmp_path / "a.safetensors")
+    assert vocab.load(tmp_path / "a.safetensors").draft_to_target.tolist() == [3, 5]
+    summary = vocab.build_from_data([a, b], 2, tmp_path / "ab.safetensors")
+    assert vocab.load(tmp_path / "ab.safetensors").draft_to_target.tolist() == [3, 7]      # 7 only in b
+    assert summary["loss_tokens"] == 9 and summary["distinct_tokens"] == 3
+    other = store("other", [1, 2], [1, 1], target="another-model")
+    with pytest.raises(SpecdraftError, match=r"other: holds another-model's tokens, but .*a holds t's"):
+        vocab.build_from_data([a, other], 2, tmp_path / "x.safetensors")
+    assert not (tmp_path / "x.safetensors").exists()
+    from typer.testing import CliRunner
+
+    from specdraft.cli import app
+
+    seen = {}
+    monkeypatch.setattr(vocab, "build_from_data", lambda data, size, out, model=None, kind=None: seen.update(
+        data=data, kind=kind) or {"draft_vocab_size": 2, "target_vocab_size": 16, "coverage": 1.0, "distinct_tokens": 3})
+    res = CliRunner().invoke(app, ["vocab", "build", "--store", str(a), "--store", str(b), "--size", "2",
+                                   "--out", str(tmp_path / "cli.safetensors")])
+    assert res.exit_code == 0, res.output
+    assert seen == {"data": [a, b], "kind": "store"}                     # the CLI passes every --store
+
+
 def test_vocab_build_says_when_the_data_has_fewer_tokens_than_the_vocab():
     """--size 4096 from 321 distinct tokens said "covers 100.0%" and nothing else (issue 28)."""
     from specdraft.vocab import build_summary_lines

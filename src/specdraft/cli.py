@@ -157,7 +157,8 @@ def store_convert(
 def vocab_build(
     prepared: Optional[Path] = typer.Option(None, "--prepared", help=PREPARED_HELP + " Here: count its tokens (or "
                                             "--store's)."),
-    store: Optional[Path] = typer.Option(None, "--store", help=STORE_HELP + " Here: count its tokens (or --prepared's)."),
+    store: Optional[list[Path]] = typer.Option(None, "--store", help=STORE_HELP + " Here: count its tokens (or "
+                                               "--prepared's); repeat it to count several stores together."),
     size: int = typer.Option(..., "--size", help="Draft vocabulary size N."),
     out: Path = out_option("the vocab file, e.g. WS/vocab.safetensors.", required=True),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP + " Here: for its vocab size "
@@ -168,12 +169,11 @@ def vocab_build(
     from specdraft import vocab
     from specdraft.io import check_output_file
 
-    if prepared is not None and store is not None:
-        raise SpecdraftError("--prepared and --store: pick one (the tokens are counted in one of them)")
-    if prepared is None and store is None:
-        raise SpecdraftError("--prepared WS/data or --store WS/hidden is required: the tokens to count")
-    check_output_file(out, [prepared or store, model], ".safetensors")
-    summary = vocab.build_from_data(prepared or store, size, out, model=model,
+    if (prepared is None) == (not store):
+        raise SpecdraftError("--prepared and --store: pick one (the tokens are counted in one of them)" if store else
+                             "--prepared WS/data or --store WS/hidden is required: the tokens to count")
+    check_output_file(out, [*(store or [prepared]), model], ".safetensors")
+    summary = vocab.build_from_data(store or prepared, size, out, model=model,
                                     kind="prepared" if prepared is not None else "store")
     say(vocab.build_summary_lines(summary, out))
 

@@ -118,17 +118,32 @@ def _load_token_counts_source(data: Path):
     return ids, mask, meta
 
 
-def build_from_data(data: str | Path, size: int, out: str | Path, model: str | None = None,
+def _counted_together(folders: list[Path]) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(input_ids, loss_mask, the first folder's meta) over every folder, all of one target."""
+    loaded = [_load_token_counts_source(f) for f in folders]
+    first = (loaded[0][2].get("target") or {}).get("id")
+    for folder, (_, _, meta) in zip(folders[1:], loaded[1:]):
+        other = (meta.get("target") or {}).get("id")
+        if other != first:
+            raise SpecdraftError(f"{folder}: holds {other}'s tokens, but {folders[0]} holds {first}'s; a draft vocab "
+                                 "counts one target's tokens: pass stores of the same target")
+    return (np.concatenate([x[0] for x in loaded]), np.concatenate([x[1] for x in loaded]), loaded[0][2])
+
+
+def build_from_data(data: str | Path | list, size: int, out: str | Path, model: str | None = None,
                     kind: str | None = None) -> dict:
-    """Build the top-`size` draft vocab over loss-masked tokens of `data` and write `out`. `kind`
-    ("prepared" or "store", as the command line named it; None: either) is checked against the folder."""
-    data = Path(data)
-    if kind == "store":
-        read_manifest(data)              # a prepared folder or an unfinished store: says which
-    elif kind == "prepared" and (data / "manifest.json").exists():
-        raise SpecdraftError(f"{data}: a hidden-state store (from `specdraft capture`), not prepared data; "
-                             f"pass it as --store {data}, or --prepared WS/data")
-    ids, mask, meta = _load_token_counts_source(data)
+    """Build the top-`size` draft vocab over loss-masked tokens of `data` (a folder, or a list of stores
+    counted together) and write `out`. `kind` ("prepared" or "store", as the command line named it;
+    None: either) is checked against each folder."""
+    folders = [Path(d) for d in (data if isinstance(data, (list, tuple)) else [data])]
+    for folder in folders:
+        if kind == "store":
+            read_manifest(folder)        # a prepared folder or an unfinished store: says which
+        elif kind == "prepared" and (folder / "manifest.json").exists():
+            raise SpecdraftError(f"{folder}: a hidden-state store (from `specdraft capture`), not prepared data; "
+                                 f"pass it as --store {folder}, or --prepared WS/data")
+    data = folders[0]
+    ids, mask, meta = _counted_together(folders)
     target = dict(meta.get("target") or {})
     if model is not None:
         tinfo = info(model)
