@@ -90,12 +90,17 @@ def build_document(index: int, tokens: int, count_tokens: Callable[[str], int]) 
     if index % 4 == 3 and licences:
         files, title = licences[index // 4 % len(licences):] + licences, LICENCES
     else:
-        files = stdlib_files()
-        start = (index * 37) % len(files)
-        files, title = files[start:] + files[:start], "Python standard library source"
+        files, title = bench_files(index), "Python standard library source"
     parts, used = concatenated(files, tokens * 6)          # characters: more than enough before the exact cut
     text = fit("\n".join(parts), tokens, count_tokens)
     return Document(title, text, used[:text.count("# file: ")] or used[:1])
+
+
+def bench_files(index: int) -> list[Path]:
+    """The standard-library files in the order document `index` of the long set reads them."""
+    files = stdlib_files()
+    start = (index * 37) % len(files)
+    return files[start:] + files[:start]
 
 
 def concatenated(files: list[Path], chars: int) -> tuple[list[str], list[str]]:
@@ -167,12 +172,9 @@ def training_files() -> list[Path]:
     """The standard-library files no document of bench's long set reads (its first BENCH_DOCUMENTS,
     at up to BENCH_CHARS characters each), licence texts left out too: what `long` trains on stays
     apart from what `bench --prompts long` measures."""
-    files = stdlib_files()
-    read_by_bench = set()
-    for index in range(BENCH_DOCUMENTS):
-        start = (index * 37) % len(files)
-        read_by_bench.update(concatenated(files[start:] + files[:start], BENCH_CHARS)[1])
-    return [f for f in files if str(f) not in read_by_bench]
+    read_by_bench = {path for index in range(BENCH_DOCUMENTS)
+                     for path in concatenated(bench_files(index), BENCH_CHARS)[1]}
+    return [f for f in stdlib_files() if str(f) not in read_by_bench]
 
 
 def long_conversations(count: int, max_tokens: int, count_tokens: Callable[[str], int]) -> list[list[dict]]:

@@ -198,9 +198,13 @@ def ttt_mask(doc_ids: torch.Tensor, step: int, window: int = 0) -> torch.Tensor:
     the query, at position i + step, sees only prefix keys less than `window` positions back
     (i + step - j < window), as a serving engine's sliding window does.
     """
-    T = doc_ids.shape[1]
-    eye = torch.eye(T, dtype=torch.bool, device=doc_ids.device).expand(doc_ids.shape[0], 1, T, T)
-    return torch.cat([prefix_mask(doc_ids, step, window, 0, T, 0, T)] + [eye] * step, dim=-1)
+    return block_mask(doc_ids, step, window, 0, doc_ids.shape[1], 0)
+
+
+def block_mask(doc_ids: torch.Tensor, step: int, window: int, q0: int, q1: int, k0: int) -> torch.Tensor:
+    """ttt_mask's rows q0..q1-1 over the step-0 keys k0..q1-1 and their own diagonals of steps 1..step."""
+    eye = torch.eye(q1 - q0, dtype=torch.bool, device=doc_ids.device).expand(doc_ids.shape[0], 1, -1, -1)
+    return torch.cat([prefix_mask(doc_ids, step, window, q0, q1, k0, q1)] + [eye] * step, dim=-1)
 
 
 @dataclass
@@ -232,9 +236,7 @@ class TTTBlocks:
             if self.window > 0:                                   # (its own key q0 always: the mask's eye)
                 k0 = max(k0, min(q0, q0 + self.step - self.window + 1))
             keys = [slice(k0, q1)] + [slice(s * T + q0, s * T + q1) for s in range(1, self.step + 1)]
-            eye = torch.eye(q1 - q0, dtype=torch.bool, device=q.device).expand(q.shape[0], 1, -1, -1)
-            mask = torch.cat([prefix_mask(self.doc_ids, self.step, self.window, q0, q1, k0, q1)]
-                             + [eye] * self.step, dim=-1)
+            mask = block_mask(self.doc_ids, self.step, self.window, q0, q1, k0)
             outs.append(F.scaled_dot_product_attention(
                 q[:, :, q0:q1], torch.cat([k_all[:, :, s] for s in keys], dim=2),
                 torch.cat([v_all[:, :, s] for s in keys], dim=2), attn_mask=mask, enable_gqa=True))
