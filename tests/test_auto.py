@@ -47,17 +47,18 @@ def hf_greedy(model, prompt, n):
 # ----------------------------------------------------------------------------- -k auto = brute force
 
 def brute_force_k(rates, verify_ms, draft_ms, k_max):
-    """Independent of costmodel: throughput of every K >= 0 written out (K=0: plain decoding, one token
-    per 1-token forward), the best (shortest on ties)."""
+    """Independent of costmodel: throughput of every K >= 0 at every R >= K+1 written out (K=0: plain
+    decoding, one token a round), the best (shortest on ties)."""
     best = None
     for k in range(0, k_max + 1):
         tokens, prod = 1.0, 1.0
         for j in range(k):
             prod *= rates[min(j, len(rates) - 1)]
             tokens += prod
-        cycle = k * draft_ms + verify_ms[min(k, len(verify_ms) - 1)]
-        if best is None or tokens / cycle > best[1] + 1e-12:
-            best = (k, tokens / cycle)
+        for r in range(k + 1, k_max + 2):
+            cycle = k * draft_ms + verify_ms[min(r - 1, len(verify_ms) - 1)]
+            if best is None or tokens / cycle > best[1] + 1e-12:
+                best = (k, tokens / cycle)
     return best[0]
 
 
@@ -76,6 +77,22 @@ def test_auto_k_picks_what_a_brute_force_sweep_picks():
         assert threshold is None
         seen.add(option.k)
     assert len(seen) >= 5                   # the sweep exercised many different answers
+
+
+def test_rounds_run_at_the_row_count_measured_cheapest():
+    """The AVX-512 EPYC of issue 35: one row cost 58.1 ms that two rows did in 40.9. Plain decoding and a
+    1-draft chain then both run at R=2; K=2 at 3 rows; the choice says R where it pads."""
+    verify = [58.1, 40.9, 60.6, 66.0, 76.5]
+    options = chain_options([0.5, 0.4, 0.3, 0.3], verify, 2.0, 4)
+    assert [o.rows for o in options] == [2, 2, 3, 4, 5]
+    assert options[0].cycle_ms == 40.9 and options[0].speedup == 1.0      # plain decoding at its best R
+    assert options[1].cycle_ms == pytest.approx(42.9)
+    option, _ = auto.decide([0.5, 0.4, 0.3, 0.3], verify, 2.0, None, stop_auto=False, k_max=4)
+    choice = auto.AutoChoice(option.k, None, option, [0.5, 0.4, 0.3, 0.3], "val.json", verify, 2.0, True, False)
+    assert (option.k, choice.rows) == (1, 2)
+    plain = auto.AutoChoice(0, None, options[0], [0.5], "val.json", verify, 2.0, True, False)
+    assert plain.rows == 2 and "every round at R=2 rows (40.9 ms" in plain.line()
+    assert "R=" not in auto.AutoChoice(2, None, options[2], [0.5], "v", verify, 2.0, True, False).line()
 
 
 def test_auto_k_is_zero_when_the_faked_costs_make_drafting_a_loss():
@@ -118,6 +135,52 @@ def test_bench_defaults_to_k_auto_and_decodes_plainly_where_no_chain_pays(tiny_t
     assert json.loads(out.read_text())["config"]["k"] == 2
 
 
+def test_bench_runs_the_chain_and_plain_at_the_rows_k_auto_measured_cheapest(tiny_target, tmp_path, monkeypatch):
+    """Issue 35's R per machine: with faked costs where 6 rows run cheaper than 2..5, -k auto's chain and plain
+    decoding both run every round at R=6 (one forward shape; eagle3 then equals plain, compared); n-gram
+    keeps its own R; the choice line says R; greedy's tokens come out as ever (float32)."""
+    def padded_costs(target_model, drafter, n_max, context, rounds=3, repeats=5, label=""):
+        return {"verify_ms": [10.0, 20.0, 20.5, 21.0, 21.5, 9.0, 30.0, 30.0, 30.0][:n_max], "draft_ms": 0.5}
+    monkeypatch.setattr(auto, "measure_costs", padded_costs)
+    monkeypatch.setattr(auto, "gather_accept", lambda *a: ([0.9] + [0.05] * (a[-1] - 1), "faked", a[-1]))
+    out = tmp_path / "bench.json"
+    res = invoke("bench", "--model", tiny_target, "--drafter", "untrained:64", "--methods", "greedy,plain,ngram,eagle3",
+                 "--max-new-tokens", "8", "--limit", "2", "--rounds", "1", "--out", out)
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    m = report["methods"]
+    assert report["config"]["k"] == 1 and report["config"]["k_auto"]["rows"] == 6
+    assert "every round at R=6 rows" in res.stderr
+    assert m["eagle3"]["rows"] == m["plain"]["rows"] == 6 and m["ngram"]["rows"] == 4 and m["greedy"]["rows"] is None
+    assert m["eagle3"]["identical_to_plain"] is True and "identical_to_plain" not in m["ngram"]
+    assert all(r["identical_to_greedy"] for r in m.values())
+
+
+def test_compute_dtype_auto_in_bench_and_the_bf16_reference_is_plain_decoding(tiny_target, tmp_path, monkeypatch):
+    """--compute-dtype auto: float32 where timing is off (the suite); where bf16 measures faster, bench runs
+    bf16 and adds plain decoding at the chain's R as the lossless reference. A bad value is one line."""
+    from specdraft import kernels
+
+    out = tmp_path / "bench.json"
+    args = ["bench", "--model", tiny_target, "--drafter", "untrained:64", "--methods", "greedy,eagle3", "-k", "2",
+            "--max-new-tokens", "6", "--limit", "2", "--rounds", "1", "--compute-dtype", "auto", "--out", out]
+    res = invoke(*args)
+    assert res.exit_code == 0, res.output
+    config = json.loads(out.read_text())["config"]
+    assert (config["dtype"], config["dtype_asked"]) == ("float32", "auto")
+    monkeypatch.setattr(kernels, "measuring", lambda: True)
+    monkeypatch.setattr(kernels, "faster_dtype", lambda shapes, rows: ("bfloat16", {"float32": 2.0, "bfloat16": 1.0}))
+    res = invoke(*args)
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["config"]["dtype"] == "bfloat16"
+    assert report["methods"]["plain"]["rows"] == report["methods"]["eagle3"]["rows"] == 3
+    assert report["methods"]["eagle3"]["identical_to_plain"] is True
+    res = invoke("generate", "--model", tiny_target, "--prompt", "hi", "--compute-dtype", "int8")
+    assert isinstance(res.exception, SpecdraftError)
+    assert str(res.exception) == "--compute-dtype int8: use auto, float32, bfloat16, float16"
+
+
 def test_why_not_faster_names_the_slower_methods_and_the_costs():
     from specdraft.infer.bench import why_not_faster
 
@@ -137,12 +200,12 @@ def test_auto_stop_threshold_is_the_marginal_rule():
     option, threshold = auto.decide(rates, verify, draft, 3, stop_auto=True)
     assert option.k == 3
     value = option.cycle_ms / option.tokens_per_cycle          # ms a token costs at K=3
-    assert threshold == pytest.approx((draft + 2.0) / value)
-    # a draft pays exactly when confidence * value > draft step + one verify row
-    assert (threshold + 1e-6) * value > draft + 2.0 > (threshold - 1e-6) * value
-    free = chain_options([0.5], [10.0], 0.0, 2)[2]               # free drafting, flat verify: never stop
-    assert stop_threshold(free, [10.0], 0.0) == 0.0
-    assert stop_threshold(free, [10.0], 1e9) == 1.0
+    assert threshold == pytest.approx(draft / value)
+    # a draft pays exactly when confidence * value > one draft step: the round's R rows are paid anyway
+    assert (threshold + 1e-6) * value > draft > (threshold - 1e-6) * value
+    free = chain_options([0.5], [10.0], 0.0, 2)[2]               # free drafting: never stop
+    assert stop_threshold(free, 0.0) == 0.0
+    assert stop_threshold(free, 1e9) == 1.0
 
 
 def test_conditional_and_expected_tokens():
@@ -306,7 +369,7 @@ def test_a_one_forward_family_pays_its_draft_once_per_round():
     assert [o.cycle_ms for o in chain] == pytest.approx([k * draft + v for k, v in enumerate(verify)])
     assert auto.decide(rates, verify, draft, None, False, 4)[0].k < auto.decide(rates, verify, draft, None, False, 4,
                                                                                  one_forward=True)[0].k
-    assert stop_threshold(parallel[4], verify, draft, one_forward=True) < stop_threshold(parallel[4], verify, draft)
+    assert stop_threshold(parallel[4], draft, one_forward=True) < stop_threshold(parallel[4], draft)
 
 
 @pytest.mark.parametrize("family", ["peagle", "dflash", "dspark"])

@@ -1,6 +1,6 @@
 """Defaults that several stages share, written once so that they cannot drift apart (issue 28):
 the draft length bench, generate, eval, probe and export use when -k is not given, and the
-longest chain that -k auto and `plan` consider; how -k and --draft-stop are read."""
+longest chain that -k auto and `plan` consider; how -k, --draft-stop and --compute-dtype are read."""
 
 from __future__ import annotations
 
@@ -14,6 +14,12 @@ DRAFT_LENGTH = 3     # draft tokens per round (vLLM's num_speculative_tokens) wh
 LONGEST_CHAIN = 8    # the longest draft chain -k auto and `specdraft plan` consider
 K_MAX = 256          # draft tokens per round: far beyond any drafter's use, far below a typo's
 NUM_SPEC = "--num-speculative-tokens"
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16", "float16")     # --compute-dtype of prepare, capture, bench, generate
+
+
+def check_compute_dtype(value: str) -> None:
+    if value not in COMPUTE_DTYPES:
+        raise SpecdraftError(f"--compute-dtype {value}: use {', '.join(COMPUTE_DTYPES)}")
 
 
 def draft_length_option(text: Optional[str]) -> int | str | None:

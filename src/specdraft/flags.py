@@ -62,7 +62,9 @@ TP = typer.Option(1, "--tensor-parallel-size", "-tp", help=TP_HELP)
 ENGINE_ARGS = typer.Option(None, "--engine-args", help=ENGINE_ARGS_HELP)
 AS_JSON = typer.Option(False, "--json", help="Print JSON to stdout instead of the summary.")
 COMPUTE_DTYPE_HELP = "Dtype the target runs in: float32, bfloat16 or float16."
-COMPUTE_DTYPE = typer.Option("float32", "--compute-dtype", help=COMPUTE_DTYPE_HELP)
+COMPUTE_DTYPE = typer.Option("float32", "--compute-dtype", help=COMPUTE_DTYPE_HELP + (
+    " Here: or auto (bf16 where it measures faster, timed once per machine). float32 emits transformers' greedy "
+    "tokens; any dtype emits plain decoding's tokens at the same R (a chain; a tree only in float32)."))
 AUTO_DTYPE_HELP = (COMPUTE_DTYPE_HELP + " Here: or auto (bf16 on a GPU, and on a CPU where bf16 matmuls measure "
                    "faster, timed once per machine); {record} records it.")
 REGEN_DTYPE = typer.Option("auto", "--compute-dtype", help=AUTO_DTYPE_HELP.format(record="prepare.json"))
@@ -90,8 +92,8 @@ def out_option(here: str, required: bool = False):
 MAX_NEW_TOKENS_HELP = "New tokens per answer at most."
 VERIFY_ROWS = typer.Option(None, "--verify-rows", help=(
     "Target rows of every decoding round: the root, the drafts, pad rows after them. Runs with the same R emit "
-    "the same tokens with or without a drafting chain, in any dtype (bf16 too; a tree only in fp32). Default: 1 "
-    "+ the method's largest draft (plain decoding: 1)."))
+    "the same tokens with or without a drafting chain, in any dtype (bf16 too; a tree only in fp32). Default: with -k auto, the R "
+    "measured cheapest for its K, for the chain and plain decoding; else 1 + the method's largest draft."))
 NGRAM_MAX = typer.Option(3, "--ngram-max", help="Longest suffix n-gram the ngram method looks up.")
 NGRAM_MIN = typer.Option(1, "--ngram-min", help="Shortest suffix n-gram the ngram method looks up.")
 DATASTORE = typer.Option(None, "--datastore", help="Prepared data (WS/data) whose answers, the target's own, ngram "

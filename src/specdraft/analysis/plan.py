@@ -210,12 +210,13 @@ def format_plan(result: dict) -> str:
     lines += [f"acceptance per position: {rates}  ({result['accept']['source']})",
              f"draft step {result['draft_ms']:.2f} ms; verify 1..{len(result['verify_ms'])} tokens: "
              + " ".join(f"{v:.1f}" for v in result["verify_ms"]) + " ms" + spread_note(result.get("timing")),
-             f"{'K':>3s} {'τ':>9s} {'cycle ms':>9s} {'tok/s':>8s} {'speedup':>8s} {'draft':>6s} {'verify':>7s}"]
+             f"{'K':>3s} {'τ':>9s} {'R':>3s} {'cycle ms':>9s} {'tok/s':>8s} {'speedup':>8s} {'draft':>6s} {'verify':>7s}"]
     floor = (result.get("timing") or {}).get("floor")
     if floor:
         lines.insert(-1, kernels.floor_line(floor, result["verify_ms"]))
     for o in result["options"]:
         mark = "  <- best" if o["k"] == result["best"]["k"] else ""
-        lines.append(f"{o['k']:3d} {o['tokens_per_cycle']:9.2f} {o['cycle_ms']:9.2f} {o['tokens_per_s']:8.1f} "
+        lines.append(f"{o['k']:3d} {o['tokens_per_cycle']:9.2f} {o.get('rows') or o['k'] + 1:3d} {o['cycle_ms']:9.2f} "
+                     f"{o['tokens_per_s']:8.1f} "
                      f"{o['speedup']:7.2f}x {o['draft_share']:6.0%} {o['verify_share']:7.0%}{mark}")
     return "\n".join(lines)

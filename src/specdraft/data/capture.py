@@ -29,6 +29,7 @@ from specdraft.data.vllm_engine import (
     engine_record,
     vllm_capture_samples,
 )
+from specdraft.defaults import check_compute_dtype
 from specdraft.errors import SpecdraftError
 from specdraft.io import LOCK_NAME, ensure_writable_dir
 from specdraft.progress import progress as progress_of
@@ -357,8 +358,7 @@ def check_capture_options(out: Path, store_format: str, compute_dtype: str, batc
     """Refuse bad options and an --out that holds something else; True when --out holds only the
     manifest of a capture that wrote no shard (started over)."""
     sf.check_format(store_format)
-    if compute_dtype not in DTYPES and compute_dtype != "auto":
-        raise SpecdraftError(f"--compute-dtype {compute_dtype}: use auto, float32, bfloat16 or float16")
+    check_compute_dtype(compute_dtype)
     if batch_tokens <= 0:
         raise SpecdraftError(f"--batch-tokens {batch_tokens}: must be positive")
     if shard_tokens <= 0:

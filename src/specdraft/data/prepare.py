@@ -20,10 +20,10 @@ from specdraft.data.conversations import Conversation, load_conversations, self_
 from specdraft.data.prepared import non_empty_part, save_prepared
 from specdraft.data.render import end_of_turn_ids, render, require_chat_template, template_sha256
 from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
+from specdraft.defaults import check_compute_dtype
 from specdraft.errors import SpecdraftError
 from specdraft.io import ensure_writable_dir
 
-COMPUTE_DTYPES = ("auto", "float32", "bfloat16", "float16")   # prepare --compute-dtype
 
 FORMAT_VERSION = 1
 
@@ -45,8 +45,7 @@ def check_options(max_length: int, min_assistant_tokens: int, limit: int | None,
         raise SpecdraftError(f"--temperature {temperature}: must be >= 0 (0 = greedy)")
     if not 0 <= follow_ups <= 1:
         raise SpecdraftError(f"--follow-ups {follow_ups}: must be 0..1 (the share of self-written conversations)")
-    if compute_dtype not in COMPUTE_DTYPES:
-        raise SpecdraftError(f"--compute-dtype {compute_dtype}: use {', '.join(COMPUTE_DTYPES)}")
+    check_compute_dtype(compute_dtype)
 
 
 @dataclass

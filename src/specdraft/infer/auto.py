@@ -168,6 +168,15 @@ class AutoChoice:
     one_forward: bool = False    # the family drafts a round in one forward: draft_ms is that forward
     measured: int | None = None  # positions whose acceptance was measured; the rest carry the last one (~)
 
+    @property
+    def rows(self) -> int:
+        """R, the target rows of every round at the chosen K (more than K+1 where that measured cheaper)."""
+        return self.option.rows or self.k + 1
+
+    def rows_text(self) -> str:
+        return (f"; every round at R={self.rows} rows ({self.verify_ms[self.rows - 1]:.1f} ms, measured below "
+                f"{self.k + 1} rows' {self.verify_ms[self.k]:.1f})" if self.rows > self.k + 1 else "")
+
     def line(self) -> str:
         o = self.option
         if self.k == 0:
@@ -177,7 +186,7 @@ class AutoChoice:
         return (f"{what} (expected {o.tokens_per_cycle:.2f} tokens/round, predicted {o.speedup:.2f}x over plain "
                 f"decoding; acceptance {self.rates_text()} from {self.source}; "
                 f"{'draft forward' if self.one_forward else 'draft step'} {self.draft_ms:.1f} ms, verify 1..{len(self.verify_ms)} tokens {self.verify_ms[0]:.1f}.."
-                f"{self.verify_ms[-1]:.1f} ms){stop}")
+                f"{self.verify_ms[-1]:.1f} ms){self.rows_text()}{stop}")
 
     def rates_text(self) -> str:
         """The rates per position, those carried forward (not measured) marked ~."""
@@ -186,14 +195,14 @@ class AutoChoice:
 
     def plain_line(self) -> str:
         """Why -k auto decodes plainly here, in one sentence with the measured costs."""
-        one = chain_options(self.rates, self.verify_ms, self.draft_ms, 1, self.one_forward)[1]
+        one = chain_options(self.rates, self.verify_ms, self.draft_ms, len(self.verify_ms) - 1, self.one_forward)[1]
         return (f"-k auto: K=0, plain decoding: no draft length pays on this machine (one draft costs a "
                 f"{self.draft_ms:.1f} ms drafter {'forward' if self.one_forward else 'step'} and turns a {self.verify_ms[0]:.1f} ms 1-token forward into a "
                 f"{self.verify_ms[1]:.1f} ms 2-token verify, for {one.tokens_per_cycle:.2f} tokens a round at "
-                f"acceptance {self.rates[0]:.2f} from {self.source}: predicted {one.speedup:.2f}x)")
+                f"acceptance {self.rates[0]:.2f} from {self.source}: predicted {one.speedup:.2f}x){self.rows_text()}")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "option": asdict(self.option)}
+        return {**asdict(self), "option": asdict(self.option), "rows": self.rows}
 
 
 def decide(rates: list[float], verify_ms: list[float], draft_ms: float, k: int | None, stop_auto: bool,
@@ -203,7 +212,7 @@ def decide(rates: list[float], verify_ms: list[float], draft_ms: float, k: int |
     Pure: tests check it against a brute-force sweep."""
     options = chain_options(rates, verify_ms, draft_ms, max(k_max, k or 0), one_forward)
     option = best_option(options, k_min=0) if k is None else options[k]
-    return option, stop_threshold(option, verify_ms, draft_ms, one_forward) if stop_auto else None
+    return option, stop_threshold(option, draft_ms, one_forward) if stop_auto else None
 
 
 def choose(target_model, drafter, spec, ids: list[int], k: int | None, stop: float | None, stop_auto: bool,

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from specdraft.data.builtin_prompts import builtin_prompts
-from specdraft.defaults import DRAFT_LENGTH
+from specdraft.defaults import DRAFT_LENGTH, check_compute_dtype
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import load_drafter, resolve_checkpoint
 from specdraft.infer.hybrid import HYBRID, HybridProposer
@@ -258,6 +258,22 @@ class Method:
     name: str
     proposer: object | None          # None: no drafts (plain decoding)
     hf: bool = False                 # plain decoding by transformers' generate, not by our loop
+    rows: int | None = None          # R of every round in our loop (assign_rows)
+
+
+def is_chain(name: str) -> bool:
+    """A drafter family's own chain: the method -k auto chooses K (and R) for."""
+    return name in families.names()
+
+
+def assign_rows(methods: list[Method], rows: int | None, chain_rows: int | None) -> None:
+    """R per loop method, refused before any run where a round needs more: --verify-rows for every one;
+    else `chain_rows` (the R -k auto measured cheapest for its K) for the drafter's chain and plain
+    decoding, so both run one forward shape; the rest at their own round_rows."""
+    for m in methods:
+        if not m.hf:
+            shared = rows or (chain_rows if m.name == "plain" or is_chain(m.name) else None)
+            m.rows = checked_rows(m.proposer, shared, m.name)
 
 
 def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngram_max: int,
@@ -287,11 +303,12 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
 
 
 def run_one(model, method: Method, ids: list[int], max_new_tokens: int, eos: set[int],
-            sampling: Sampling | None = None, on_tokens=None, rows: int | None = None) -> Generation:
+            sampling: Sampling | None = None, on_tokens=None) -> Generation:
     if method.hf and (sampling is None or sampling.greedy) and on_tokens is None:
         return hf_greedy(model, ids, max_new_tokens, eos)
     sync = next(model.parameters()).device.type == "cuda"
-    return generate(model, ids, method.proposer, max_new_tokens, sampling, eos, on_tokens, sync_cuda=sync, rows=rows)
+    return generate(model, ids, method.proposer, max_new_tokens, sampling, eos, on_tokens, sync_cuda=sync,
+                    rows=method.rows)
 
 
 def summarize(name: str, runs: list[Generation], reference: list[list[int]] | None) -> dict:
@@ -351,25 +368,28 @@ def summarize_rounds(name: str, rounds: list[list[Generation]], reference: list[
 def bench(target, drafter, conversations: list[list[dict]], method_names: list[str], max_new_tokens: int,
           k: int, tree: TreeShape | None, ngram_max: int = 3, ngram_min: int = 1, progress=None,
           rounds: int = 3, draft_stop: float | None = None, ngram_k: int | None = None,
-          rows: int | None = None, context_edges=CONTEXT_EDGES, datastore: Datastore | None = None) -> dict:
+          rows: int | None = None, context_edges=CONTEXT_EDGES, datastore: Datastore | None = None,
+          chain_rows: int | None = None) -> dict:
     """Same prompts for every method, batch 1, one warm-up generation per method first; then
     `rounds` rounds, each running every method on every prompt, the method order rotated per round.
-    rows: every loop method at that row count, plain decoding included as their reference (the same
-    tokens in any dtype: `identical_to_plain`)."""
+    rows: every loop method at that row count; chain_rows: the drafter's chain and plain decoding at
+    that one (assign_rows). Plain decoding is the reference of every method at its R (the same tokens
+    in any dtype: `identical_to_plain`), and is added to the methods when rows are given, or when
+    chain_rows are and the target computes in a dtype other than float32 (where transformers' greedy
+    sums in other orders)."""
     if rounds < 1:
         raise SpecdraftError(f"--rounds {rounds}: must be >= 1 (3 or more to see the spread)")
     model, tok = target.model, target.tokenizer
     eos = eos_ids_of(model, tok)
     prompts = [prompt_ids(tok, c) for c in conversations]
     names = ["greedy"] + [n for n in method_names if n != "greedy"]   # greedy is the reference
-    if rows and "plain" not in names:                                 # ... and plain, at the same rows
+    not_fp32 = next(model.parameters()).dtype != torch.float32
+    if (rows or (chain_rows and not_fp32)) and "plain" not in names:  # ... and plain, at the same rows
         names.append("plain")
     methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min, draft_stop, ngram_k, datastore)
-    for m in methods:                                                 # --verify-rows refused before any run
-        if not m.hf:
-            checked_rows(m.proposer, rows, m.name)
+    assign_rows(methods, rows, chain_rows)
     for m in methods:                                                 # warm-up
-        run_one(model, m, prompts[0], min(8, max_new_tokens), eos, rows=rows)
+        run_one(model, m, prompts[0], min(8, max_new_tokens), eos)
     load_start = machine_load()
     runs: dict[str, list[list[Generation]]] = {m.name: [] for m in methods}
     order = []
@@ -378,15 +398,16 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
         for m in rotated(methods, r):
             runs[m.name].append([])
             for ids in prompts:
-                runs[m.name][-1].append(run_one(model, m, ids, max_new_tokens, eos, rows=rows))
+                runs[m.name][-1].append(run_one(model, m, ids, max_new_tokens, eos))
                 if progress:
                     progress(m.name)
     load_end = machine_load()
     reference = [g.token_ids for g in runs["greedy"][0]]
     greedy_tps = [summarize("greedy", rs, None)["tokens_per_s"] for rs in runs["greedy"]]
-    results = {n: summarize_rounds(n, runs[n], reference, greedy_tps) for n in names
-               if n in method_names or n == "greedy" or (rows and n == "plain")}
-    if rows:                           # lossless against this loop's own plain decoding, any dtype
+    results = {n: summarize_rounds(n, runs[n], reference, greedy_tps) for n in names}
+    for m in methods:
+        results[m.name]["rows"] = m.rows
+    if "plain" in results:             # lossless against this loop's own plain decoding, any dtype
         compare_with_plain(results, runs)
     for n, r in results.items():
         if r["identical_to_greedy"] is False:
@@ -507,13 +528,10 @@ def plot(report: dict, path: Path) -> None:
 def check_bench_options(names: list[str], methods: str, chains: list[str], k, k_option, stop, tree, dtype: str,
                         datastore=None) -> None:
     """bench's settings checked before any model loads: every one names a method that uses it."""
-    from specdraft.targets import DTYPES
-
     bad = [n for n in names if n not in all_methods()]
     if bad or not names:
         raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(all_methods())}")
-    if dtype not in DTYPES:
-        raise SpecdraftError(f"--compute-dtype {dtype}: choose float32, bfloat16 or float16")
+    check_compute_dtype(dtype)
     if (k is None or stop is not None) and not chains:
         raise SpecdraftError("--num-speculative-tokens auto and --draft-stop: for a drafter's chain; add its family "
                              f"({', '.join(families.names())}) to --methods")
@@ -526,6 +544,19 @@ def check_bench_options(names: list[str], methods: str, chains: list[str], k, k_
         raise SpecdraftError(f"-k {k_option}: no method in --methods {methods} drafts (greedy and plain decode one "
                              "token a step); add ngram or a drafter family, or drop -k")
     check_datastore_methods(datastore, names, "--methods")
+
+
+AUTO_DTYPE_ROWS = 4      # --compute-dtype auto times matmuls at the rows of a K=3 chain's verify
+
+
+def compute_dtype(dtype: str, model: str, device: str, trust_remote_code: bool) -> str:
+    """--compute-dtype for bench and generate: as asked, or for auto the faster one on this machine
+    (kernels.auto_dtype: bf16 on a GPU, on a CPU where bf16 matmuls measure faster; float32 under
+    SPECDRAFT_KERNEL_PATH=linear). Outside float32 lossless means plain decoding's tokens at the same R."""
+    from specdraft.kernels import auto_dtype
+    from specdraft.targets import target_config
+
+    return auto_dtype(dtype, target_config(model, trust_remote_code), AUTO_DTYPE_ROWS, gpu=device.startswith("cuda"))
 
 
 def check_datastore_methods(datastore, names: list[str], option: str) -> None:
@@ -562,6 +593,7 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
         check_drafter_methods(names, None)             # a drafter method without --drafter: before any load
     conversations = read_prompts(prompts, limit) if prompts != LONG else []
     dev = resolve_device(device)
+    asked, dtype = dtype, compute_dtype(dtype, model, dev, trust_remote_code)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     if prompts == LONG:
         conversations = long_prompt_set(target, limit, max_context, max_new_tokens, rows or ROUND_ROOM)
@@ -575,7 +607,7 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
         report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
                        progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
                        ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None, rows=rows, context_edges=edges,
-                       datastore=answers)
+                       datastore=answers, chain_rows=shape_rows(choice, k, dtype))
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
@@ -584,16 +616,26 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
                         "tree": [shape.depth, shape.topk, shape.total] if any(n.endswith(TREE) for n in names)
                         else None,
                         "ngram": list(ngram), "datastore": answers and answers.describe(datastore),
-                        **environment(dev, dtype)}
+                        **environment(dev, dtype), "dtype_asked": asked}
     return report
+
+
+def shape_rows(choice, k: int, dtype: str) -> int | None:
+    """R for the drafter's chain and plain decoding when --verify-rows is not given: the R -k auto chose,
+    else K+1 outside float32 (so plain decoding at that R is the chain's lossless reference), else None
+    (each method at its own round_rows)."""
+    if choice is not None:
+        return choice.rows
+    return k + 1 if dtype != "float32" else None
 
 
 def compare_with_plain(results: dict, runs: dict) -> None:
     """Each method's round-1 tokens against plain decoding's at the same R: identical_to_plain, and on how
-    many prompts (a chain is bit-identical in any dtype, a tree only where its sums fall alike)."""
+    many prompts (a chain is bit-identical in any dtype, a tree only where its sums fall alike). A
+    method at another R is not compared: its sums differ by design."""
     plain_tokens = [g.token_ids for g in runs["plain"][0]]
     for n, r in results.items():
-        if n != "greedy":
+        if n != "greedy" and r["rows"] == results["plain"]["rows"]:
             same = [g.token_ids == t for g, t in zip(runs[n][0], plain_tokens)]
             r["identical_to_plain"], r["prompts_identical_to_plain"] = all(same), sum(same)
 
@@ -608,9 +650,10 @@ def bench_table(report: dict):
                         "τ = tokens per target forward at K drafts per round (at most K+1)")
     cut = any(r.get("drafts_cut") for r in report["methods"].values())
     over_plain = "plain" in report["methods"]
-    rows = c.get("verify_rows")          # --verify-rows R: lossless means plain decoding's tokens at R rows
+    plain_rows = report["methods"].get("plain", {}).get("rows")    # lossless: plain decoding's tokens at its R
+    vs_plain = any("identical_to_plain" in r for r in report["methods"].values())
     for col in ("method", "tokens/s", "speedup") + (("x plain",) if over_plain else ()) + (
-            "τ (K)", "accept per position", "= greedy") + ((f"= plain at R={rows}",) if rows else ()) + (
+            "τ (K)", "accept per position", "= greedy") + ((f"= plain at R={plain_rows}",) if vs_plain else ()) + (
             ("drafts cut",) if cut else ()):
         table.add_column(col)
     for name, r in report["methods"].items():
@@ -621,7 +664,7 @@ def bench_table(report: dict):
                *((f"{r['speedup_over_plain']:.2f}x",) if over_plain else ()),
                f"{r['accept_len']:.2f} (K={method_k(name, c)})", pos,
                "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']}/{c['num_prompts']})"]
-        if rows:
+        if vs_plain:
             same = r.get("prompts_identical_to_plain")
             row.append("-" if same is None else "yes" if r["identical_to_plain"] else f"no ({same}/{c['num_prompts']})")
         table.add_row(*row, *((str(r.get("drafts_cut", 0)),) if cut else ()))

@@ -8,12 +8,15 @@ and costs
     cycle(K)  = K * draft + verify(K+1)                 (verify K drafts + the bonus position)
 A family that drafts a round in one forward (`one_forward`: its Family.drafts_in_one_forward) pays its draft once:
     cycle(K)  = draft + verify(K+1)   (K >= 1; `draft` then is one such forward, timed at the largest K)
-so throughput is tokens(K) / cycle(K). Why measure verify(n) per n: on one GPU verify is nearly
+so throughput is tokens(K) / cycle(K). A round of K drafts may also run padded to R > K+1 rows (the
+loop's one forward shape, issue 35): where the measured curve is lower at R (one row that two rows do
+faster), verify(K+1) above is the least verify(R) over R = K+1..the longest measured, and the option
+records that R. Why measure verify(n) per n: on one GPU verify is nearly
 flat in n, but on 8 GPUs with tensor parallelism (the seed: ~30 ms verify, ~25 ms of it all-reduce)
 the fixed cost dominates and longer chains pay off; on a CPU verify grows with n.
 
 The confidence stop asks the same model a marginal question: one more draft position costs a
-drafter step plus one more verify row, and earns a token (worth the time a token costs at the
+drafter step (the round's R rows are run however early the chain stops), and earns a token (worth the time a token costs at the
 chosen K) with the probability that the chain so far is accepted; drafting stops when the
 drafter's own estimate of that probability falls below cost / value.
 """
@@ -33,9 +36,10 @@ class ChainOption:
     tokens_per_cycle: float
     cycle_ms: float
     tokens_per_s: float
-    speedup: float            # over plain decoding, 1 token per verify(1)
+    speedup: float            # over plain decoding, 1 token per round at its cheapest R
     draft_share: float        # fraction of the cycle spent drafting
     verify_share: float
+    rows: int = 0             # R: the target rows every round runs at (K+1, or more where that measured cheaper)
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -52,6 +56,13 @@ def extend(values: list[float], n: int) -> list[float]:
     return [values[min(i, len(values) - 1)] for i in range(n)]
 
 
+def cheapest_rows(verify_ms: list[float], need: int) -> int:
+    """R >= need with the least measured verify time (ties: the fewer rows); `need` past the measured
+    row counts runs at `need`."""
+    candidates = range(need, max(need, len(verify_ms)) + 1)
+    return min(candidates, key=lambda r: (verify_ms[min(r, len(verify_ms)) - 1], r))
+
+
 def draft_cost(draft_ms: float, k: int, one_forward: bool = False) -> float:
     """A round's drafting time at K: K steps of a chain, or one forward (nothing at K=0)."""
     return (draft_ms if k > 0 else 0.0) if one_forward else k * draft_ms
@@ -59,7 +70,8 @@ def draft_cost(draft_ms: float, k: int, one_forward: bool = False) -> float:
 
 def chain_options(rates: list[float], verify_ms: list[float], draft_ms: float, k_max: int,
                   one_forward: bool = False) -> list[ChainOption]:
-    """Expected throughput for K = 0..k_max; verify_ms[n-1] is the latency of verifying n tokens."""
+    """Expected throughput for K = 0..k_max; verify_ms[n-1] is the latency of verifying n tokens (a
+    round at K runs at cheapest_rows(verify_ms, K+1))."""
     if not verify_ms or min(verify_ms) <= 0:
         raise SpecdraftError("--verify-ms: need positive latencies (ms) for 1..K+1 tokens")
     if draft_ms < 0:
@@ -67,14 +79,16 @@ def chain_options(rates: list[float], verify_ms: list[float], draft_ms: float, k
     if any(not 0.0 <= a <= 1.0 for a in rates):
         raise SpecdraftError(f"--accept {rates}: acceptance rates must lie in [0, 1]")
     verify = extend(verify_ms, k_max + 1)
-    plain = 1000.0 / verify[0]
+    plain = 1000.0 / min(verify)            # plain decoding at its own cheapest R
     options = []
     for k in range(k_max + 1):
+        rows = cheapest_rows(verify, k + 1)
         tokens = expected_tokens(rates, k)
         drafting = draft_cost(draft_ms, k, one_forward)
-        cycle = drafting + verify[k]
+        cycle = drafting + verify[rows - 1]
         tps = 1000.0 * tokens / cycle
-        options.append(ChainOption(k, tokens, cycle, tps, tps / plain, drafting / cycle, verify[k] / cycle))
+        options.append(ChainOption(k, tokens, cycle, tps, tps / plain, drafting / cycle, verify[rows - 1] / cycle,
+                                   rows))
     return options
 
 
@@ -86,19 +100,16 @@ def best_option(options: list[ChainOption], k_min: int = 0) -> ChainOption:
     return max(candidates, key=lambda o: (o.tokens_per_s, -o.k))
 
 
-def stop_threshold(option: ChainOption, verify_ms: list[float], draft_ms: float, one_forward: bool = False) -> float:
+def stop_threshold(option: ChainOption, draft_ms: float, one_forward: bool = False) -> float:
     """--draft-stop auto: the chain confidence below which one more draft costs more than it earns.
 
-    One more position costs a drafter step plus one verify row (the mean marginal row cost up to
-    `option.k`, at least one row's worth of the slope seen); it earns one token, worth what a token
-    costs at `option` (cycle_ms / tokens_per_cycle), with probability = the chain's confidence. A
-    one-forward family has drafted every position already: only the verify row counts."""
-    verify = extend(verify_ms, max(option.k, 1) + 1)
-    k = max(option.k, 1)
-    row_ms = max((verify[k] - verify[0]) / k, 0.0)
+    Every round runs the target at the option's R rows however early the chain stops (the loop's one
+    forward shape), so one more position costs only a drafter step; it earns one token, worth what a
+    token costs at `option` (cycle_ms / tokens_per_cycle), with probability = the chain's confidence. A
+    one-forward family has drafted every position already: nothing is saved, never stop."""
     value_ms = option.cycle_ms / option.tokens_per_cycle
     step_ms = 0.0 if one_forward else draft_ms
-    return min(max((step_ms + row_ms) / value_ms, 0.0), 1.0)
+    return min(max(step_ms / value_ms, 0.0), 1.0)
 
 
 # ----------------------------------------------------------------------------- acceptance sources

@@ -32,8 +32,7 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
     if (k is None or stop is not None) and not chain:
         raise SpecdraftError("--num-speculative-tokens auto and --draft-stop: only with a drafter's chain (--method "
                              f"{', '.join(families.names())}; no --tree)")
-    if dtype not in DTYPES:
-        raise SpecdraftError(f"--compute-dtype {dtype}: choose float32, bfloat16 or float16")
+    B.check_compute_dtype(dtype)
     shape = TreeShape.parse(tree) if tree else None
     tree_families = [n for n in families.names() if families.family(n).tree]    # the family says (Family.tree)
     if shape is not None and (method not in tree_families or not sampling.greedy):
@@ -44,13 +43,16 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
     if drafter is None:
         B.check_drafter_methods([name], None, "--method")
     dev = resolve_device(device)
+    dtype = B.compute_dtype(dtype, model, dev, trust_remote_code)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
     draft_model = B.load_drafter_for(drafter, target, dev, DTYPES[dtype]) if B.needs_drafter(method) else None
     if draft_model is not None:
         B.check_drafter_methods([name], draft_model, "--method")
     tok = target.tokenizer
     ids = B.prompt_ids(tok, [{"role": "user", "content": prompt}])
-    k, stop, _ = resolve(target, draft_model, drafter, ids, k, stop)
+    k, stop, choice = resolve(target, draft_model, drafter, ids, k, stop)
+    if choice is not None and B.is_chain(method) and rows is None:
+        rows = choice.rows                                    # the R -k auto measured cheapest for its K
     answers = B.Datastore.from_prepared(datastore, target) if datastore else None
     m = B.build_methods([name], draft_model, k, shape, ngram[1], ngram[0], stop, datastore=answers)[0]
     shown = {"ids": [], "text": ""}
