@@ -136,9 +136,9 @@ def test_bench_defaults_to_k_auto_and_decodes_plainly_where_no_chain_pays(tiny_t
 
 
 def test_bench_runs_the_chain_and_plain_at_the_rows_k_auto_measured_cheapest(tiny_target, tmp_path, monkeypatch):
-    """Issue 35's R per machine: with faked costs where 6 rows run cheaper than 2..5, -k auto's chain and plain
-    decoding both run every round at R=6 (one forward shape; eagle3 then equals plain, compared); n-gram
-    keeps its own R; the choice line says R; greedy's tokens come out as ever (float32)."""
+    """Issue 35's R per machine: with faked costs where 6 rows run cheaper than 1..5, -k auto's chain and plain
+    decoding both run every round at R=6 (the chain's choice, and plain's own cheapest; eagle3 then equals
+    plain, compared); n-gram keeps its own R; the choice line says R; greedy's tokens as ever (float32)."""
     def padded_costs(target_model, drafter, n_max, context, rounds=3, repeats=5, label=""):
         return {"verify_ms": [10.0, 20.0, 20.5, 21.0, 21.5, 9.0, 30.0, 30.0, 30.0][:n_max], "draft_ms": 0.5}
     monkeypatch.setattr(auto, "measure_costs", padded_costs)
@@ -154,6 +154,19 @@ def test_bench_runs_the_chain_and_plain_at_the_rows_k_auto_measured_cheapest(tin
     assert m["eagle3"]["rows"] == m["plain"]["rows"] == 6 and m["ngram"]["rows"] == 4 and m["greedy"]["rows"] is None
     assert m["eagle3"]["identical_to_plain"] is True and "identical_to_plain" not in m["ngram"]
     assert all(r["identical_to_greedy"] for r in m.values())
+
+
+def test_shape_rows_plain_runs_its_own_cheapest_r_in_float32_and_the_chains_otherwise():
+    from specdraft.infer.bench import shape_rows
+
+    verify = [10.0, 20.0, 20.5, 21.0, 21.5, 19.0]
+    option = chain_options([0.5], verify, 1.0, 5)[1]
+    choice = auto.AutoChoice(1, None, option, [0.5], "v", verify, 1.0, True, False)
+    assert choice.rows == 6
+    assert shape_rows(choice, 1, "float32") == {"chain_rows": 6, "plain_rows": 1}
+    assert shape_rows(choice, 1, "bfloat16") == {"chain_rows": 6, "plain_rows": 6}
+    assert shape_rows(None, 3, "bfloat16") == {"chain_rows": 4, "plain_rows": 4}
+    assert shape_rows(None, 3, "float32") == {"chain_rows": None, "plain_rows": None}
 
 
 def test_compute_dtype_auto_in_bench_and_the_bf16_reference_is_plain_decoding(tiny_target, tmp_path, monkeypatch):

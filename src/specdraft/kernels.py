@@ -261,6 +261,35 @@ def mm_flags(linears: list[torch.nn.Linear], timer: Timer | None = None) -> list
     return [table.use_mm((m.in_features, m.out_features)) for m in linears]
 
 
+def forward_file(linears: list[torch.nn.Linear]) -> Path:
+    """Where the whole-forward choice of a model's Linear shapes lives on this machine (per dtype)."""
+    counts = sorted(f"{shape_name((m.in_features, m.out_features))}" for m in linears)
+    key = hashlib.sha256(f"{machine_key(linears[0].weight.dtype)}|{counts}".encode()).hexdigest()[:16]
+    return cache_file(f"forward-{key}")
+
+
+def whole_forward_flags(linears: list[torch.nn.Linear], flags: list[tuple[bool, ...]] | None,
+                        ) -> list[tuple[bool, ...]] | None:
+    """`flags` (the per-Linear table's choice) with F.linear everywhere at the row counts where the whole
+    forward measured faster so (record_whole_forward); unchanged where nothing was measured."""
+    if not flags or not measuring():
+        return flags
+    saved = read_cache(forward_file(linears), "whole-forward timing")
+    linear_rows = {int(r) for r, c in (saved.get("choice") or {}).items() if c == "linear"} \
+        if isinstance(saved, dict) and isinstance(saved.get("choice"), dict) else set()
+    return [tuple(f and rows not in linear_rows for rows, f in enumerate(row)) for row in flags]
+
+
+def record_whole_forward(linears: list[torch.nn.Linear], ms: dict[int, dict[str, float]]) -> dict[int, str]:
+    """Per row count, the whole forward's ms with the table's paths and with F.linear everywhere ->
+    the path kept ("table" only where it beats F.linear by MARGIN, as per Linear), saved for this machine."""
+    choice = {rows: "table" if t["table"] < t["linear"] * (1 - MARGIN) else "linear" for rows, t in ms.items()}
+    write_cache(forward_file(linears), {"machine": cpu_identity(), "dtype": str(linears[0].weight.dtype),
+                                        "ms": {str(r): t for r, t in ms.items()},
+                                        "choice": {str(r): c for r, c in choice.items()}})
+    return choice
+
+
 DTYPE_MARGIN = 0.2              # another dtype must beat float32 by this much: answers change with it
 
 

@@ -266,13 +266,13 @@ def is_chain(name: str) -> bool:
     return name in families.names()
 
 
-def assign_rows(methods: list[Method], rows: int | None, chain_rows: int | None) -> None:
+def assign_rows(methods: list[Method], rows: int | None, chain_rows: int | None, plain_rows: int | None) -> None:
     """R per loop method, refused before any run where a round needs more: --verify-rows for every one;
-    else `chain_rows` (the R -k auto measured cheapest for its K) for the drafter's chain and plain
-    decoding, so both run one forward shape; the rest at their own round_rows."""
+    else `chain_rows` for the drafter's chain and `plain_rows` for plain decoding (shape_rows); the rest at
+    their own round_rows."""
     for m in methods:
         if not m.hf:
-            shared = rows or (chain_rows if m.name == "plain" or is_chain(m.name) else None)
+            shared = rows or (plain_rows if m.name == "plain" else chain_rows if is_chain(m.name) else None)
             m.rows = checked_rows(m.proposer, shared, m.name)
 
 
@@ -369,11 +369,11 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
           k: int, tree: TreeShape | None, ngram_max: int = 3, ngram_min: int = 1, progress=None,
           rounds: int = 3, draft_stop: float | None = None, ngram_k: int | None = None,
           rows: int | None = None, context_edges=CONTEXT_EDGES, datastore: Datastore | None = None,
-          chain_rows: int | None = None) -> dict:
+          chain_rows: int | None = None, plain_rows: int | None = None) -> dict:
     """Same prompts for every method, batch 1, one warm-up generation per method first; then
     `rounds` rounds, each running every method on every prompt, the method order rotated per round.
-    rows: every loop method at that row count; chain_rows: the drafter's chain and plain decoding at
-    that one (assign_rows). Plain decoding is the reference of every method at its R (the same tokens
+    rows: every loop method at that row count; chain_rows, plain_rows: the drafter's chain's and plain
+    decoding's (assign_rows). Plain decoding is the reference of every method at its R (the same tokens
     in any dtype: `identical_to_plain`), and is added to the methods when rows are given, or when
     chain_rows are and the target computes in a dtype other than float32 (where transformers' greedy
     sums in other orders)."""
@@ -387,7 +387,7 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
     if (rows or (chain_rows and not_fp32)) and "plain" not in names:  # ... and plain, at the same rows
         names.append("plain")
     methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min, draft_stop, ngram_k, datastore)
-    assign_rows(methods, rows, chain_rows)
+    assign_rows(methods, rows, chain_rows, plain_rows)
     for m in methods:                                                 # warm-up
         run_one(model, m, prompts[0], min(8, max_new_tokens), eos)
     load_start = machine_load()
@@ -607,7 +607,7 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
         report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
                        progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
                        ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None, rows=rows, context_edges=edges,
-                       datastore=answers, chain_rows=shape_rows(choice, k, dtype))
+                       datastore=answers, **shape_rows(choice, k, dtype))
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
@@ -620,13 +620,17 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     return report
 
 
-def shape_rows(choice, k: int, dtype: str) -> int | None:
-    """R for the drafter's chain and plain decoding when --verify-rows is not given: the R -k auto chose,
-    else K+1 outside float32 (so plain decoding at that R is the chain's lossless reference), else None
-    (each method at its own round_rows)."""
-    if choice is not None:
-        return choice.rows
-    return k + 1 if dtype != "float32" else None
+def shape_rows(choice, k: int, dtype: str) -> dict:
+    """R of the drafter's chain and of plain decoding when --verify-rows is not given. The chain: the R
+    -k auto chose, else K+1 outside float32, else its own round_rows (None). Plain decoding: the
+    chain's R outside float32 (one shape: plain is then the chain's lossless reference), else the R
+    -k auto measured cheapest for one row (its own speed), else 1."""
+    from specdraft.infer.costmodel import cheapest_rows
+
+    chain = choice.rows if choice is not None else k + 1 if dtype != "float32" else None
+    if dtype != "float32":
+        return {"chain_rows": chain, "plain_rows": chain}
+    return {"chain_rows": chain, "plain_rows": cheapest_rows(choice.verify_ms, 1) if choice is not None else None}
 
 
 def compare_with_plain(results: dict, runs: dict) -> None:

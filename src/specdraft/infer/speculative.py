@@ -23,7 +23,7 @@ from typing import Callable, Protocol
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.kernels import measured_linear, mm_flags, target_linears
+from specdraft.kernels import measured_linear, mm_flags, target_linears, whole_forward_flags
 from specdraft.infer.sampling import Sampling, accept_draft, probabilities, sample
 from specdraft.infer.tree import Draft, ancestor_mask, greedy_path
 from specdraft.targets import decoder_layers, tap_hidden_states
@@ -196,7 +196,7 @@ class TargetRunner:
         self.cache = static_cache(model, max_len)
         self.cache_key = cache_kwarg(model)
         self.linears = target_linears(model)
-        self.mm_flags = mm_flags(self.linears)
+        self.mm_flags = whole_forward_flags(self.linears, mm_flags(self.linears))   # kernels.py: measured
         self.slots = torch.arange(max_len, device=self.device)                     # [S]
 
     def cache_len(self) -> int:
