@@ -655,7 +655,7 @@ def bench_table(report: dict):
     cut = any(r.get("drafts_cut") for r in report["methods"].values())
     over_plain = "plain" in report["methods"]
     plain_rows = report["methods"].get("plain", {}).get("rows")    # lossless: plain decoding's tokens at its R
-    vs_plain = any("identical_to_plain" in r for r in report["methods"].values())
+    vs_plain = any("identical_to_plain" in r for n, r in report["methods"].items() if n != "plain")
     for col in ("method", "tokens/s", "speedup") + (("x plain",) if over_plain else ()) + (
             "τ (K)", "accept per position", "= greedy") + ((f"= plain at R={plain_rows}",) if vs_plain else ()) + (
             ("drafts cut",) if cut else ()):
