@@ -3,11 +3,12 @@
     .venv/bin/python benchmarks/data_scaling.py --workspace ws/scaling [--samples 256,512,1024]
         [--conversations builtin] [--max-new-tokens 128] [--set init_layer=target ...] [--label NAME]
         [--natural-limit 16] [--holdout-limit 6] [--bench-tokens 96] [-k 3] [--natural-store WS/nat/hidden]
-        [--extra pydoc:300]
+        [--extra pydoc:300] [--temperature 0.8] [--follow-ups 0.5]
 
 The same harness is the source and lever ablation: `--conversations self:N` or a mixture
 (`builtin:0.5,self:0.5`) with a --label compares prompt sources, `--set init_layer=target` or
-`--max-new-tokens 256` a lever, each against the plain run at equal samples. `--extra SOURCE:N` is
+`--max-new-tokens 256` a lever, each against the plain run at equal samples; `--temperature T`
+(sampled answers) and `--follow-ups X` (second turns the target writes) are prepare's own source knobs. `--extra SOURCE:N` is
 the lever of data that needs no regeneration: N conversations of SOURCE (e.g. `pydoc`, Python's own
 documentation as the answers) prepared as written and captured into a second store, and every
 point trains over both stores (its held-out eval reads their union: `eval --store A --store B`).
@@ -79,18 +80,26 @@ def extra_store(ws: Path, a, times: dict) -> Path:
     return hidden
 
 
+def data_tag(a) -> str:
+    """'' for greedy answers without follow-ups, else '-t0.8', '-f0.5' or both: the data folders' suffix."""
+    return (f"-t{a.temperature:g}" if a.temperature else "") + (f"-f{a.follow_ups:g}" if a.follow_ups else "")
+
+
 def point(ws: Path, n: int, a) -> dict:
     """One sample count: data, drafter, and its τ on three prompt sets."""
-    data, hidden, vocab, run = ws / f"data-{n}", ws / f"hidden-{n}", ws / f"vocab-{n}{'' if a.vocab_size == 4096 else f'-{a.vocab_size}'}.safetensors", ws / f"runs/{n}{a.tag}"
+    d = data_tag(a)           # answers sampled, or with follow-ups, are other data than the greedy ones
+    data, hidden, run = ws / f"data-{n}{d}", ws / f"hidden-{n}{d}", ws / f"runs/{n}{a.tag}"
+    vocab = ws / f"vocab-{n}{d}{'' if a.vocab_size == 4096 else f'-{a.vocab_size}'}.safetensors"
     earlier = run / "scaling_point.json"        # a rerun keeps the stage times of what it reuses
     times: dict[str, float] = dict(json.loads(earlier.read_text()).get("seconds", {})) if earlier.is_file() else {}
     if not (data / "prepare.json").is_file():
         data.mkdir(parents=True, exist_ok=True)
-        earlier = sorted(ws.glob("data-*/regen.jsonl"))          # answers another point already wrote
-        if earlier and not (data / "regen.jsonl").exists():
+        earlier = sorted(ws.glob(f"data-*{d}/regen.jsonl"))      # answers another point already wrote
+        if earlier and not d and not (data / "regen.jsonl").exists():
             (data / "regen.jsonl").write_text("".join(p.read_text() for p in earlier))
         stage(["prepare", "--model", a.model, "--conversations", a.conversations, "--regenerate", "--limit", str(n),
-               "--max-new-tokens", str(a.max_new_tokens), "--batch-size", str(a.regen_batch), "--engine", "hf", "--out", str(data)],
+               "--max-new-tokens", str(a.max_new_tokens), "--batch-size", str(a.regen_batch), "--engine", "hf", "--out", str(data),
+               "--temperature", str(a.temperature), "--follow-ups", str(a.follow_ups)],
               times, "prepare")
     if not (hidden / "manifest.json").is_file():
         stage(["capture", "--model", a.model, "--prepared", str(data), "--engine", "hf", "--out", str(hidden)],
@@ -195,6 +204,9 @@ def main() -> None:
                     help="a store captured from the natural set's prompts: eval's τ on all of them")
     ap.add_argument("--extra", default=None, help="SOURCE:N, e.g. pydoc:300: a second store of N conversations "
                     "kept as written (no regeneration) that every point also trains on")
+    ap.add_argument("--temperature", type=float, default=0.0, help="prepare --temperature: sampled answers (0 = greedy)")
+    ap.add_argument("--follow-ups", type=float, default=0.0, help="prepare --follow-ups: the share of self-written "
+                    "conversations that get a second user turn the target writes")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON, table and plot go")
     a = ap.parse_args()
     a.tag = f"-{a.label}" if a.label else ""
@@ -205,7 +217,8 @@ def main() -> None:
     import torch
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None   # where the stages ran
     report = {"cpu": cpu_label(), "device": device, "k": a.k, "conversations": a.conversations, "extra": a.extra, "settings": a.set,
-              "max_new_tokens": a.max_new_tokens, "natural_prompts": a.natural_limit, "holdout_prompts": a.holdout_limit,
+              "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "follow_ups": a.follow_ups,
+              "natural_prompts": a.natural_limit, "holdout_prompts": a.holdout_limit,
               "bench_tokens": a.bench_tokens, "points": results}
     a.results.mkdir(parents=True, exist_ok=True)
     (a.results / f"{name}.json").write_text(json.dumps(report, indent=2))

@@ -68,6 +68,12 @@ def test_scaling_points_record_tau_and_stage_times_and_reuse_answers(tiny_target
     # n-gram and hybrid drafted from the point's answers too, as in the recipes
     assert json.loads((ws / "runs" / "4-tiny" / "bench_natural.json").read_text())["config"]["datastore"]["path"] == \
         str(ws / "data-4")
+    # sampled answers are other data: their own folders, never the greedy point's answers reused
+    run_scaling(tiny_target, tmp_path, "--samples", "4", "--set", "epochs=1", "--label", "sampled", "--temperature",
+                "0.8", "--natural-limit", "0", "--holdout-limit", "0", "--results", str(tmp_path / "sampled"))
+    assert json.loads((tmp_path / "sampled" / "data_scaling-sampled.json").read_text())["temperature"] == 0.8
+    sampled = json.loads((ws / "data-4-t0.8" / "prepare.json").read_text())["regeneration"]
+    assert sampled["reused"] == 0 and sampled["generated"] == 4 and (ws / "hidden-4-t0.8" / "manifest.json").is_file()
 
 
 def test_long_context_benchmark_on_the_tiny_target(tiny_target, tmp_path):
