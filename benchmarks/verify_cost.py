@@ -7,7 +7,8 @@ Speculative decoding only pays if a target forward over the root + K drafts cost
 1-token forward costs. Which matmul makes that true depends on the CPU (kernels.py): this
 benchmark times one forward over n = 1..n_max new tokens on top of a KV cache of `context` tokens
 with every Linear on `F.linear` (plain transformers), on mm(W, x^T) at every few-row count (the
-choice that was once hard-coded), and on the path measured for this machine (what the loop runs),
+choice that was once hard-coded), on the path measured for this machine (what the loop runs), on oneDNN's prepacked Linear
+(`onednn`: torch.utils.mkldnn.MkldnnLinear, the weights reordered once for its kernels),
 and through the loop's own runner (`loop`: TargetRunner.verify at R = n rows over its static cache,
 the forward shape generate() runs, issue 35), interleaved (each repeat times every n in every mode
 back to back, so machine noise hits all alike), and checks the logits agree. Each time is also read
@@ -23,6 +24,7 @@ import json
 import re
 import statistics
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -33,7 +35,7 @@ from specdraft import kernels
 from specdraft.infer.speculative import Profile, TargetRunner, cache_kwarg, few_row_matmul, target_linears
 from specdraft.targets import load_target
 
-MODES = ("linear", "mm", "measured", "loop")
+MODES = ("linear", "mm", "measured", "onednn", "loop")
 
 
 def cpu_kind() -> str:
@@ -77,6 +79,25 @@ def main() -> None:
         runners[n] = TargetRunner(model, None, Profile(), rows=n, max_len=args.context + n + 1)
         runners[n].prefill(prefix)
 
+    import torch.utils.mkldnn as onednn
+
+    named = [(name, m) for name, m in model.named_modules() if type(m) is torch.nn.Linear]
+    packed = {name: onednn.MkldnnLinear(m, dtype=m.weight.dtype) for name, m in named}
+
+    @contextmanager
+    def prepacked():
+        """Every Linear swapped for its prepacked oneDNN twin while the block runs."""
+        def put(name, module):
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, module)
+        for name, _ in named:
+            put(name, packed[name])
+        try:
+            yield
+        finally:
+            for name, m in named:
+                put(name, m)
+
     def forward(ids: torch.Tensor, mode: str) -> tuple[float, torch.Tensor]:
         n = ids.shape[1]
         if mode == "loop":
@@ -87,7 +108,7 @@ def main() -> None:
             runner.keep(args.context, [])                                       # back to `context`
             return seconds, logits[None]
         pos = torch.arange(args.context, args.context + n)[None]                  # [1, n]
-        with torch.inference_mode(), few_row_matmul(model, linears, flags[mode]):
+        with torch.inference_mode(), prepacked() if mode == "onednn" else few_row_matmul(model, linears, flags[mode]):
             start = time.perf_counter()
             logits = model(input_ids=ids, position_ids=pos, use_cache=True, **with_cache).logits
             seconds = time.perf_counter() - start

@@ -153,28 +153,31 @@ def test_faster_dtype_needs_a_clear_win_and_is_timed_once_per_machine(tmp_path, 
     assert kernels.faster_dtype(shapes, 32) == (dtype, ms)                          # read from the cache
 
 
-def test_the_whole_forward_keeps_the_table_only_at_the_row_counts_where_it_wins(monkeypatch):
-    """Issue 35: measure_costs times the loop's verify with the per-Linear table's paths and with F.linear
-    everywhere; the choice per row count is cached, and a new TargetRunner runs F.linear at the rows
-    where the table lost as a whole; the verify curve it returns is the kept path's."""
+def test_the_whole_forward_picks_its_path_per_row_count_and_the_runner_runs_it(monkeypatch):
+    """Issue 35: measure_costs times the loop's verify with the per-Linear table's paths, with F.linear
+    everywhere and with mm(W, x^T) everywhere; the choice per row count is cached, and a new TargetRunner
+    runs it; the verify curve measure_costs returns is the chosen path's."""
     from specdraft.infer import auto, speculative
     from specdraft.testing import tiny_llama
 
     model = tiny_llama(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=3)
     linears = kernels.target_linears(model)
-    everywhere = [tuple([False] + [True] * 32) for _ in linears]          # the table: mm at every row count
-    monkeypatch.setattr(kernels, "mm_flags", lambda ls, timer=None: list(everywhere))
-    monkeypatch.setattr(speculative, "mm_flags", lambda ls, timer=None: list(everywhere))
-    assert auto.table_uses_mm(model, 3)
+    table = [tuple([False, True] + [False] * 31) for _ in linears]        # the table: mm at 1 row only
+    monkeypatch.setattr(kernels, "mm_flags", lambda ls, timer=None: list(table))
+    monkeypatch.setattr(speculative, "mm_flags", lambda ls, timer=None: list(table))
     costs = auto.measure_costs(model, None, 3, 8, rounds=1, repeats=1)
     whole = costs["whole_forward"]
     assert set(whole["ms"]) == set(whole["choice"]) == {1, 2, 3}
+    assert all(set(t) == {"table", "linear", "mm"} for t in whole["ms"].values())
     assert costs["verify_ms"] == [whole["ms"][n][whole["choice"][n]] for n in (1, 2, 3)]
-    assert {"verify_1", "linear_verify_1"} <= set(costs["samples"])
-    # a recorded choice, read back by the runner: F.linear at 2 rows, the table's mm at 1 and 3
-    kernels.record_whole_forward(linears, {1: {"table": 1.0, "linear": 2.0}, 2: {"table": 2.0, "linear": 1.0},
-                                           3: {"table": 1.0, "linear": 2.0}})
+    assert {"verify_1", "linear_verify_1", "mm_verify_1"} <= set(costs["samples"])
+    # the rule: the fastest path where it beats F.linear by 5%, else F.linear
+    choice = kernels.record_whole_forward(linears, {1: {"table": 1.0, "linear": 2.0, "mm": 1.5},
+                                                    2: {"table": 0.97, "linear": 1.0, "mm": 0.98},
+                                                    3: {"table": 2.0, "linear": 2.0, "mm": 1.0}})
+    assert choice == {1: "table", 2: "linear", 3: "mm"}
     flags = speculative.TargetRunner(model, None, speculative.Profile(), rows=3, max_len=16).mm_flags
-    assert all(f[1] and not f[2] and f[3] for f in flags)
+    assert all(f[1] and not f[2] and f[3] and not f[4] for f in flags)     # 4 rows: unmeasured, the table's
     monkeypatch.setenv("SPECDRAFT_KERNEL_PATH", "linear")                # the suite's setting: nothing measured
-    assert not auto.table_uses_mm(model, 3) and kernels.whole_forward_flags(linears, everywhere) == everywhere
+    assert kernels.whole_forward_flags(linears, table) == table
+    assert auto.measure_costs(model, None, 2, 8, rounds=1, repeats=1)["whole_forward"] is None

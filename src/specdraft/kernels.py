@@ -268,22 +268,32 @@ def forward_file(linears: list[torch.nn.Linear]) -> Path:
     return cache_file(f"forward-{key}")
 
 
+FORWARD_PATHS = ("linear", "mm", "table")   # a whole forward: F.linear everywhere, mm(W, x^T) everywhere, the table's
+
+
 def whole_forward_flags(linears: list[torch.nn.Linear], flags: list[tuple[bool, ...]] | None,
                         ) -> list[tuple[bool, ...]] | None:
-    """`flags` (the per-Linear table's choice) with F.linear everywhere at the row counts where the whole
-    forward measured faster so (record_whole_forward); unchanged where nothing was measured."""
+    """`flags` (the per-Linear table's choice) replaced at each row count where the whole forward measured
+    another path faster (record_whole_forward): F.linear or mm(W, x^T) in every layer; unchanged where
+    nothing was measured."""
     if not flags or not measuring():
         return flags
     saved = read_cache(forward_file(linears), "whole-forward timing")
-    linear_rows = {int(r) for r, c in (saved.get("choice") or {}).items() if c == "linear"} \
-        if isinstance(saved, dict) and isinstance(saved.get("choice"), dict) else set()
-    return [tuple(f and rows not in linear_rows for rows, f in enumerate(row)) for row in flags]
+    choice = saved.get("choice") if isinstance(saved, dict) else None
+    chosen = {int(r): c for r, c in choice.items() if str(r).isdigit() and c in FORWARD_PATHS} \
+        if isinstance(choice, dict) else {}
+    return [tuple(f if chosen.get(rows, "table") == "table" else chosen[rows] == "mm" for rows, f in enumerate(row))
+            for row in flags]
 
 
 def record_whole_forward(linears: list[torch.nn.Linear], ms: dict[int, dict[str, float]]) -> dict[int, str]:
-    """Per row count, the whole forward's ms with the table's paths and with F.linear everywhere ->
-    the path kept ("table" only where it beats F.linear by MARGIN, as per Linear), saved for this machine."""
-    choice = {rows: "table" if t["table"] < t["linear"] * (1 - MARGIN) else "linear" for rows, t in ms.items()}
+    """Per row count, the whole forward's ms on each of FORWARD_PATHS -> the path kept (the fastest, where it
+    beats F.linear by MARGIN as per Linear; else F.linear), saved for this machine."""
+    def pick_path(t: dict[str, float]) -> str:
+        best = min(t, key=t.get)
+        return best if t[best] < t["linear"] * (1 - MARGIN) else "linear"
+
+    choice = {rows: pick_path(t) for rows, t in ms.items()}
     write_cache(forward_file(linears), {"machine": cpu_identity(), "dtype": str(linears[0].weight.dtype),
                                         "ms": {str(r): t for r, t in ms.items()},
                                         "choice": {str(r): c for r, c in choice.items()}})

@@ -215,10 +215,11 @@ def format_plan(result: dict) -> str:
     if floor:
         lines.insert(-1, kernels.floor_line(floor, result["verify_ms"]))
     whole = (result.get("timing") or {}).get("whole_forward")
-    if whole:                    # the loop's verify timed with the table's paths and with F.linear everywhere
-        kept = [str(n) for n, c in whole["choice"].items() if c == "table"]
-        lines.insert(-1, "whole forward (timed both ways, cached): the table's paths kept at "
-                     f"{', '.join(kept) or 'no'} rows, F.linear everywhere elsewhere")
+    if whole:                    # the loop's verify timed on each path: F.linear, mm(W, x^T), the table's
+        runs = {p: [str(n) for n, c in whole["choice"].items() if c == p] for p in ("table", "mm")}
+        lines.insert(-1, "whole forward (timed per path, cached): the table's paths at "
+                     f"{', '.join(runs['table']) or 'no'} rows, mm(W, x^T) everywhere at {', '.join(runs['mm']) or 'no'} "
+                     "rows, F.linear everywhere elsewhere")
     for o in result["options"]:
         mark = "  <- best" if o["k"] == result["best"]["k"] else ""
         lines.append(f"{o['k']:3d} {o['tokens_per_cycle']:9.2f} {o.get('rows') or o['k'] + 1:3d} {o['cycle_ms']:9.2f} "

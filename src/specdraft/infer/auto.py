@@ -40,13 +40,14 @@ def verify_timers(target_model, n_max: int, context: int, paths: str = "chosen")
     """verify_n -> one round of the loop's own runner at R = n rows (TargetRunner.verify: the static
     cache, the padded shape) over a cache of `context` random tokens, which each round leaves as it
     found it. paths: the kernels the runner runs: "chosen" (what generate runs), "table" (the per-Linear
-    table alone) or "linear" (F.linear everywhere, as transformers runs)."""
+    table alone), "linear" (F.linear everywhere, as transformers runs) or "mm" (mm(W, x^T) everywhere)."""
     vocab = target_model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     runner = TargetRunner(target_model, None, Profile(), rows=n_max, max_len=context + n_max + 1)
-    if paths != "chosen" and runner.mm_flags:
-        runner.mm_flags = [tuple(False for _ in f) for f in runner.mm_flags] if paths == "linear" \
-            else kernels.mm_flags(runner.linears)
+    if paths == "table" and runner.mm_flags:
+        runner.mm_flags = kernels.mm_flags(runner.linears)
+    elif paths in ("linear", "mm") and runner.mm_flags:
+        runner.mm_flags = [tuple(paths == "mm" and rows > 0 for rows in range(len(f))) for f in runner.mm_flags]
     runner.prefill(torch.randint(0, vocab, (context,), generator=g).tolist())
 
     def timer(n: int) -> Callable[[], None]:
@@ -60,11 +61,8 @@ def verify_timers(target_model, n_max: int, context: int, paths: str = "chosen")
     return {f"verify_{n}": timer(n) for n in range(1, n_max + 1)}
 
 
-def table_uses_mm(target_model, n_max: int) -> bool:
-    """Whether the per-Linear table runs mm(W, x^T) anywhere at 1..n_max rows (then the whole forward is
-    timed both ways, kernels.record_whole_forward); False off the CPU and under SPECDRAFT_KERNEL_PATH=linear."""
-    flags = kernels.mm_flags(kernels.target_linears(target_model)) if kernels.measuring() else None
-    return bool(flags) and any(any(f[1:n_max + 1]) for f in flags)
+def on_cpu(target_model) -> bool:
+    return next(target_model.parameters()).device.type == "cpu"
 
 
 def draft_timer(drafter, context: int, k: int = 1) -> Callable[[], None]:
@@ -86,10 +84,10 @@ def measure_costs(target_model, drafter, n_max: int, context: int, rounds: int =
     -> {"verify_ms": [median per n], "draft_ms": median | None, "stats", "samples", "order", ...}."""
     if rounds < 1:
         raise SpecdraftError(f"--rounds {rounds}: must be >= 1 (3 or more to see the spread)")
-    both = table_uses_mm(target_model, n_max)       # the whole forward, timed both ways (issue 35)
+    both = kernels.measuring() and on_cpu(target_model)     # the whole forward, timed per path (issue 35)
     timers = verify_timers(target_model, n_max, context, "table" if both else "chosen")
-    if both:
-        timers.update({f"linear_{n}": t for n, t in verify_timers(target_model, n_max, context, "linear").items()})
+    for path in ("linear", "mm") if both else ():
+        timers.update({f"{path}_{n}": t for n, t in verify_timers(target_model, n_max, context, path).items()})
     if drafter is not None:
         timers["draft"] = draft_timer(drafter, context, n_max - 1)
     with progress(label, rounds, 0, "rounds") as tracker:
@@ -98,7 +96,8 @@ def measure_costs(target_model, drafter, n_max: int, context: int, rounds: int =
     verify = {n: stats[f"verify_{n}"]["median"] for n in range(1, n_max + 1)}
     whole = None
     if both:
-        ms = {n: {"table": verify[n], "linear": stats[f"linear_verify_{n}"]["median"]} for n in verify}
+        ms = {n: {"table": verify[n], **{p: stats[f"{p}_verify_{n}"]["median"] for p in ("linear", "mm")}}
+              for n in verify}
         whole = {"ms": ms, "choice": kernels.record_whole_forward(kernels.target_linears(target_model), ms)}
         verify = {n: ms[n][whole["choice"][n]] for n in ms}
     return {"verify_ms": list(verify.values()),
