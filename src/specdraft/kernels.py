@@ -126,8 +126,9 @@ def time_paths(shape: Shape, rows: int, dtype: torch.dtype = torch.float32, repe
 
 
 def pick(timings: dict[str, float], margin: float = MARGIN) -> str:
-    """{"linear": ms, "mm": ms} -> the path to run: mm only where it beats F.linear by `margin`."""
-    return "mm" if timings["mm"] < timings["linear"] * (1 - margin) else "linear"
+    """{"linear": ms, "mm": ms, ...} -> the path to run: the fastest only where it beats F.linear by `margin`."""
+    best = min(timings, key=timings.get)
+    return best if timings[best] < timings["linear"] * (1 - margin) else "linear"
 
 
 @dataclass
@@ -263,8 +264,8 @@ def mm_flags(linears: list[torch.nn.Linear], timer: Timer | None = None) -> list
 
 def forward_file(linears: list[torch.nn.Linear]) -> Path:
     """Where the whole-forward choice of a model's Linear shapes lives on this machine (per dtype)."""
-    counts = sorted(f"{shape_name((m.in_features, m.out_features))}" for m in linears)
-    key = hashlib.sha256(f"{machine_key(linears[0].weight.dtype)}|{counts}".encode()).hexdigest()[:16]
+    shapes = sorted(shape_name((m.in_features, m.out_features)) for m in linears)
+    key = hashlib.sha256(f"{machine_key(linears[0].weight.dtype)}|{shapes}".encode()).hexdigest()[:16]
     return cache_file(f"forward-{key}")
 
 
@@ -287,13 +288,9 @@ def whole_forward_flags(linears: list[torch.nn.Linear], flags: list[tuple[bool, 
 
 
 def record_whole_forward(linears: list[torch.nn.Linear], ms: dict[int, dict[str, float]]) -> dict[int, str]:
-    """Per row count, the whole forward's ms on each of FORWARD_PATHS -> the path kept (the fastest, where it
-    beats F.linear by MARGIN as per Linear; else F.linear), saved for this machine."""
-    def pick_path(t: dict[str, float]) -> str:
-        best = min(t, key=t.get)
-        return best if t[best] < t["linear"] * (1 - MARGIN) else "linear"
-
-    choice = {rows: pick_path(t) for rows, t in ms.items()}
+    """Per row count, the whole forward's ms on each of FORWARD_PATHS -> the path kept (`pick`, as per Linear),
+    saved for this machine."""
+    choice = {rows: pick(t) for rows, t in ms.items()}
     write_cache(forward_file(linears), {"machine": cpu_identity(), "dtype": str(linears[0].weight.dtype),
                                         "ms": {str(r): t for r, t in ms.items()},
                                         "choice": {str(r): c for r, c in choice.items()}})

@@ -61,10 +61,6 @@ def verify_timers(target_model, n_max: int, context: int, paths: str = "chosen")
     return {f"verify_{n}": timer(n) for n in range(1, n_max + 1)}
 
 
-def on_cpu(target_model) -> bool:
-    return next(target_model.parameters()).device.type == "cpu"
-
-
 def draft_timer(drafter, context: int, k: int = 1) -> Callable[[], None]:
     """A drafter's cost on a cache of `context` positions, timed through its family's proposer
     (infer.speculative.CostProbed.draft_probe): one chain draft step, or for a family that drafts a
@@ -84,7 +80,7 @@ def measure_costs(target_model, drafter, n_max: int, context: int, rounds: int =
     -> {"verify_ms": [median per n], "draft_ms": median | None, "stats", "samples", "order", ...}."""
     if rounds < 1:
         raise SpecdraftError(f"--rounds {rounds}: must be >= 1 (3 or more to see the spread)")
-    both = kernels.measuring() and on_cpu(target_model)     # the whole forward, timed per path (issue 35)
+    both = kernels.measuring() and next(target_model.parameters()).device.type == "cpu"   # per path (issue 35)
     timers = verify_timers(target_model, n_max, context, "table" if both else "chosen")
     for path in ("linear", "mm") if both else ():
         timers.update({f"{path}_{n}": t for n, t in verify_timers(target_model, n_max, context, path).items()})
