@@ -120,7 +120,8 @@ def test_unknown_profile_is_refused():
 def test_shipped_recipes_are_train_configs_with_their_stage_settings():
     assert sorted(p.name for p in RECIPES.glob("*.yaml")) == ["full.yaml", "quick.yaml"]
     quick, full = load_recipe(recipe_file("quick")), load_recipe(recipe_file("full"))
-    assert (quick.samples, quick.draft_vocab, quick.bench_prompts) == (256, 4096, 6)
+    assert (quick.samples, quick.draft_vocab, quick.bench_prompts) == (1024, 4096, 6)
+    assert (quick.prepare_minutes, full.prepare_minutes) == (5, None)   # issue 33: the demo's data grows with the CPU
     assert (full.samples, full.draft_vocab, full.bench_prompts) == (2000, 8192, 16)
     assert (quick.bench_tree, full.bench_tree) == (False, True)   # the demo leaves the tree out (time)
     assert quick.conversations == full.conversations == "builtin:0.5,self:0.5"   # issue 33: the source ablation
@@ -182,7 +183,9 @@ def test_bad_recipe_section_is_refused(tmp_path):
                        ("conversations: 3", "conversations is 3; expected a source"),
                        ("conversations: 'builtin:0.5,self:0'", "the weight must be a positive number"),
                        ("extra: pydoc", "extra is 'pydoc'; expected SOURCE:N, e.g. pydoc:800"),
-                       ("extra: 'pydoc:0'", "extra is 'pydoc:0'"), ("extra: 800", "extra is 800")]:
+                       ("extra: 'pydoc:0'", "extra is 'pydoc:0'"), ("extra: 800", "extra is 800"),
+                       ("prepare_minutes: 0", "prepare_minutes is 0; expected a number of minutes > 0"),
+                       ("prepare_minutes: soon", "prepare_minutes is 'soon'")]:
         path.write_text(base + bad + "}\n")
         with pytest.raises(SpecdraftError, match=error):
             load_recipe(path)
@@ -269,3 +272,31 @@ def test_the_recipes_extra_data_is_a_second_store_kept_as_written(tmp_path, monk
     path.write_text(base + ", extra: 'pydoc:40'}\n")
     with pytest.raises(SpecdraftError, match="holds pydoc:300, but this recipe asks for extra: pydoc:40"):
         pipeline.check_finished_stages(ws, load_recipe(path), "builtin")
+
+
+def test_a_recipes_prepare_minutes_is_prepares_budget_and_a_finished_workspace_must_match_it(tmp_path):
+    """`prepare_minutes: M` (issue 33: the data grows with the CPU's speed): prepare runs with
+    --budget-minutes M and --limit samples as the most; a workspace prepared under another budget
+    (or none) is refused before it is reused, with the fix."""
+    from specdraft import pipeline
+
+    path = tmp_path / "r.yaml"
+    base = "epochs: 1\nrecipe: {samples: 64, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64"
+    path.write_text(base + ", prepare_minutes: 4.5}\n")
+    recipe = load_recipe(path)
+    args = pipeline.prepare_args("M", "builtin", recipe, "hf", tmp_path / "data")
+    assert args[args.index("--budget-minutes") + 1] == "4.5" and args[args.index("--limit") + 1] == "64"
+    path.write_text(base + "}\n")
+    assert "--budget-minutes" not in pipeline.prepare_args("M", "builtin", load_recipe(path), "hf", tmp_path / "data")
+    ws = tmp_path / "ws"
+    (ws / "data").mkdir(parents=True)
+    record = {"source": "builtin", "limit": 64, "regeneration": {"max_new_tokens": 12}}
+    (ws / "data" / "prepare.json").write_text(json.dumps(record))
+    pipeline.check_finished_stages(ws, load_recipe(path), "builtin")          # no budget on either side
+    with pytest.raises(SpecdraftError, match=r"'regeneration.budget.minutes' is null, but this recipe asks for 4.5.*"
+                                             r"remove prepare_minutes from"):
+        pipeline.check_finished_stages(ws, recipe, "builtin")
+    record["regeneration"]["budget"] = {"minutes": 3}
+    (ws / "data" / "prepare.json").write_text(json.dumps(record))
+    with pytest.raises(SpecdraftError, match="is 3, but this recipe asks for 4.5.*set recipe: prepare_minutes: 3 in"):
+        pipeline.check_finished_stages(ws, recipe, "builtin")

@@ -13,7 +13,7 @@ import typer
 from specdraft.defaults import DRAFT_LENGTH, draft_length_option, parse_draft_stop
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT as DEFAULT_FAMILY
-from specdraft.flags import (AS_JSON, CAPTURE_DTYPE, COMPUTE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS, CONVERSATIONS_HELP, DEVICE,
+from specdraft.flags import (AS_JSON, BUDGET_MINUTES, CAPTURE_DTYPE, COMPUTE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS, CONVERSATIONS_HELP, DEVICE,
                              DATASTORE, DRAFT_LENGTH_OR_AUTO, MAX_CONTEXT, REGEN_DTYPE, DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS, MAX_NEW_TOKENS_HELP,
                              MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP, PREPARED_HELP, PROFILE_HELP,
                              PROMPTS_HELP, SEED_HELP, STORE_FORMAT_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TREE_HELP,
@@ -70,7 +70,7 @@ def prepare(
     part: Optional[str] = typer.Option(None, "--part", help=PART_HELP),
     follow_ups: float = typer.Option(0.0, "--follow-ups", help="Share (0..1) of the self-written conversations "
                                      "that get a second user turn, which the target writes after its answer."),
-    compute_dtype: str = REGEN_DTYPE,
+    compute_dtype: str = REGEN_DTYPE, budget_minutes: Optional[float] = BUDGET_MINUTES,
 ):
     """Render conversations for training. The chat template applied, the assistant tokens' loss mask
     built; with --regenerate the answers are the target's own."""
@@ -79,14 +79,14 @@ def prepare(
     from specdraft.data.vllm_engine import engine_options
     from specdraft.io import own_folder
 
-    share = parse_part(part)
-    opts = engine_options(engine, tensor_parallel_size, engine_args, endpoint)
+    share, opts = parse_part(part), engine_options(engine, tensor_parallel_size, engine_args, endpoint)
     with own_folder(out, "prepare"):
         summary = run_prepare(model=model, source=conversations, out=out, regenerate=regenerate,
                               temperature=temperature, max_new_tokens=max_new_tokens, max_length=max_length,
                               min_assistant_tokens=min_assistant_tokens, dedup=dedup, limit=limit,
                               batch_size=batch_size, split=split, seed=seed, trust_remote_code=trust_remote_code,
-                              engine=opts, part=share, follow_ups=follow_ups, compute_dtype=compute_dtype)
+                              engine=opts, part=share, follow_ups=follow_ups, compute_dtype=compute_dtype,
+                              budget_minutes=budget_minutes)
     say(summary_lines(summary, out))
 
 

@@ -68,6 +68,10 @@ COMPUTE_DTYPE = typer.Option("float32", "--compute-dtype", help=COMPUTE_DTYPE_HE
 AUTO_DTYPE_HELP = (COMPUTE_DTYPE_HELP + " Here: or auto (bf16 on a GPU, and on a CPU where bf16 matmuls measure "
                    "faster, timed once per machine); {record} records it.")
 REGEN_DTYPE = typer.Option("auto", "--compute-dtype", help=AUTO_DTYPE_HELP.format(record="prepare.json"))
+BUDGET_MINUTES = typer.Option(None, "--budget-minutes", help=(
+    "Regenerate for about this many minutes: rounds of 2 x --batch-size conversations more, each the "
+    "first of the same seeded order, up to --limit; no round starts that would end past the budget "
+    "(prepare.json records the rounds)."))
 CAPTURE_DTYPE = typer.Option("auto", "--compute-dtype", help=AUTO_DTYPE_HELP.format(record="the store's manifest.json"))
 DEVICE = typer.Option("auto", "--device", help="Where the models run: auto, cpu or cuda.")
 DRAFT_STOP = typer.Option(None, "--draft-stop", help=(
@@ -128,6 +132,7 @@ NUMBER_BOUNDS = {
     "top_p": ((lambda v: 0 < v <= 1), "must be in (0, 1]"),
     "margin": ((lambda v: v >= 0), "must be >= 0"),
     "draft_ms": ((lambda v: v > 0), "must be > 0"),
+    "budget_minutes": ((lambda v: v > 0), "must be > 0 (minutes of regeneration)"),
     "verify_rows": between(1, 1024), "max_context": between(512, COUNT_MAX),
 }
 

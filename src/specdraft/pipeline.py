@@ -58,7 +58,7 @@ class Recipe:
     epochs: int                  # from the training settings: the train stage is done at checkpoints/epoch-N
     family: str                  # from the training settings: the drafter family bench measures
     max_tokens: int              # from the training settings: rows this long also keep prepare's samples this long
-    samples: int                 # conversations whose answers the target regenerates
+    samples: int                 # conversations whose answers the target regenerates (with prepare_minutes: the most)
     max_new_tokens: int          # regeneration length cap
     regen_batch: int             # prompts per generate() call (bigger batches amortise Python overhead)
     draft_vocab: int             # draft vocabulary size N
@@ -70,6 +70,8 @@ class Recipe:
     bench_tree: bool = True      # bench FAMILY-tree next to the chain where the family drafts trees (the quick
                                  # recipe leaves it out: time)
     conversations: str = "builtin"   # prepare --conversations: the prompt source, e.g. a mixture builtin:0.5,self:0.5
+    prepare_minutes: float | None = None  # prepare --budget-minutes: regenerate rounds of 2 x regen_batch more
+                                 # conversations while they fit this many minutes (the data grows with the CPU's speed)
     extra: str = ""              # SOURCE:N, e.g. pydoc:800: N conversations kept as written (no regeneration) in a
                                  # second store the drafter also trains on (the data lever of docs/recipes.md, issue 33)
 
@@ -112,6 +114,11 @@ def load_recipe(path: str | Path) -> Recipe:
                 raise SpecdraftError(f"{path}: recipe: extra is {value!r}; expected SOURCE:N, e.g. pydoc:800 "
                                      "(N conversations kept as written, in a second store)")
             continue
+        if name == "prepare_minutes":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise SpecdraftError(f"{path}: recipe: prepare_minutes is {value!r}; expected a number of minutes > 0 "
+                                     "(the regeneration budget), or leave it out to regenerate all of samples")
+            continue
         if name == "bench_tree":
             if not isinstance(value, bool):
                 raise SpecdraftError(f"{path}: recipe: bench_tree is {value!r}; expected true or false")
@@ -135,7 +142,8 @@ def prepare_args(model: str, data: str, recipe: Recipe, engine: str, out: Path) 
     longer = ["--max-length", str(recipe.max_tokens)] if recipe.max_tokens > PREPARE_MAX_LENGTH else []
     return ["prepare", "--model", model, "--conversations", data, "--regenerate",
             "--limit", str(recipe.samples), "--max-new-tokens", str(recipe.max_new_tokens),
-            "--batch-size", str(recipe.regen_batch), "--engine", engine, *longer, "--out", str(out)]
+            "--batch-size", str(recipe.regen_batch), "--engine", engine, *longer, "--out", str(out),
+            *(["--budget-minutes", f"{recipe.prepare_minutes:g}"] if recipe.prepare_minutes else [])]
 
 
 def is_draft_stop(value) -> bool:
@@ -317,11 +325,15 @@ def check_finished_stages(ws: Path, recipe: Recipe, data: str) -> None:
         meta = read_json(prepared, "prepare record")
         meta = meta if isinstance(meta, dict) else {}
         regen = meta.get("regeneration") if isinstance(meta.get("regeneration"), dict) else {}
+        budget = regen["budget"].get("minutes") if isinstance(regen.get("budget"), dict) else None
         for field, have, want, fix in (
                 ("source", meta.get("source"), data, f"pass --conversations {meta.get('source')}"),
                 ("limit", meta.get("limit"), recipe.samples, f"set recipe: samples: {meta.get('limit')} in {recipe.path}"),
                 ("regeneration.max_new_tokens", regen.get("max_new_tokens"), recipe.max_new_tokens,
-                 f"set recipe: max_new_tokens: {regen.get('max_new_tokens')} in {recipe.path}")):
+                 f"set recipe: max_new_tokens: {regen.get('max_new_tokens')} in {recipe.path}"),
+                ("regeneration.budget.minutes", budget, recipe.prepare_minutes,
+                 f"set recipe: prepare_minutes: {budget} in {recipe.path}" if budget else
+                 f"remove prepare_minutes from {recipe.path}")):
             if have != want:
                 raise SpecdraftError(f"{prepared}: field '{field}' is {json.dumps(have)}, but this recipe asks for "
                                      f"{json.dumps(want)} and would reuse the finished data; {fix} to continue "

@@ -8,6 +8,7 @@ Order of work: read and check every record first (bad data fails before a model 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -66,7 +67,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
             dedup: bool = True, limit: int | None = None, batch_size: int = 16, split: str = "train",
             seed: int = 0, trust_remote_code: bool = False, console: Console | None = None,
             engine="auto", part: tuple[int, int] | None = None, follow_ups: float = 0.0,
-            compute_dtype: str = "auto") -> dict:
+            compute_dtype: str = "auto", budget_minutes: float | None = None) -> dict:
     """Write OUT/dataset and OUT/prepare.json; return the prepare.json content.
 
     `part` (I, N) keeps samples I-1, I-1+N, ... (prepared.part_indices): with --regenerate, of the
@@ -80,7 +81,10 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     the target writes after its first answer, then answers (second_turns).
 
     `compute_dtype` of the target that writes ('auto': kernels.auto_dtype, measured here);
-    prepare.json records the one used."""
+    prepare.json records the one used.
+
+    `budget_minutes`: regenerate in rounds (regenerate_in_rounds) until about that many minutes have
+    passed; `limit` is then the most it regenerates."""
     started = time.perf_counter()
     console = console or Console(stderr=True)
     check_options(max_length, min_assistant_tokens, limit, batch_size, max_new_tokens, temperature, follow_ups,
@@ -88,23 +92,30 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     opts = engine if isinstance(engine, EngineOptions) else engine_options(engine)
     if opts.endpoint and not regenerate:
         raise SpecdraftError("--endpoint: only regeneration runs on a server; add --regenerate or drop --endpoint")
+    check_budget(budget_minutes, regenerate, limit, part, source)
     src = read_source(source, split, seed, limit, regenerate, follow_ups)
     out = ensure_writable_dir(out)
     target, engine_name, end_ids, dtype = open_target(model, src, regenerate, opts, trust_remote_code, compute_dtype,
                                                       batch_size)
-    conversations = (long_documents(target.tokenizer, limit, max_length, regenerate) if src.kind == "long" else
-                     with_self_written(src, target, out, end_ids, seed, batch_size, limit, console))
-    records = len(conversations)
     dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "over_limit": 0}
-    regeneration = None
+    job = None
     if regenerate:
         from specdraft.data.regenerate import RegenSettings
 
         settings = RegenSettings(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                                  target=target.identity["fingerprint"], compute_dtype=dtype)
-        conversations = regeneration_input(conversations, dedup, limit, part, dropped)
-        conversations, regeneration = regenerate_answers(conversations, target, engine_name, opts, settings, end_ids,
-                                                         out, batch_size, follow_ups, console)
+        job = Answering(target, engine_name, opts, settings, end_ids, out, batch_size, follow_ups, console)
+    regeneration = None
+    if job and budget_minutes:
+        conversations, records, src, regeneration = regenerate_in_rounds(job, source, split, dedup, limit, dropped,
+                                                                         budget_minutes, started)
+    else:
+        conversations = (long_documents(target.tokenizer, limit, max_length, regenerate) if src.kind == "long" else
+                         with_self_written(src, target, out, end_ids, seed, batch_size, limit, console))
+        records = len(conversations)
+        if job:
+            conversations, regeneration = regenerate_answers(
+                job, regeneration_input(conversations, dedup, limit, part, dropped))
     rows = samples(target.tokenizer, conversations, end_ids, max_length, min_assistant_tokens, dedup, limit, dropped,
                    None if regenerate else part)
     check_samples_left(rows, conversations, src, records, regenerate, dropped, max_length, min_assistant_tokens)
@@ -216,26 +227,113 @@ def regeneration_input(conversations: list[Conversation], dedup: bool, limit: in
     return conversations
 
 
-def regenerate_answers(conversations: list[Conversation], target, engine_name: str, opts: EngineOptions, settings,
-                       end_ids: list[int], out: Path, batch_size: int, follow_ups: float,
-                       console) -> tuple[list[Conversation], dict]:
+@dataclass
+class Answering:
+    """What writes the answers: the target through its engine, with the regeneration settings."""
+    target: object
+    engine_name: str
+    opts: EngineOptions
+    settings: object              # regenerate.RegenSettings
+    end_ids: list[int]
+    out: Path
+    batch_size: int
+    follow_ups: float
+    console: Console
+
+
+def regenerate_answers(job: Answering, conversations: list[Conversation]) -> tuple[list[Conversation], dict]:
     """The conversations with the target's own answers (and follow-up turns), and prepare.json's
     record of the regeneration."""
-    from specdraft.data.regenerate import answer_engine, regenerate as regenerate_all
+    from specdraft.data.regenerate import answer_engine
 
-    with answer_engine(engine_name, target, settings, end_ids, opts) as answer:
-        answered, stats = regenerate_all(answer, [c.messages for c in conversations], out, settings,
-                                         batch_size=batch_size, console=console)
-        if follow_ups:
-            answered, second = second_turns(answer, target, conversations, answered, follow_ups, out, settings,
-                                            end_ids, batch_size, console)
-    used = ({"name": "vllm-endpoint", "url": opts.endpoint} if engine_name == "endpoint"
-            else engine_record(engine_name))
-    regeneration = {**settings.as_dict(), "batch_size": batch_size, "engine": used,
-                    "compute_dtype": None if engine_name == "endpoint" else settings.compute_dtype, **vars(stats)}
-    if follow_ups:
-        regeneration["follow_ups"] = second
-    return [Conversation(messages=m, where=c.where) for m, c in zip(answered, conversations)], regeneration
+    with answer_engine(job.engine_name, job.target, job.settings, job.end_ids, job.opts) as answer:
+        answered, stats, second = answer_all(job, answer, conversations)
+    return answered, regeneration_record(job, vars(stats), second)
+
+
+def answer_all(job: Answering, answer, conversations: list[Conversation]):
+    """(conversations answered, RegenStats, follow-ups record or None) by the open engine `answer`."""
+    from specdraft.data.regenerate import regenerate as regenerate_all
+
+    answered, stats = regenerate_all(answer, [c.messages for c in conversations], job.out, job.settings,
+                                     batch_size=job.batch_size, console=job.console)
+    second = None
+    if job.follow_ups:
+        answered, second = second_turns(answer, job.target, conversations, answered, job.follow_ups, job.out,
+                                        job.settings, job.end_ids, job.batch_size, job.console)
+    return [Conversation(messages=m, where=c.where) for m, c in zip(answered, conversations)], stats, second
+
+
+def regeneration_record(job: Answering, stats: dict, second: dict | None) -> dict:
+    """prepare.json's `regeneration`: the settings, the engine, the counts."""
+    used = ({"name": "vllm-endpoint", "url": job.opts.endpoint} if job.engine_name == "endpoint"
+            else engine_record(job.engine_name))
+    return {**job.settings.as_dict(), "batch_size": job.batch_size, "engine": used,
+            "compute_dtype": None if job.engine_name == "endpoint" else job.settings.compute_dtype, **stats,
+            **({"follow_ups": second} if job.follow_ups else {})}
+
+
+ROUND_BATCHES = 2    # --budget-minutes: each round regenerates this many --batch-size batches more
+
+
+def check_budget(minutes: float | None, regenerate: bool, limit: int | None, part, source: str) -> None:
+    if minutes is None:
+        return
+    if not (minutes > 0 and math.isfinite(minutes)):
+        raise SpecdraftError(f"--budget-minutes {minutes}: must be > 0 (minutes of regeneration)")
+    for bad, fix in ((not regenerate, "add --regenerate (the budget is spent writing answers)"),
+                     (limit is None, "add --limit N, the most conversations it may regenerate"),
+                     (part is not None, "drop --part: nodes would stop at different rounds; give each node "
+                                        "its own --limit instead"),
+                     (source == "long", "drop it for --conversations long (its documents are made, not written)")):
+        if bad:
+            raise SpecdraftError(f"--budget-minutes {minutes}: {fix}")
+
+
+def regenerate_in_rounds(job: Answering, source: str, split: str, dedup: bool, limit: int, dropped: dict,
+                         minutes: float, started: float) -> tuple[list[Conversation], int, Source, dict]:
+    """--budget-minutes: the first `size` conversations of --conversations for size = R, 2R, ... up to
+    --limit (R = ROUND_BATCHES x --batch-size), each round answering only those the last did not
+    hold (every part draws a prefix of one seeded order, so a round's conversations hold the last
+    round's), until the next round, as long as the last, would end past the budget counted from
+    `started`. Returns the last round's (conversations answered, records read, source read) and the
+    regeneration record."""
+    from specdraft.data.regenerate import answer_engine
+
+    answered: dict[str, Conversation] = {}
+    totals, follow, seconds = {}, {}, []
+    step = ROUND_BATCHES * job.batch_size
+    with answer_engine(job.engine_name, job.target, job.settings, job.end_ids, job.opts) as answer:
+        for size in [*range(step, limit, step), limit]:
+            round_started = time.perf_counter()
+            src = read_source(source, split, job.settings.seed, size, True, job.follow_ups)
+            read = with_self_written(src, job.target, job.out, job.end_ids, job.settings.seed, job.batch_size,
+                                     size, job.console)
+            dropped.update(dict.fromkeys(dropped, 0))      # the last round's input is what prepare.json counts
+            conversations = regeneration_input(read, dedup, size, None, dropped)
+            new = [c for c in conversations if identity(c) not in answered]
+            done, stats, second = answer_all(job, answer, new)
+            answered.update(zip(map(identity, new), done))
+            add_counts(totals, vars(stats))
+            add_counts(follow, second or {})
+            seconds.append(round(time.perf_counter() - round_started, 1))
+            if time.perf_counter() - started + seconds[-1] > minutes * 60:
+                break
+    record = regeneration_record(job, totals, follow)
+    record["budget"] = {"minutes": minutes, "limit": limit, "reached": size, "rounds": len(seconds),
+                        "round_seconds": seconds, "stopped": "limit" if size == limit else "budget"}
+    return [answered[identity(c)] for c in conversations], len(read), src, record
+
+
+def identity(conversation: Conversation) -> str:
+    return json.dumps(conversation.messages, sort_keys=True, ensure_ascii=False)
+
+
+def add_counts(totals: dict, counts: dict) -> None:
+    """Sum the numbers of each round's record; keep the rest (settings) as the last round's."""
+    for key, value in counts.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and key != "share"
+        totals[key] = totals.get(key, 0) + value if number else value
 
 
 def samples(tok, conversations: list[Conversation], end_ids: list[int], max_length: int, min_assistant_tokens: int,
@@ -342,6 +440,12 @@ def summary_lines(meta: dict, out) -> list[str]:
     lines = [f"prepared {counts['samples']} samples, {counts['tokens']} tokens ({counts['loss_tokens']} trained) "
              f"-> {out}" + (f" (dropped: {dropped})" if dropped else "")]
     regen = meta.get("regeneration") or {}
+    budget = regen.get("budget")
+    if budget:
+        lines.append(f"--budget-minutes {budget['minutes']:g}: {budget['reached']} of --limit {budget['limit']} "
+                     f"conversations regenerated in {budget['rounds']} round(s), {meta['seconds'] / 60:.1f} min "
+                     + ("(the next round would have ended past the budget)" if budget["stopped"] == "budget"
+                        else "(all of --limit within the budget)"))
     cut = regen.get("truncated_turns") or 0
     if cut:
         lines.append(f"warning: {cut} regenerated answer(s) hit --max-new-tokens {regen.get('max_new_tokens')} "

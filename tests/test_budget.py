@@ -1,0 +1,89 @@
+"""prepare --budget-minutes M: regenerate in rounds of 2 x --batch-size conversations more (each
+round the first `size` of the same seeded order, up to --limit) while the next round, as long as
+the last, ends within M minutes; prepare.json records the rounds. On the tiny target."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specdraft.data import prepare as prepare_module
+from specdraft.data.prepare import prepare, summary_lines
+from specdraft.data.prepared import load_prepared
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+KW = dict(regenerate=True, batch_size=2, max_new_tokens=4)
+
+
+def mixture(tmp_path) -> str:
+    """builtin prompts and a file's, half each (the file's answers are rewritten by the target)."""
+    path = tmp_path / "asked.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"file question {i}"},
+                                                     {"role": "assistant", "content": "written"}]}) + "\n"
+                            for i in range(10)))
+    return f"builtin:0.5,{path}:0.5"
+
+
+def first_turns(out) -> set[str]:
+    return {json.loads(m)[0]["content"] for m in load_prepared(out)[0]["messages"]}
+
+
+def test_a_budget_that_holds_everything_regenerates_the_same_conversations_as_limit(tiny_target, tmp_path):
+    MIX = mixture(tmp_path)
+    plain = prepare(str(tiny_target), MIX, tmp_path / "plain", limit=8, **KW)
+    meta = prepare(str(tiny_target), MIX, tmp_path / "budget", limit=8, budget_minutes=60, **KW)
+    budget = meta["regeneration"]["budget"]
+    assert budget == {**budget, "minutes": 60, "limit": 8, "reached": 8, "rounds": 2, "stopped": "limit"}
+    assert len(budget["round_seconds"]) == 2
+    # the same 8 questions as --limit 8 alone (each round a prefix of one seeded order), each answered once
+    assert first_turns(tmp_path / "budget") == first_turns(tmp_path / "plain")
+    assert meta["regeneration"]["generated"] == 8 == meta["counts"]["samples"] == plain["counts"]["samples"]
+    assert [p["samples"] for p in meta["mixture"]] == [4, 4] and meta["limit"] == 8
+    assert "8 of --limit 8 conversations regenerated in 2 round(s)" in summary_lines(meta, tmp_path)[1]
+
+    again = prepare(str(tiny_target), MIX, tmp_path / "budget", limit=8, budget_minutes=60, **KW)   # resumes
+    assert again["regeneration"]["generated"] == 0 and again["regeneration"]["reused"] == 8
+    assert first_turns(tmp_path / "budget") == first_turns(tmp_path / "plain")
+
+
+def test_rounds_stop_where_the_next_would_end_past_the_budget(tiny_target, tmp_path, monkeypatch):
+    """A clock where every round takes 10 s: a 30 s budget runs rounds ending at 10, 20 and 30 s
+    and starts no fourth (it would end at 40 s)."""
+    clock = [0.0]
+    answer_all = prepare_module.answer_all
+
+    def ten_seconds(*args):
+        clock[0] += 10
+        return answer_all(*args)
+
+    monkeypatch.setattr(prepare_module.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(prepare_module, "answer_all", ten_seconds)
+    meta = prepare(str(tiny_target), "builtin", tmp_path / "out", limit=20, budget_minutes=0.5, **KW)
+    budget = meta["regeneration"]["budget"]
+    assert (budget["rounds"], budget["reached"], budget["stopped"]) == (3, 12, "budget")
+    assert budget["round_seconds"] == [10, 10, 10]
+    assert meta["counts"]["samples"] == 12 == meta["regeneration"]["generated"]
+    assert "the next round would have ended past the budget" in summary_lines(meta, tmp_path)[1]
+
+
+def test_the_first_round_always_runs(tiny_target, tmp_path):
+    meta = prepare(str(tiny_target), "builtin", tmp_path / "out", limit=8, budget_minutes=1e-6, **KW)
+    assert meta["regeneration"]["budget"]["reached"] == 4 == meta["counts"]["samples"]
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--conversations", "builtin", "--limit", "8"], "add --regenerate"),
+    (["--conversations", "builtin", "--regenerate"], "add --limit N"),
+    (["--conversations", "builtin", "--regenerate", "--limit", "8", "--part", "1/2"], "drop --part"),
+    (["--conversations", "builtin", "--regenerate", "--limit", "8", "--budget-minutes", "0"], "must be > 0"),
+])
+def test_bad_budgets_are_one_line_exit_2(tiny_target, tmp_path, flags, expected):
+    budget = [] if "--budget-minutes" in flags else ["--budget-minutes", "5"]
+    proc = subprocess.run([sys.executable, "-m", "specdraft.cli", "prepare", "--model", str(tiny_target), *flags,
+                           *budget, "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("error: --budget-minutes ") and expected in err, err
+    assert not (tmp_path / "out" / "prepare.json").exists()
