@@ -10,7 +10,9 @@ with every Linear on `F.linear` (plain transformers), on mm(W, x^T) at every few
 choice that was once hard-coded), on the path measured for this machine (what the loop runs), on oneDNN's prepacked Linear
 (`onednn`: torch.utils.mkldnn.MkldnnLinear, the weights reordered once for its kernels),
 and through the loop's own runner (`loop`: TargetRunner.verify at R = n rows over its static cache,
-the forward shape generate() runs, issue 35), interleaved (each repeat times every n in every mode
+the forward shape generate() runs, issue 35), with `--compiled` also through that runner with the target
+under torch.compile (`compiled`: inductor, dynamic=False, compiled once per R before timing: the runner's
+shape never changes, so one compile serves every round; the compile seconds are reported), interleaved (each repeat times every n in every mode
 back to back, so machine noise hits all alike), and checks the logits agree. Each time is also read
 against the weight-streaming floor (streamed weight bytes / this machine's copy bandwidth, measured
 in the same run: kernels.weight_floor). Writes one result per CPU kind,
@@ -53,6 +55,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--compiled", action="store_true", help="also time the runner under torch.compile (~20 s per n)")
     ap.add_argument("--out", default=None, help="default: benchmarks/results/verify_cost-KIND[-bf16].json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -74,10 +77,19 @@ def main() -> None:
         model(input_ids=context_ids, use_cache=True, **with_cache, logits_to_keep=1)
 
     prefix = context_ids[0].tolist()
-    runners = {}
+    modes = MODES + (("compiled",) if args.compiled else ())
+    runners, compile_s = {}, {}
+    compiled = torch.compile(model, dynamic=False) if args.compiled else None
     for n in range(1, args.n_max + 1):                                          # the loop's shape: R = n rows
         runners[n] = TargetRunner(model, None, Profile(), rows=n, max_len=args.context + n + 1)
         runners[n].prefill(prefix)
+        if compiled is not None:                                                # prefill eager, verify compiled
+            runners["compiled", n] = TargetRunner(model, None, Profile(), rows=n, max_len=args.context + n + 1)
+            runners["compiled", n].prefill(prefix)
+            runners["compiled", n].model = compiled
+            start = time.perf_counter()
+            forward_loop(runners["compiled", n], n, args.context, torch.zeros(1, n, dtype=torch.long))
+            compile_s[n] = round(time.perf_counter() - start, 1)
 
     import torch.utils.mkldnn as onednn
 
@@ -100,13 +112,8 @@ def main() -> None:
 
     def forward(ids: torch.Tensor, mode: str) -> tuple[float, torch.Tensor]:
         n = ids.shape[1]
-        if mode == "loop":
-            runner = runners[n]
-            start = time.perf_counter()
-            logits, _ = runner.verify(ids[0].tolist(), list(range(args.context, args.context + n)))
-            seconds = time.perf_counter() - start
-            runner.keep(args.context, [])                                       # back to `context`
-            return seconds, logits[None]
+        if mode in ("loop", "compiled"):
+            return forward_loop(runners[n] if mode == "loop" else runners[mode, n], n, args.context, ids)
         pos = torch.arange(args.context, args.context + n)[None]                  # [1, n]
         with torch.inference_mode(), prepacked() if mode == "onednn" else few_row_matmul(model, linears, flags[mode]):
             start = time.perf_counter()
@@ -116,27 +123,27 @@ def main() -> None:
         return seconds, logits
 
     ns = list(range(1, args.n_max + 1))
-    times = {(n, mode): [] for n in ns for mode in MODES}
+    times = {(n, mode): [] for n in ns for mode in modes}
     max_diff = {n: 0.0 for n in ns}
     for ids in [torch.randint(0, vocab, (1, n), generator=g) for n in ns]:       # warm-up
-        for mode in MODES:
+        for mode in modes:
             forward(ids, mode)
     for r in range(args.repeats):
         for n in ns:
             ids = torch.randint(0, vocab, (1, n), generator=g)                   # [1, n]
             logits = {}
-            for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:          # order rotated per repeat
+            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:          # order rotated per repeat
                 seconds, logits[mode] = forward(ids, mode)
                 times[n, mode].append(seconds)
-            max_diff[n] = max(max_diff[n], *(float((logits["linear"] - logits[m]).abs().max()) for m in MODES))
+            max_diff[n] = max(max_diff[n], *(float((logits["linear"] - logits[m]).abs().max()) for m in modes))
 
     med = {key: 1000 * statistics.median(v) for key, v in times.items()}
     floor = kernels.weight_floor(model)
-    rows = [{"n": n, **{f"{m}_ms": med[n, m] for m in MODES}, **{f"{m}_vs_1": med[n, m] / med[1, m] for m in MODES},
-             **{f"{m}_vs_floor": med[n, m] / floor["floor_ms"] for m in MODES},
+    rows = [{"n": n, **{f"{m}_ms": med[n, m] for m in modes}, **{f"{m}_vs_1": med[n, m] / med[1, m] for m in modes},
+             **{f"{m}_vs_floor": med[n, m] / floor["floor_ms"] for m in modes},
              "max_abs_logit_diff": max_diff[n]} for n in ns]
     report = {"benchmark": "verify_cost", "model": args.model, "dtype": args.dtype, "context": args.context,
-              "repeats": args.repeats, "threads": args.threads, "rows": rows, "kernels": described, "floor": floor,
+              "repeats": args.repeats, **({"compile_s": compile_s} if compile_s else {}), "threads": args.threads, "rows": rows, "kernels": described, "floor": floor,
               "cpu": {**kernels.cpu_info(), "kind": cpu_kind(), "flags": cpu_flags()},
               "goal": "verify(K+1) <= 1.15 x verify(1) for K <= 7, verify(1) <= verify(2); bf16 verify <= 1.5x floor (issue 35)",
               "environment": {"torch": torch.__version__}}
@@ -146,17 +153,26 @@ def main() -> None:
     table = Table(title=f"one target forward over n new tokens ({args.model} {args.dtype}, cache {args.context}, "
                         f"{args.threads} threads, median of {args.repeats}; {report['cpu']['cpu']})")
     table.add_column("n", justify="right")
-    for m in MODES:
+    for m in modes:
         table.add_column(f"{m} ms", justify="right")
         table.add_column("x 1-token", justify="right")
     table.add_column("max |logit diff|", justify="right")
     for r in rows:
-        table.add_row(str(r["n"]), *(f"{r[f'{m}_{k}']:.{2 if k == 'vs_1' else 1}f}" for m in MODES for k in ("ms", "vs_1")),
+        table.add_row(str(r["n"]), *(f"{r[f'{m}_{k}']:.{2 if k == 'vs_1' else 1}f}" for m in modes for k in ("ms", "vs_1")),
                       f"{r['max_abs_logit_diff']:.1e}")
     Console().print(table)
     print(kernels.floor_line(floor, [r["loop_ms"] for r in rows]) + " (loop)")
     print(kernels.format_paths(described))
     print(f"wrote {out}")
+
+
+def forward_loop(runner: TargetRunner, n: int, context: int, ids: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """One verify of ids [1, n] through the loop's runner at R = n rows, then back to `context`."""
+    start = time.perf_counter()
+    logits, _ = runner.verify(ids[0].tolist(), list(range(context, context + n)))
+    seconds = time.perf_counter() - start
+    runner.keep(context, [])
+    return seconds, logits[None]
 
 
 def cpu_flags() -> list[str]:
