@@ -557,3 +557,39 @@ def test_bench_at_fixed_rows_counts_the_prompts_equal_to_plain(tiny_target, tmp_
 def test_rows_below_a_round_are_refused(target, drafter):
     with pytest.raises(SpecdraftError, match="--verify-rows 2: a round of this method needs 4 rows"):
         generate(target, [5, 9, 33], EagleProposer(drafter, k=3), max_new_tokens=4, rows=2)
+
+
+def test_compiled_verify_keeps_the_tokens(target, drafter, wide_bf16):
+    """generate(compile=True): verify rounds under torch.compile (one graph per R and cache length, the
+    cache rounded up to SLOT_BLOCK slots). fp32: transformers' greedy tokens, drafter or not; bf16: the
+    drafter's chain emits compiled plain decoding's tokens at the same R; aux states reach the proposer
+    (the chain's acceptance is the eager loop's)."""
+    from specdraft.infer.speculative import SLOT_BLOCK
+
+    prompt = [5, 9, 33, 7, 100, 41, 17]
+    want = hf_greedy(target, prompt, 16)
+    eager = generate(target, prompt, EagleProposer(drafter, k=3), max_new_tokens=16, eos_token_ids={2})
+    for proposer in (None, EagleProposer(drafter, k=3)):
+        out = generate(target, prompt, proposer, max_new_tokens=16, eos_token_ids={2}, rows=4, compile=True)
+        assert out.token_ids == want
+    assert out.accepted == eager.accepted                       # the aux hooks fire under compile
+    bf16_drafter = tiny_drafter_for(wide_bf16, [0, 1], every=2, seed=1).to(torch.bfloat16).eval()
+    plain = generate(wide_bf16, prompt, None, max_new_tokens=20, eos_token_ids=set(), rows=5, compile=True)
+    chain = generate(wide_bf16, prompt, EagleProposer(bf16_drafter, k=4), max_new_tokens=20, eos_token_ids=set(),
+                     rows=5, compile=True)
+    assert chain.token_ids == plain.token_ids
+    assert SLOT_BLOCK >= len(prompt) + 20 + 5                   # both rounded to one cache shape
+
+
+def test_a_compiled_cache_rounds_up_but_stays_inside_a_sliding_window():
+    from types import SimpleNamespace
+
+    from specdraft.infer.speculative import SLOT_BLOCK, cache_slots
+
+    def model(window):
+        return SimpleNamespace(config=SimpleNamespace(sliding_window=window))
+    assert cache_slots(model(None), 300, compile=False) == 300
+    assert cache_slots(model(None), 300, compile=True) == SLOT_BLOCK
+    assert cache_slots(model(None), SLOT_BLOCK + 1, compile=True) == 2 * SLOT_BLOCK
+    assert cache_slots(model(700), 600, compile=True) == 700        # rounded, but not past the window
+    assert cache_slots(model(400), 600, compile=True) == 600        # over it anyway: static_cache says so

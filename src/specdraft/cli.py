@@ -13,7 +13,7 @@ import typer
 from specdraft.defaults import DRAFT_LENGTH, draft_length_option, parse_draft_stop
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT as DEFAULT_FAMILY
-from specdraft.flags import (AS_JSON, BUDGET_MINUTES, CAPTURE_DTYPE, COMPUTE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS, CONVERSATIONS_HELP, DEVICE,
+from specdraft.flags import (AS_JSON, BUDGET_MINUTES, CAPTURE_DTYPE, COMPILE, COMPUTE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS, CONVERSATIONS_HELP, DEVICE,
                              DATASTORE, DRAFT_LENGTH_OR_AUTO, MAX_CONTEXT, REGEN_DTYPE, DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS, MAX_NEW_TOKENS_HELP,
                              MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP, PREPARED_HELP, PROFILE_HELP,
                              PROMPTS_HELP, SEED_HELP, STORE_FORMAT_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TREE_HELP,
@@ -261,7 +261,7 @@ def bench(
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N. Here: prompts (builtin-holdout: 32)."),
     out: Optional[Path] = out_option("the results JSON and a .png chart."), as_json: bool = AS_JSON,
     time_split: bool = typer.Option(False, "--time-split", help="Print the draft / verify / other time split."),
-    verify_rows: Optional[int] = VERIFY_ROWS, context_buckets: Optional[str] = CONTEXT_BUCKETS, device: str = DEVICE,
+    compiled: bool = COMPILE, verify_rows: Optional[int] = VERIFY_ROWS, context_buckets: Optional[str] = CONTEXT_BUCKETS, device: str = DEVICE,
     max_context: Optional[int] = MAX_CONTEXT, compute_dtype: str = COMPUTE_DTYPE, trust_remote_code: bool = TRUST,
 ):
     """Wall-clock speed of every method on the same prompts. greedy, plain (specdraft's loop, no
@@ -274,7 +274,7 @@ def bench(
     k, stop = draft_length_option(num_speculative_tokens), parse_draft_stop(draft_stop)   # parsed here, once
     report = B.run_bench(model, drafter, prompts, methods, max_new_tokens, k, stop, rounds, tree, (ngram_min, ngram_max),
                          limit, device, compute_dtype, trust_remote_code, verify_rows, context_buckets, max_context,
-                         datastore)
+                         datastore, compiled)
     say(report["warnings"])
     B.print_report(report, as_json)
     say(B.time_split_lines(report) if time_split else [])
@@ -299,7 +299,7 @@ def generate(
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", help=MAX_NEW_TOKENS_HELP),
     ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN, datastore: Optional[Path] = DATASTORE,
     device: str = DEVICE, compute_dtype: str = COMPUTE_DTYPE, verify_rows: Optional[int] = VERIFY_ROWS,
-    as_json: bool = AS_JSON, trust_remote_code: bool = TRUST,
+    as_json: bool = AS_JSON, trust_remote_code: bool = TRUST, compiled: bool = COMPILE,
 ):
     """Speculative generation for one prompt. Streams the answer, then tokens/s and τ."""
     from specdraft.infer.generate import generate_one
@@ -310,7 +310,7 @@ def generate(
     k, stop = draft_length_option(num_speculative_tokens), parse_draft_stop(draft_stop)   # parsed here, once
     result, name = generate_one(prompt, model, drafter, method, k, stop, tree, sampling, max_new_tokens,
                                 (ngram_min, ngram_max), device, compute_dtype, trust_remote_code,
-                                stream=not as_json, rows=verify_rows, datastore=datastore)
+                                stream=not as_json, rows=verify_rows, datastore=datastore, compile=compiled)
     if as_json:
         return print(json.dumps(result))
     sys.stdout.write("\n")

@@ -98,6 +98,11 @@ VERIFY_ROWS = typer.Option(None, "--verify-rows", help=(
     "Target rows of every decoding round: the root, the drafts, pad rows after them. Runs with the same R emit "
     "the same tokens with or without a drafting chain, in any dtype (bf16 too; a tree only in fp32). Default: with -k auto, the R "
     "measured cheapest for its K, for the chain and plain decoding; else 1 + the method's largest draft."))
+COMPILE = typer.Option(False, "--compile", help=(
+    "Verify rounds under torch.compile (the prompt's prefill stays eager): the first round of each row count "
+    "compiles (seconds to a minute on a CPU), later rounds run faster, so it pays over many rounds in one "
+    "process. Lossless as without it (fp32: transformers' greedy; a chain: plain decoding at its R). -k auto "
+    "times the uncompiled forward."))
 NGRAM_MAX = typer.Option(3, "--ngram-max", help="Longest suffix n-gram the ngram method looks up.")
 NGRAM_MIN = typer.Option(1, "--ngram-min", help="Shortest suffix n-gram the ngram method looks up.")
 DATASTORE = typer.Option(None, "--datastore", help="Prepared data (WS/data) whose answers, the target's own, ngram "

@@ -303,12 +303,12 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
 
 
 def run_one(model, method: Method, ids: list[int], max_new_tokens: int, eos: set[int],
-            sampling: Sampling | None = None, on_tokens=None) -> Generation:
+            sampling: Sampling | None = None, on_tokens=None, compile: bool = False) -> Generation:
     if method.hf and (sampling is None or sampling.greedy) and on_tokens is None:
         return hf_greedy(model, ids, max_new_tokens, eos)
     sync = next(model.parameters()).device.type == "cuda"
     return generate(model, ids, method.proposer, max_new_tokens, sampling, eos, on_tokens, sync_cuda=sync,
-                    rows=method.rows)
+                    rows=method.rows, compile=compile)
 
 
 def summarize(name: str, runs: list[Generation], reference: list[list[int]] | None) -> dict:
@@ -369,9 +369,9 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
           k: int, tree: TreeShape | None, ngram_max: int = 3, ngram_min: int = 1, progress=None,
           rounds: int = 3, draft_stop: float | None = None, ngram_k: int | None = None,
           rows: int | None = None, context_edges=CONTEXT_EDGES, datastore: Datastore | None = None,
-          chain_rows: int | None = None, plain_rows: int | None = None) -> dict:
-    """Same prompts for every method, batch 1, one warm-up generation per method first; then
-    `rounds` rounds, each running every method on every prompt, the method order rotated per round.
+          chain_rows: int | None = None, plain_rows: int | None = None, compile: bool = False) -> dict:
+    """Same prompts for every method, batch 1, one warm-up generation per method first (which compiles, under
+    `compile`); then `rounds` rounds, each running every method on every prompt, the order rotated per round.
     rows: every loop method at that row count; chain_rows, plain_rows: the drafter's chain's and plain
     decoding's (assign_rows). Plain decoding is the reference of every method at its R (the same tokens
     in any dtype: `identical_to_plain`), and is added to the methods when rows are given, or when
@@ -389,7 +389,7 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
     methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min, draft_stop, ngram_k, datastore)
     assign_rows(methods, rows, chain_rows, plain_rows)
     for m in methods:                                                 # warm-up
-        run_one(model, m, prompts[0], min(8, max_new_tokens), eos)
+        run_one(model, m, prompts[0], min(8, max_new_tokens), eos, compile=compile)
     load_start = machine_load()
     runs: dict[str, list[list[Generation]]] = {m.name: [] for m in methods}
     order = []
@@ -398,7 +398,7 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
         for m in rotated(methods, r):
             runs[m.name].append([])
             for ids in prompts:
-                runs[m.name][-1].append(run_one(model, m, ids, max_new_tokens, eos))
+                runs[m.name][-1].append(run_one(model, m, ids, max_new_tokens, eos, compile=compile))
                 if progress:
                     progress(m.name)
     load_end = machine_load()
@@ -569,7 +569,7 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
               k_option: int | str | None, stop: float | str | None, rounds: int, tree: str | None,
               ngram: tuple[int, int], limit: int | None, device: str, dtype: str, trust_remote_code: bool,
               rows: int | None = None, context_buckets: str | None = None, max_context: int | None = None,
-              datastore: str | None = None) -> dict:
+              datastore: str | None = None, compile: bool = False) -> dict:
     """`specdraft bench`: the options checked before the model loads, then bench() over the prompts.
     `k_option`, `stop`: -k and --draft-stop as the CLI parsed them (defaults.draft_length_option,
     parse_draft_stop); -k unset is auto for a drafter's chain and DRAFT_LENGTH for n-gram and the tree."""
@@ -607,11 +607,12 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
         report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
                        progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
                        ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None, rows=rows, context_edges=edges,
-                       datastore=answers, **shape_rows(choice, k, dtype))
+                       datastore=answers, compile=compile, **shape_rows(choice, k, dtype))
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
                         "draft_stop": stop, "rounds": rounds, "verify_rows": rows, "context_buckets": list(edges),
+                        "compile": compile,
                         "family": family_of(draft_model).model_type if draft_model is not None else None,
                         "tree": [shape.depth, shape.topk, shape.total] if any(n.endswith(TREE) for n in names)
                         else None,

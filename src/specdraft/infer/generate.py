@@ -14,7 +14,7 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
                  stop: float | str | None,
                  tree: str | None, sampling, max_new_tokens: int, ngram: tuple[int, int], device: str, dtype: str,
                  trust_remote_code: bool, stream: bool, rows: int | None = None,
-                 datastore: str | None = None) -> tuple[dict, str]:
+                 datastore: str | None = None, compile: bool = False) -> tuple[dict, str]:
     """-> ({text, token_ids, tokens_per_s, accept_len, new_tokens}, the method's name). `k_option`,
     `stop`: -k and --draft-stop as the CLI parsed them (defaults.py); -k unset is auto for a drafter's
     chain and DRAFT_LENGTH otherwise; options are checked before the model loads."""
@@ -65,7 +65,8 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
         shown["text"] = text
 
     result = generate(target.model, ids, m.proposer, max_new_tokens, sampling, eos_ids_of(target.model, tok),
-                      show if stream else None, sync_cuda=dev.startswith("cuda"), rows=rows)
+                      show if stream else None, sync_cuda=dev.startswith("cuda"), rows=rows,
+                      compile=compile)
     return ({"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
              "tokens_per_s": result.tokens_per_s, "accept_len": result.accept_len,
              "new_tokens": len(result.token_ids), "k": k if B.needs_drafter(method) or method == "ngram" else 0},

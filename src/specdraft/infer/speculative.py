@@ -15,6 +15,7 @@ written into the cache go to the proposer.
 from __future__ import annotations
 
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MethodType
@@ -176,6 +177,21 @@ def static_cache(model, max_len: int):
     return Cache(layers=[StaticLayer(max_cache_len=max_len) for _ in decoder_layers(model)])
 
 
+SLOT_BLOCK = 512     # a compiled runner's cache is a multiple of this many slots, so prompts share its shapes
+COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # target -> its compiled module
+
+
+def compiled(model) -> torch.nn.Module:
+    """The target under torch.compile (inductor, static shapes: one graph per row count and cache
+    length), made once per model per process; the first round of each shape pays the compile."""
+    if model not in COMPILED:
+        import torch._dynamo.config as dynamo
+
+        dynamo.recompile_limit = max(dynamo.recompile_limit, 64)    # a graph per (R, slots), not 8 at most
+        COMPILED[model] = torch.compile(model, dynamic=False)
+    return COMPILED[model]
+
+
 class TargetRunner:
     """The target over a static KV cache, every verify round in ONE forward shape: `rows` rows (the root,
     the drafted nodes, pad rows after them) against all `max_len` cache slots, masked per row. Plain
@@ -183,11 +199,14 @@ class TargetRunner:
     kernels (matmul blocking, SDPA) see identical shapes every round, and speculation is bit-identical
     to this loop's own plain decoding in any dtype (issue 35). A pad row writes a slot past the real ones,
     which the next round overwrites before any row may see it. Also: the aux hidden states, and the cache
-    surgery that keeps exactly the accepted positions."""
+    surgery that keeps exactly the accepted positions. compile: verify rounds run the target under
+    torch.compile (`compiled`; the prompt's prefill stays eager, its length varies) instead of the
+    measured per-Linear kernels."""
 
     def __init__(self, model, aux_layer_ids: list[int] | None, profile: Profile, rows: int = 1,
-                 max_len: int = 2048):
+                 max_len: int = 2048, compile: bool = False):
         self.model = model
+        self.verify_model = compiled(model) if compile else model
         self.aux_layer_ids = aux_layer_ids
         decoder_layers(model)            # refuse a target without Llama-style layers up front
         self.profile = profile
@@ -196,7 +215,7 @@ class TargetRunner:
         self.cache = static_cache(model, max_len)
         self.cache_key = cache_kwarg(model)
         self.linears = target_linears(model)
-        self.mm_flags = whole_forward_flags(self.linears, mm_flags(self.linears))   # kernels.py: measured
+        self.mm_flags = None if compile else whole_forward_flags(self.linears, mm_flags(self.linears))   # kernels.py
         self.slots = torch.arange(max_len, device=self.device)                     # [S]
 
     def cache_len(self) -> int:
@@ -238,11 +257,17 @@ class TargetRunner:
         position_ids = torch.tensor([positions], device=self.device)              # [1, T]
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(start)                                  # StaticLayer writes from here
-        with tap_hidden_states(self.model, self.aux_layer_ids or [], lambda slot, h: captured.update({slot: h[0]})):
-            with self.profile.timed("verify_s"), few_row_matmul(self.model, self.linears, self.mm_flags):
-                out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=visible[None, None],
-                                 use_cache=True, logits_to_keep=1 if last_only else 0,
-                                 **{self.cache_key: self.cache})
+        taps = self.aux_layer_ids or []
+        kwargs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=visible[None, None],
+                      use_cache=True, logits_to_keep=1 if last_only else 0, **{self.cache_key: self.cache})
+        if last_only or self.verify_model is self.model:        # eager: hooks tap, measured per-Linear kernels
+            with tap_hidden_states(self.model, taps, lambda slot, h: captured.update({slot: h[0]})):
+                with self.profile.timed("verify_s"), few_row_matmul(self.model, self.linears, self.mm_flags):
+                    out = self.model(**kwargs)
+        else:   # compiled: dynamo skips hooks added after tracing, so the states come as outputs, with or
+            with self.profile.timed("verify_s"):      # without taps: one graph per R, whatever the proposer
+                out = self.verify_model(**kwargs, output_hidden_states=True)
+            captured = {slot: out.hidden_states[lid][0] for slot, lid in enumerate(taps)}   # HF [l] = layer l's input
         self.length = start + len(ids)
         aux = torch.stack([captured[slot] for slot in range(len(self.aux_layer_ids))], dim=1) \
             if self.aux_layer_ids else None
@@ -272,6 +297,15 @@ def checked_rows(proposer: "Proposer | None", rows: int | None, method: str = "t
     return rows or need
 
 
+def cache_slots(model, need: int, compile: bool) -> int:
+    """The runner's cache length for `need` slots: under compile rounded up to SLOT_BLOCK (prompts share a
+    graph), though not past a sliding window that `need` fits (static_cache refuses those)."""
+    if not compile:
+        return need
+    window = getattr(model.config, "sliding_window", None)
+    return max(need, min(-(-need // SLOT_BLOCK) * SLOT_BLOCK, window or float("inf")))
+
+
 def sample_chain(draft: Draft, logits: torch.Tensor, sampling: Sampling,
                  generator: torch.Generator) -> tuple[list[int], int]:
     """Rejection sampling along a chain. logits [N+1, V] -> (accepted path, next token)."""
@@ -292,16 +326,17 @@ def sample_chain(draft: Draft, logits: torch.Tensor, sampling: Sampling,
 def generate(model, prompt_ids: list[int], proposer: Proposer | None = None, max_new_tokens: int = 128,
              sampling: Sampling | None = None, eos_token_ids: set[int] | None = None,
              on_tokens: Callable[[list[int]], None] | None = None, sync_cuda: bool = False,
-             rows: int | None = None) -> Generation:
+             rows: int | None = None, compile: bool = False) -> Generation:
     """Speculative decoding of one prompt (batch 1). proposer None = plain decoding by this loop.
     rows: R, the row count of every round (default round_rows(proposer)); two runs with the same R emit
-    the same tokens in any dtype, drafter or not."""
+    the same tokens in any dtype, drafter or not. compile: verify under torch.compile (TargetRunner),
+    the cache rounded up to SLOT_BLOCK slots so that every prompt of a length class reuses one graph."""
     sampling = sampling or Sampling()
     eos = eos_ids_of(model) if eos_token_ids is None else eos_token_ids
     profile = Profile(sync_cuda=sync_cuda)
     rows = checked_rows(proposer, rows)
-    runner = TargetRunner(model, proposer.aux_layer_ids if proposer else None, profile, rows,
-                          max_len=len(prompt_ids) + max(max_new_tokens, 1) + rows)
+    slots = cache_slots(model, len(prompt_ids) + max(max_new_tokens, 1) + rows, compile)
+    runner = TargetRunner(model, proposer.aux_layer_ids if proposer else None, profile, rows, slots, compile)
     generator = sampling.generator(runner.device)
     if proposer is not None:
         proposer.profile = profile
