@@ -593,3 +593,14 @@ def test_a_compiled_cache_rounds_up_but_stays_inside_a_sliding_window():
     assert cache_slots(model(None), SLOT_BLOCK + 1, compile=True) == 2 * SLOT_BLOCK
     assert cache_slots(model(700), 600, compile=True) == 700        # rounded, but not past the window
     assert cache_slots(model(400), 600, compile=True) == 600        # over it anyway: static_cache says so
+
+
+def test_compile_without_a_cpp_compiler_is_one_line(monkeypatch):
+    import torch._inductor.cpp_builder as builder
+
+    def missing():
+        raise RuntimeError("Unable to find a working g++")
+    monkeypatch.setattr(builder, "get_cpp_compiler", missing)
+    model = tiny_llama(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=9)
+    with pytest.raises(SpecdraftError, match="--compile: torch.compile needs a C\\+\\+ compiler.*install g\\+\\+"):
+        generate(model, [5, 9, 33], None, max_new_tokens=4, compile=True)

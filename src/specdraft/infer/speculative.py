@@ -186,6 +186,14 @@ def compiled(model) -> torch.nn.Module:
     length), made once per model per process; the first round of each shape pays the compile."""
     if model not in COMPILED:
         import torch._dynamo.config as dynamo
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        if next(model.parameters()).device.type == "cpu":
+            try:
+                get_cpp_compiler()                    # inductor builds C++ kernels on a CPU
+            except Exception as e:
+                raise SpecdraftError(f"--compile: torch.compile needs a C++ compiler on a CPU and found none "
+                                     f"({e}); install g++ or drop --compile") from None
 
         dynamo.recompile_limit = max(dynamo.recompile_limit, 64)    # a graph per (R, slots), not 8 at most
         COMPILED[model] = torch.compile(model, dynamic=False)
