@@ -113,6 +113,8 @@ def main() -> None:
     ap.add_argument("--datastore", type=Path, default=None, help="prepared data ngram and hybrid also draft from")
     ap.add_argument("--limit", type=int, default=0, help="first N prompts (0: all)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--hybrid-switch", action="store_true", help="hybrid in its switch form (one chain per "
+                    "round), not the tree (infer/hybrid.py)")
     ap.add_argument("--model", default="default")
     ap.add_argument("--label", default="")
     ap.add_argument("--check", type=Path, default=None, help="a bench.json on the same prompts to compare with")
@@ -125,7 +127,8 @@ def main() -> None:
     store = Datastore.from_prepared(a.datastore) if a.datastore else None
     names = a.methods.split(",")
     tree = TreeShape.parse(a.tree)
-    methods = build_methods([n for n in names if n != HYBRID_TREE], drafter, a.k, tree, 3, 1, datastore=store)
+    methods = build_methods([n for n in names if n != HYBRID_TREE], drafter, a.k, tree, 3, 1, datastore=store,
+                            hybrid_tree=not a.hybrid_switch)
     if HYBRID_TREE in names:        # not a bench method (yet): the drafter's tree with the n-gram branch grafted on
         inner = family_of(drafter).proposer(drafter, tree=tree)
         methods.append(Method(HYBRID_TREE, HybridProposer(inner, a.k, 3, 1, datastore=store)))
@@ -147,6 +150,7 @@ def main() -> None:
             print(f"{name}: replay τ {c['replay_tau']:.4f}, bench τ {c['bench_tau']:.4f}")
     config = {"natural": str(a.natural), "prompts": len(samples), "drafter": str(a.drafter), "k": a.k,
               "max_new_tokens": a.max_new_tokens, "datastore": str(a.datastore) if a.datastore else None,
+              "hybrid_form": "switch" if a.hybrid_switch else "tree",
               "seconds": round(time.perf_counter() - started, 1), "check": str(a.check) if a.check else None}
     a.results.mkdir(parents=True, exist_ok=True)
     stem = a.results / f"replay{'-' + a.label if a.label else ''}"

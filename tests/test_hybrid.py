@@ -181,3 +181,28 @@ def test_datastore_without_ngram_or_hybrid_is_refused_before_any_load():
     with pytest.raises(SpecdraftError, match="--datastore ws/data: only ngram and hybrid draft from it"):
         run_bench("no/such-model", None, "natural", "greedy,plain", 8, None, None, 1, None, (1, 3), 1, "cpu",
                   "float32", False, datastore="ws/data")
+
+
+def test_the_switch_is_one_chain_per_round_lossless_and_drafts_where_the_context_repeats(target, drafter):
+    """tree=False: each round one chain, the context's repeat where it matches >= min_match tokens, else
+    the drafter's; greedy's tokens, at the chain's rows (max_nodes), n-gram's chain where the prompt repeats."""
+    for i, prompt in enumerate(repetitive_prompts(4, seed=7)):
+        switch = HybridProposer(EagleProposer(drafter, k=2), ngram_k=3, tree=False)
+        assert switch.max_nodes == 3
+        out = generate(target, prompt, switch, max_new_tokens=24, eos_token_ids={2})
+        assert out.token_ids == hf_greedy(target, prompt, 24), i
+    sampling, g = Sampling(), torch.Generator().manual_seed(0)
+    for tokens, ngram in (([5, 6, 7, 8, 9, 5, 6], True), (list(range(10, 20)), False)):   # "5 6" repeats; nothing does
+        switch.reset()
+        switch.observe(torch.zeros(len(tokens) - 1, 3, target.config.hidden_size))    # the prefill's positions
+        draft = switch.propose(tokens, 8, sampling, g)
+        assert draft.is_chain and (draft.tokens == [7, 8, 9]) == ngram and len(draft.tokens) == 3 - (not ngram)
+
+
+def test_the_tree_runs_where_the_verify_curve_makes_its_rows_cheap():
+    from specdraft.infer.hybrid import tree_pays
+
+    flat = [30.0, 30.5, 31.0, 31.0, 31.2, 31.4, 31.5]                # bf16, compiled: 7 rows as cheap as 4
+    steep = [38.5, 38.9, 41.7, 54.9, 56.2, 57.8, 64.9]               # fp32 eager: 7 rows 1.18x 4 rows
+    assert tree_pays(flat, 3, 3) and not tree_pays(steep, 3, 3)
+    assert tree_pays([40.0], 3, 3)                                   # one time: flat in n

@@ -92,6 +92,8 @@ def test_recipe_runs_every_stage_through_the_vllm_engine_and_resumes(tiny_recipe
     hybrid_tau = f"hybrid τ {natural['methods']['hybrid']['accept_len']:.2f} at K={k} on 2 natural prompts"
     assert summary["hybrid"].startswith(hybrid_tau) and "ngram τ" in summary["hybrid"]
     assert natural["methods"]["hybrid"]["accept_len"] >= 1.0 and natural["methods"]["hybrid"]["identical_to_greedy"]
+    form = natural["config"]["hybrid_form"]          # chosen from this machine's verify curve (infer/hybrid.py)
+    assert form in ("tree", "switch") and f"(hybrid as the {form}:" in summary["hybrid"]
     from specdraft.analysis.report import duration, stages_total
 
     assert f"total {duration(stages_total(timings))}" in page

@@ -444,8 +444,10 @@ def hybrid_line(run: Path) -> str | None:
         return None
     parts = [f"{name} {tau_text(methods[name].get('accept_len'), cfg.get('k'), cfg.get('prompts'), cfg.get('num_prompts'))}"
              for name in ("hybrid", "ngram") if name in methods]
-    store = " with the datastore of the training answers" if cfg.get("datastore") else ""
-    return "; ".join(parts) + f" (hybrid: our loop only, no serving engine has it yet{store})"
+    form = cfg.get("hybrid_form")     # the switch consults no datastore (infer/hybrid.py): n-gram alone does
+    store = (" with the datastore of the training answers" + (" (n-gram's)" if form == "switch" else "")
+             if cfg.get("datastore") else "")
+    return "; ".join(parts) + f" (hybrid{' as the ' + form if form else ''}: our loop only, no serving engine has it yet{store})"
 
 
 def summarize(bench: dict, seconds: float) -> dict:

@@ -18,7 +18,7 @@ from specdraft.data.builtin_prompts import builtin_prompts
 from specdraft.defaults import DRAFT_LENGTH, check_compute_dtype
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import load_drafter, resolve_checkpoint
-from specdraft.infer.hybrid import HYBRID, HybridProposer
+from specdraft.infer.hybrid import HYBRID, TREE_PAYS, HybridProposer, tree_pays
 from specdraft.infer.ngram import Datastore, NgramProposer
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.tree import TreeShape
@@ -278,7 +278,7 @@ def assign_rows(methods: list[Method], rows: int | None, chain_rows: int | None,
 
 def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngram_max: int,
                   ngram_min: int, draft_stop: float | None = None, ngram_k: int | None = None,
-                  datastore: Datastore | None = None) -> list[Method]:
+                  datastore: Datastore | None = None, hybrid_tree: bool = True) -> list[Method]:
     """The methods `names` name, checked by the command that read them (run_bench, generate_one:
     known names, each drafter method with a drafter of its family) before any model loaded.
     `datastore`: the target's answers that ngram and hybrid also draft from (infer/ngram.py)."""
@@ -294,7 +294,8 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
             methods.append(Method(name, None))
         elif name == HYBRID:
             chain = family_of(drafter).proposer(drafter, k=k, stop=draft_stop)
-            methods.append(Method(name, HybridProposer(chain, ngram_k or k, ngram_max, ngram_min, datastore=datastore)))
+            methods.append(Method(name, HybridProposer(chain, ngram_k or k, ngram_max, ngram_min, datastore=datastore,
+                                                       tree=hybrid_tree)))
         elif not name.endswith(TREE):
             methods.append(Method(name, family_of(drafter).proposer(drafter, k=k, stop=draft_stop)))
         else:
@@ -369,7 +370,8 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
           k: int, tree: TreeShape | None, ngram_max: int = 3, ngram_min: int = 1, progress=None,
           rounds: int = 3, draft_stop: float | None = None, ngram_k: int | None = None,
           rows: int | None = None, context_edges=CONTEXT_EDGES, datastore: Datastore | None = None,
-          chain_rows: int | None = None, plain_rows: int | None = None, compile: bool = False) -> dict:
+          chain_rows: int | None = None, plain_rows: int | None = None, compile: bool = False,
+          hybrid_tree: bool = True) -> dict:
     """Same prompts for every method, batch 1, one warm-up generation per method first (which compiles, under
     `compile`); then `rounds` rounds, each running every method on every prompt, the order rotated per round.
     rows: every loop method at that row count; chain_rows, plain_rows: the drafter's chain's and plain
@@ -386,7 +388,7 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
     not_fp32 = next(model.parameters()).dtype != torch.float32
     if (rows or (chain_rows and not_fp32)) and "plain" not in names:  # ... and plain, at the same rows
         names.append("plain")
-    methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min, draft_stop, ngram_k, datastore)
+    methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min, draft_stop, ngram_k, datastore, hybrid_tree)
     assign_rows(methods, rows, chain_rows, plain_rows)
     for m in methods:                                                 # warm-up
         run_one(model, m, prompts[0], min(8, max_new_tokens), eos, compile=compile)
@@ -602,23 +604,49 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
         check_drafter_methods(names, draft_model)      # --methods FAMILY for a drafter of that family
     answers = Datastore.from_prepared(datastore, target) if datastore else None
     k, stop, choice = resolve(target, draft_model, drafter, prompt_ids(target.tokenizer, conversations[0]), k, stop)
+    ngram_k = DRAFT_LENGTH if choice and choice.k_auto else None
+    form = hybrid_form(target, names, choice, k, ngram_k or k, prompt_ids(target.tokenizer, conversations[0]))
     total = len(conversations) * len(set(names) | {"greedy"}) * rounds
     with progress("bench", total, 0, "runs", console=Console(stderr=True)) as tracker:
         report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
                        progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
-                       ngram_k=DRAFT_LENGTH if choice and choice.k_auto else None, rows=rows, context_edges=edges,
-                       datastore=answers, compile=compile, **shape_rows(choice, k, dtype))
+                       ngram_k=ngram_k, rows=rows, context_edges=edges, datastore=answers, compile=compile,
+                       hybrid_tree=form != "switch", **shape_rows(choice, k, dtype))
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
                         "draft_stop": stop, "rounds": rounds, "verify_rows": rows, "context_buckets": list(edges),
-                        "compile": compile,
+                        "compile": compile, "hybrid_form": form,
                         "family": family_of(draft_model).model_type if draft_model is not None else None,
                         "tree": [shape.depth, shape.topk, shape.total] if any(n.endswith(TREE) for n in names)
                         else None,
                         "ngram": list(ngram), "datastore": answers and answers.describe(datastore),
                         **environment(dev, dtype), "dtype_asked": asked}
     return report
+
+
+def hybrid_form(target, names: list[str], choice, k: int, ngram_k: int, ids: list[int],
+                greedy: bool = True) -> str | None:
+    """"tree" or "switch" (infer/hybrid.py) for a hybrid with a drafter chain, None without one: the tree
+    where hybrid.tree_pays on this machine's verify curve (-k auto's, else timed now at this prompt's
+    length), said in one line on stderr. Sampling always runs the switch."""
+    if HYBRID not in names or k == 0:
+        return None
+    if not greedy:
+        return "switch"
+    from rich.console import Console
+
+    from specdraft.infer.auto import measure_costs
+
+    rows = 1 + k + ngram_k
+    verify = choice.verify_ms if choice is not None and len(choice.verify_ms) >= rows else \
+        measure_costs(target.model, None, rows, len(ids), label="hybrid: timing")["verify_ms"]
+    form = "tree" if tree_pays(verify, k, ngram_k) else "switch"
+    switch = 1 + max(k, ngram_k)
+    Console(stderr=True).print(f"hybrid: the {form} (verify of {rows} rows {verify[rows - 1]:.1f} ms, of {switch} "
+                               f"{verify[switch - 1]:.1f} ms; the tree where at most {TREE_PAYS:.2f}x)",
+                               highlight=False, soft_wrap=True, markup=False)
+    return form
 
 
 def shape_rows(choice, k: int, dtype: str) -> dict:

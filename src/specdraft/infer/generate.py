@@ -54,7 +54,9 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
     if choice is not None and B.is_chain(method) and rows is None:
         rows = choice.rows                                    # the R -k auto measured cheapest for its K
     answers = B.Datastore.from_prepared(datastore, target) if datastore else None
-    m = B.build_methods([name], draft_model, k, shape, ngram[1], ngram[0], stop, datastore=answers)[0]
+    form = B.hybrid_form(target, [name], choice, k, k, ids, sampling.greedy)
+    m = B.build_methods([name], draft_model, k, shape, ngram[1], ngram[0], stop, datastore=answers,
+                        hybrid_tree=form != "switch")[0]
     shown = {"ids": [], "text": ""}
 
     def show(new):

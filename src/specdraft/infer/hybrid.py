@@ -2,14 +2,17 @@
 
 Answers repeat their own context (names, numbers, code, lists), and there prompt lookup's later
 positions are accepted far more often than a drafter's trained on little data; elsewhere the drafter
-wins. Greedy decoding sends both proposals to the verifier as one small tree (a shared prefix is one
-branch), so a round accepts the longer agreeing path: per round never less than either part alone, for
-at most K_ngram extra verify rows. Sampling verifies chains only (sample_chain), so there a round
-takes the n-gram continuation where the context repeats its last `min_match` tokens and the drafter's
-chain elsewhere. The output is the target's own either way: only what is proposed changes. With a
-datastore (infer/ngram.py) the greedy n-gram branch also drafts the target's most frequent continuation
-where the context repeats nothing; sampling keeps the context's own repeats (a datastore match would
-displace the drafter's chain almost everywhere).
+wins. It runs in one of two forms, chosen per machine from the target's verify curve (`tree_pays`):
+- the tree (greedy): both proposals go to the verifier as one small tree (a shared prefix is one
+  branch), so a round accepts the longer agreeing path: per round never less than either part alone,
+  for at most K_ngram extra verify rows. With a datastore (infer/ngram.py) the n-gram branch also
+  drafts the target's most frequent continuation where the context repeats nothing.
+- the switch: one chain per round, the context's continuation where it repeats its last `min_match`
+  tokens, the drafter's chain elsewhere, at the chain's rows (and, being a chain, bit-identical to
+  plain decoding at its R in any dtype). The datastore is not consulted: its matches would displace
+  the drafter's chain almost everywhere (replayed on the natural set: τ 1.72 with it, 1.79 without).
+Sampling verifies chains only (sample_chain), so it always takes the switch. The output is the
+target's own either way: only what is proposed changes.
 """
 
 from __future__ import annotations
@@ -22,6 +25,18 @@ from specdraft.infer.speculative import Profile
 from specdraft.infer.tree import Draft
 
 HYBRID = "hybrid"
+TREE_PAYS = 1.05     # the tree where its rows cost at most 5% more than the switch's: replayed on all 96
+                     # natural prompts at K=3 it accepted 1.08x the switch's tokens per round (1.93 vs 1.79)
+
+
+def tree_pays(verify_ms: list[float], k: int, ngram_k: int) -> bool:
+    """The tree form where this machine's verify curve (ms at n = 1, 2, ... rows) makes its extra rows
+    cheap: verify(1 + k + ngram_k) within TREE_PAYS of the switch's verify(1 + max(k, ngram_k))."""
+    from specdraft.infer.costmodel import extend
+
+    tree, switch = 1 + k + ngram_k, 1 + max(k, ngram_k)
+    curve = extend(verify_ms, tree)
+    return curve[tree - 1] <= TREE_PAYS * curve[switch - 1]
 
 
 def union(chains: list[list[int]], base: Draft | None = None) -> Draft:
@@ -44,11 +59,12 @@ def union(chains: list[list[int]], base: Draft | None = None) -> Draft:
 
 class HybridProposer:
     """`inner` is any family's chain or tree proposer (it observes every accepted position, so it stays
-    in step whichever branch the target took); `ngram_k` tokens of prompt lookup go beside its drafts."""
+    in step whichever branch the target took, and catches up in the round it drafts); `ngram_k` tokens of
+    prompt lookup go beside its drafts (`tree`) or instead of them where the context repeats (the switch)."""
 
     def __init__(self, inner, ngram_k: int = 3, ngram_max: int = 3, ngram_min: int = 1, min_match: int = 2,
-                 datastore: Datastore | None = None):
-        self.inner = inner
+                 datastore: Datastore | None = None, tree: bool = True):
+        self.inner, self.tree = inner, tree
         self.ngram_k, self.ngram_max, self.ngram_min, self.min_match = ngram_k, ngram_max, ngram_min, min_match
         self.datastore = datastore      # the target's answers: n-gram drafts where the context has no match
         if datastore is not None:
@@ -65,8 +81,11 @@ class HybridProposer:
 
     @property
     def max_nodes(self) -> int:
-        """The drafter's nodes plus a full n-gram branch beside them (a shared prefix needs fewer)."""
-        return self.inner.max_nodes + self.ngram_k
+        """The tree: the drafter's nodes plus a full n-gram branch beside them (a shared prefix needs
+        fewer); the switch: the longer of the two chains."""
+        if self.tree:
+            return self.inner.max_nodes + self.ngram_k
+        return max(self.inner.max_nodes, self.ngram_k)
 
     @property
     def drafts_cut(self) -> int:
@@ -80,12 +99,14 @@ class HybridProposer:
 
     def propose(self, tokens: list[int], budget: int, sampling: Sampling,
                 generator: torch.Generator) -> Draft:
-        drafted = self.inner.propose(tokens, budget, sampling, generator)
-        with self.profile.timed("draft_s"):      # sampling: the context's own repeat only, never the datastore's
-            store = self.datastore if sampling.greedy else None
-            repeat, n = draft_tokens(tokens, min(self.ngram_k, budget), self.ngram_max, self.ngram_min, store)
-        if not repeat:
-            return drafted
-        if not sampling.greedy:
-            return Draft.chain(repeat) if n >= self.min_match else drafted
-        return union([repeat], base=drafted)        # the drafter's chain or tree, the n-gram branch grafted on
+        if self.tree and sampling.greedy:
+            drafted = self.inner.propose(tokens, budget, sampling, generator)
+            with self.profile.timed("draft_s"):
+                repeat, _ = draft_tokens(tokens, min(self.ngram_k, budget), self.ngram_max, self.ngram_min,
+                                         self.datastore)
+            return union([repeat], base=drafted) if repeat else drafted   # the n-gram branch grafted on
+        with self.profile.timed("draft_s"):          # the switch: the context's own repeat, never the datastore's
+            repeat, n = draft_tokens(tokens, min(self.ngram_k, budget), self.ngram_max, self.ngram_min)
+        if repeat and n >= self.min_match:
+            return Draft.chain(repeat)
+        return self.inner.propose(tokens, budget, sampling, generator)
