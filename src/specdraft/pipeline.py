@@ -445,7 +445,7 @@ def hybrid_line(run: Path) -> str | None:
     parts = [f"{name} {tau_text(methods[name].get('accept_len'), cfg.get('k'), cfg.get('prompts'), cfg.get('num_prompts'))}"
              for name in ("hybrid", "ngram") if name in methods]
     form = cfg.get("hybrid_form")     # the switch consults no datastore (infer/hybrid.py): n-gram alone does
-    store = (" with the datastore of the training answers" + (" (n-gram's)" if form == "switch" else "")
+    store = (f"; {'n-gram' if form == 'switch' else 'both'} with the datastore of the training answers"
              if cfg.get("datastore") else "")
     return "; ".join(parts) + f" (hybrid{' as the ' + form if form else ''}: our loop only, no serving engine has it yet{store})"
 
