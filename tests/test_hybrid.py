@@ -206,3 +206,23 @@ def test_the_tree_runs_where_the_verify_curve_makes_its_rows_cheap():
     steep = [38.5, 38.9, 41.7, 54.9, 56.2, 57.8, 64.9]               # fp32 eager: 7 rows 1.18x 4 rows
     assert tree_pays(flat, 3, 3) and not tree_pays(steep, 3, 3)
     assert tree_pays([40.0], 3, 3)                                   # one time: flat in n
+
+
+@pytest.mark.parametrize("name", __import__("specdraft.families", fromlist=["names"]).names())
+def test_the_switch_is_lossless_with_every_familys_drafter(target, name):
+    """The switch drafts with the drafter only in the rounds the context does not repeat, so the drafter
+    catches up several rounds' positions at once: every family's proposer must take that and stay lossless."""
+    from specdraft.families import family
+
+    fam = family(name)
+    drafter = tiny_drafter_for(target, [0, 2, 3], every=3, seed=1, family=name).eval()
+    drafted, rounds = 0, 0
+    for i, prompt in enumerate(repetitive_prompts(3, seed=11)):
+        inner = fam.proposer(drafter, k=2)
+        switch = HybridProposer(inner, ngram_k=2, tree=False)
+        calls, propose = [], inner.propose
+        inner.propose = lambda *a, **kw: calls.append(1) or propose(*a, **kw)
+        out = generate(target, prompt, switch, max_new_tokens=24, eos_token_ids={2})
+        assert out.token_ids == hf_greedy(target, prompt, 24), (name, i)
+        drafted, rounds = drafted + len(calls), rounds + len(out.accepted)
+    assert 0 < drafted < rounds          # some rounds the drafter's, some n-gram's (it caught up after those)
