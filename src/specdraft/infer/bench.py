@@ -603,9 +603,10 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     if draft_model is not None:
         check_drafter_methods(names, draft_model)      # --methods FAMILY for a drafter of that family
     answers = Datastore.from_prepared(datastore, target) if datastore else None
-    k, stop, choice = resolve(target, draft_model, drafter, prompt_ids(target.tokenizer, conversations[0]), k, stop)
+    first = prompt_ids(target.tokenizer, conversations[0])           # -k auto and the hybrid's form time at its length
+    k, stop, choice = resolve(target, draft_model, drafter, first, k, stop)
     ngram_k = DRAFT_LENGTH if choice and choice.k_auto else None
-    form = hybrid_form(target, names, choice, k, ngram_k or k, prompt_ids(target.tokenizer, conversations[0]))
+    form = hybrid_form(target, names, choice, k, ngram_k or k, first)
     total = len(conversations) * len(set(names) | {"greedy"}) * rounds
     with progress("bench", total, 0, "runs", console=Console(stderr=True)) as tracker:
         report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
