@@ -82,6 +82,31 @@ def natural_answers(prepared: Path, limit: int = 0, max_new_tokens: int = 128) -
             for ids, start, end in samples]
 
 
+def categories(prepared: Path, prompts: Path, count: int) -> list[str]:
+    """The category of each of the first `count` replayed answers, from the prompts file's `category` by
+    the first user turn ('' where the prompts file does not hold it); in answers_to_replay's order."""
+    from specdraft.data.prepared import load_prepared
+
+    by_question = {}
+    for line in prompts.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            by_question[record["messages"][0]["content"]] = record.get("category", "")
+    ds, _ = load_prepared(prepared)
+    kept = [json.loads(m)[0]["content"] for m, mask in zip(ds["messages"], ds["loss_mask"]) if any(mask)]
+    return [by_question.get(q, "") for q in kept[:count]]
+
+
+def by_category(rows: dict[str, dict], cats: list[str]) -> list[str]:
+    """A table: the mean per-prompt τ of each method in each category (where a drafter loses to n-gram)."""
+    names = list(dict.fromkeys(c for c in cats if c))
+    table = ["| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for name, r in rows.items():
+        means = [sum(t for t, c in zip(r["per_prompt_tau"], cats) if c == n) / cats.count(n) for n in names]
+        table.append(f"| {name} | " + " | ".join(f"{m:.2f}" for m in means) + " |")
+    return table if names else []
+
+
 def replay_methods(target, methods, samples, on_prompt=None) -> dict[str, dict]:
     """Every method (bench.Method with a proposer) replayed over every answer: {name: summary + per-prompt τ}.
     One target forward per answer and aux layer set gives the hidden states all methods read."""
@@ -119,6 +144,8 @@ def main() -> None:
     ap.add_argument("--label", default="")
     ap.add_argument("--check", type=Path, default=None, help="a bench.json on the same prompts to compare with")
     ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--prompts", type=Path, default=ROOT / "benchmarks" / "prompts" / "natural.jsonl",
+                    help="the prompts file whose `category` labels the per-category table")
     a = ap.parse_args()
     torch.manual_seed(0)
     samples = natural_answers(a.natural, a.limit, a.max_new_tokens)
@@ -159,6 +186,10 @@ def main() -> None:
              "|---|---|---|---|"]
     table += [f"| {name} | {r['tau']:.2f} | {' '.join(f'{x:.2f}' for x in r['per_position'])} | {r['rounds']} |"
               for name, r in rows.items()]
+    cats = categories(a.natural, a.prompts, len(samples)) if a.prompts.exists() else []
+    per_category = by_category(rows, cats)
+    if per_category:
+        table += ["", f"Mean per-prompt τ by category (K={a.k}):", "", *per_category]
     stem.with_suffix(".md").write_text("\n".join(table) + "\n")
     print(f"-> {stem}.json, {stem}.md")
 

@@ -14,7 +14,7 @@ from specdraft.model.eagle3.proposer import EagleProposer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from replay import replay_methods, replay_one  # noqa: E402
+from replay import by_category, replay_methods, replay_one  # noqa: E402
 from test_hybrid import drafter, repetitive_prompts, target  # noqa: E402, F401  (the tiny target and drafter)
 
 
@@ -62,3 +62,12 @@ def test_replay_methods_sums_rounds_over_answers_as_bench_counts_tau(target, dra
         # 16 new tokens per answer: the prefill's first one, then 15 over the rounds
         assert row["tau"] * row["rounds"] == pytest.approx(15 * 3), name
         assert len(row["per_prompt_tau"]) == 3 and 1.0 <= row["tau"] <= 4.0
+
+
+def test_by_category_averages_each_methods_per_prompt_tau_within_a_category():
+    """The per-category table: mean per-prompt τ where the category matches; unlabelled prompts left out."""
+    rows = {"eagle3": {"per_prompt_tau": [1.0, 2.0, 3.0, 9.0]}, "ngram": {"per_prompt_tau": [2.0, 2.0, 1.0, 9.0]}}
+    table = by_category(rows, ["math", "math", "coding", ""])
+    assert table[0] == "| method | math | coding |"
+    assert table[2:] == ["| eagle3 | 1.50 | 3.00 |", "| ngram | 2.00 | 1.00 |"]
+    assert by_category(rows, ["", "", "", ""]) == []
