@@ -34,9 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ngram_datastore import answers_to_replay  # noqa: E402
 
 from specdraft.analysis.probe import target_hidden  # noqa: E402
-from specdraft.families import family_of  # noqa: E402
-from specdraft.infer.bench import Method, build_methods, load_drafter_for  # noqa: E402
-from specdraft.infer.hybrid import HybridProposer  # noqa: E402
+from specdraft.infer.bench import build_methods, load_drafter_for  # noqa: E402
 from specdraft.infer.ngram import Datastore  # noqa: E402
 from specdraft.infer.sampling import Sampling  # noqa: E402
 from specdraft.infer.speculative import Profile, per_position_accept  # noqa: E402
@@ -44,7 +42,6 @@ from specdraft.infer.tree import Draft, TreeShape, greedy_path  # noqa: E402
 from specdraft.targets import load_target  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-HYBRID_TREE = "hybrid-tree"
 
 
 def replay_one(proposer, ids: list[int], start: int, end: int, aux: torch.Tensor | None
@@ -132,7 +129,7 @@ def main() -> None:
     ap.add_argument("--natural", type=Path, required=True, help="prepared data of the natural prompts' answers")
     ap.add_argument("--drafter", required=True)
     ap.add_argument("--methods", default="eagle3,hybrid", help="bench method names (the family's chain, "
-                    "FAMILY-tree, hybrid, ngram) and hybrid-tree (the drafter's --tree plus the n-gram branch)")
+                    "FAMILY-tree, hybrid, hybrid-tree, ngram)")
     ap.add_argument("-k", type=int, default=3)
     ap.add_argument("--tree", default="3,2,6", help="the tree of FAMILY-tree and hybrid-tree")
     ap.add_argument("--datastore", type=Path, default=None, help="prepared data ngram and hybrid also draft from")
@@ -154,11 +151,7 @@ def main() -> None:
     store = Datastore.from_prepared(a.datastore) if a.datastore else None
     names = a.methods.split(",")
     tree = TreeShape.parse(a.tree)
-    methods = build_methods([n for n in names if n != HYBRID_TREE], drafter, a.k, tree, 3, 1, datastore=store,
-                            hybrid_tree=not a.hybrid_switch)
-    if HYBRID_TREE in names:        # not a bench method (yet): the drafter's tree with the n-gram branch grafted on
-        inner = family_of(drafter).proposer(drafter, tree=tree)
-        methods.append(Method(HYBRID_TREE, HybridProposer(inner, a.k, 3, 1, datastore=store)))
+    methods = build_methods(names, drafter, a.k, tree, 3, 1, datastore=store, hybrid_tree=not a.hybrid_switch)
     started = time.perf_counter()
 
     def shown(n, taus):

@@ -244,12 +244,12 @@ def test_tree_drafting_is_a_family_capability(toy_family, monkeypatch):
 
     assert "eagle3-tree" in bench.all_methods() and "toy-tree" not in bench.all_methods()
     assert "dspark-tree" not in bench.all_methods()
-    with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 and greedy"):
+    with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 or hybrid and greedy"):
         generate_one("hi", "default", None, "toy", None, None, "4,4,16", Sampling(), 8, (1, 3), "cpu", "float32",
                      False, False)
     monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(TOY, tree=True))
     assert "toy-tree" in bench.all_methods()
-    with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 or toy and greedy"):
+    with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 or toy or hybrid and greedy"):
         generate_one("hi", "default", None, "toy", None, None, "4,4,16", Sampling(temperature=0.5), 8, (1, 3),
                      "cpu", "float32", False, False)
 
@@ -301,7 +301,7 @@ def test_the_recipe_and_the_readers_of_bench_json_use_the_runs_family(toy_family
 
     from specdraft.infer.costmodel import cond_rates_from
     from specdraft.metrics import drafter_method
-    from specdraft.pipeline import bench_methods, load_recipe
+    from specdraft.pipeline import bench_methods, load_recipe, natural_methods
 
     path = tmp_path / "r.yaml"
     path.write_text("family: toy\nepochs: 1\n"
@@ -309,8 +309,11 @@ def test_the_recipe_and_the_readers_of_bench_json_use_the_runs_family(toy_family
     recipe = load_recipe(path)
     assert recipe.family == "toy"
     assert bench_methods(recipe.family, tree=True) == ["greedy", "plain", "ngram", "toy"]  # no toy tree
+    assert natural_methods(recipe.family, tree=True) == ["ngram", "toy", "hybrid"]         # nor hybrid-tree
     monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(TOY, tree=True))
     assert bench_methods("toy", tree=True)[-1] == "toy-tree" and "toy-tree" not in bench_methods("toy", tree=False)
+    assert natural_methods("toy", tree=True) == ["ngram", "toy", "hybrid", "hybrid-tree"]
+    assert natural_methods("toy", tree=False) == ["ngram", "toy", "hybrid"]
 
     chain = {"accept_len": 1.5, "per_position_accept": [0.5]}
     other = {"accept_len": 2.5, "per_position_accept": [0.9, 0.6]}

@@ -226,3 +226,36 @@ def test_the_switch_is_lossless_with_every_familys_drafter(target, name):
         assert out.token_ids == hf_greedy(target, prompt, 24), (name, i)
         drafted, rounds = drafted + len(calls), rounds + len(out.accepted)
     assert 0 < drafted < rounds          # some rounds the drafter's, some n-gram's (it caught up after those)
+
+
+def test_hybrid_tree_grafts_ngram_onto_the_drafters_tree_losslessly(target, drafter):
+    """bench's hybrid-tree: the drafter's EAGLE-2 tree with the n-gram continuation as one more branch;
+    greedy's tokens, never fewer accepted per round in sum than the tree alone on prompts that repeat."""
+    from specdraft.infer.bench import HYBRID_TREE, build_methods
+    from specdraft.infer.tree import TreeShape
+
+    shape = TreeShape.parse("2,2,4")
+    both, alone = build_methods([HYBRID_TREE, "eagle3-tree"], drafter, 2, shape, 3, 1)
+    assert both.proposer.inner.tree == shape and both.proposer.max_nodes == shape.total + 2
+    tau = {}
+    for m in (both, alone):
+        accepted = rounds = 0
+        for i, prompt in enumerate(repetitive_prompts(4, seed=5)):
+            out = generate(target, prompt, m.proposer, max_new_tokens=24, eos_token_ids={2})
+            assert out.token_ids == hf_greedy(target, prompt, 24), (m.name, i)
+            accepted, rounds = accepted + sum(out.accepted), rounds + len(out.accepted)
+        tau[m.name] = (accepted + rounds) / rounds
+    assert tau[HYBRID_TREE] > tau["eagle3-tree"], tau
+
+
+def test_hybrid_tree_needs_a_family_that_drafts_trees(target):
+    from specdraft.errors import SpecdraftError
+    from specdraft.families import family, names
+    from specdraft.infer.bench import HYBRID_TREE, all_methods, check_drafter_methods
+
+    assert HYBRID_TREE in all_methods()
+    chain_only = next(n for n in names() if not family(n).tree)
+    drafter = tiny_drafter_for(target, [0, 2, 3], every=3, seed=1, family=chain_only)
+    with pytest.raises(SpecdraftError, match=f"--methods {HYBRID_TREE}: the --drafter is a {chain_only} drafter, "
+                                             "which drafts no tree; name it --methods hybrid"):
+        check_drafter_methods([HYBRID_TREE], drafter)

@@ -401,6 +401,9 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
     res = runner.invoke(app, ["generate", "--model", str(tiny_target), "--drafter", "untrained:64", "--method",
                               "eagle3", "-k", "2", "--prompt", "hello there", "--max-new-tokens", "6"])
     assert res.exit_code == 0 and " at K=2 on your prompt (eagle3)" in res.output, res.output
+    res = runner.invoke(app, ["generate", "--model", str(tiny_target), "--drafter", "untrained:64", "--method",
+                              "hybrid", "--tree", "2,2,3", "--prompt", "hello hello", "--max-new-tokens", "6"])
+    assert res.exit_code == 0 and "(hybrid-tree)" in res.output, res.output
     assert data["new_tokens"] == len(data["token_ids"]) > 0
 
     prompts_file = tmp_path / "prompts.jsonl"
@@ -408,11 +411,11 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
                                       for w in ("one", "two", "three")) + "\n")
     out = tmp_path / "bench.json"
     res = runner.invoke(app, ["bench", "--model", str(tiny_target), "--drafter", "untrained:64", "--prompts",
-                              str(prompts_file), "--methods", "greedy,plain,ngram,eagle3,eagle3-tree,hybrid",
+                              str(prompts_file), "--methods", "greedy,plain,ngram,eagle3,eagle3-tree,hybrid,hybrid-tree",
                               "--max-new-tokens", "16", "--tree", "2,2,3", "-k", "4", "--out", str(out), "--time-split"])
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
-    assert set(report["methods"]) == {"greedy", "plain", "ngram", "eagle3", "eagle3-tree", "hybrid"}
+    assert set(report["methods"]) == {"greedy", "plain", "ngram", "eagle3", "eagle3-tree", "hybrid", "hybrid-tree"}
     for name, m in report["methods"].items():
         assert m["identical_to_greedy"] is True, name
         assert m["tokens_per_s"] > 0 and "speedup" in m

@@ -251,12 +251,12 @@ def bench(
     methods: str = typer.Option(f"greedy,plain,ngram,{DEFAULT_FAMILY}", "--methods", help="Comma list of greedy "
                                 "(transformers generate), plain (specdraft's loop, no drafter), ngram, a drafter "
                                 "family (its chain; `specdraft info` lists them), FAMILY-tree (where the family "
-                                "drafts trees), hybrid (the drafter and n-gram in one verify)."),
+                                "drafts trees), hybrid (the drafter and n-gram in one verify), hybrid-tree (over its tree)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help=MAX_NEW_TOKENS_HELP + " Here: per prompt."),
     num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO, draft_stop: Optional[str] = DRAFT_STOP,
     rounds: int = typer.Option(3, "--rounds", help="Timing rounds, the order rotated per round; the medians count. "
                                "Here: each runs every method on every prompt."),
-    tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: for FAMILY-tree (default 4,4,16)."),
+    tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: for FAMILY-tree, hybrid-tree (default 4,4,16)."),
     ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN, datastore: Optional[Path] = DATASTORE,
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N. Here: prompts (builtin-holdout: 32)."),
     out: Optional[Path] = out_option("the results JSON and a .png chart."), as_json: bool = AS_JSON,
@@ -289,7 +289,7 @@ def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="User message (the chat template is applied)."),
     model: str = MODEL, drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
     method: str = typer.Option(DEFAULT_FAMILY, "--method", help="greedy (no drafting), ngram, the drafter's family "
-                               "(`specdraft info` lists them), or hybrid (drafter + n-gram)."),
+                               "(`specdraft info` lists them), or hybrid (drafter + n-gram; with --tree, over its tree)."),
     num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO, draft_stop: Optional[str] = DRAFT_STOP,
     tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: greedy only."),
     temperature: float = typer.Option(0.0, help=TEMPERATURE_HELP + " Here: >0 samples; rejection sampling keeps the "

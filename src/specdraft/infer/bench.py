@@ -41,12 +41,16 @@ BASE_METHODS = ("greedy", "plain", "ngram")
 TREE = "-tree"
 
 
+HYBRID_TREE = HYBRID + TREE   # the drafter's tree with the n-gram continuation grafted on (greedy)
+
+
 def all_methods() -> tuple[str, ...]:
-    return (*BASE_METHODS, *families.names(), *(n + TREE for n in families.names() if family(n).tree), HYBRID)
+    return (*BASE_METHODS, *families.names(), *(n + TREE for n in families.names() if family(n).tree), HYBRID,
+            HYBRID_TREE)
 
 
 def needs_drafter(name: str) -> bool:
-    return name == HYBRID or name.removesuffix(TREE) in families.names()
+    return name in (HYBRID, HYBRID_TREE) or name.removesuffix(TREE) in families.names()
 
 
 def check_drafter_methods(names: list[str], drafter, flag: str = "--methods") -> None:
@@ -58,7 +62,10 @@ def check_drafter_methods(names: list[str], drafter, flag: str = "--methods") ->
         raise SpecdraftError(f"{flag} {wanted[0]}: needs --drafter (a checkpoint, a run folder, or untrained)")
     for name in (n for n in wanted if n != HYBRID):
         have = family_of(drafter).model_type
-        if name.removesuffix(TREE) != have:
+        if name == HYBRID_TREE and not family_of(drafter).tree:
+            raise SpecdraftError(f"{flag} {name}: the --drafter is a {have} drafter, which drafts no tree; "
+                                 f"name it {flag} {HYBRID} (its chain with the n-gram continuation)")
+        if name != HYBRID_TREE and name.removesuffix(TREE) != have:
             tree = TREE if name.endswith(TREE) else ""
             raise SpecdraftError(f"{flag} {name}: the --drafter is a {have} drafter; name it {flag} {have}{tree}")
 DEFAULT_TREE = "4,4,16"
@@ -299,7 +306,9 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
         elif not name.endswith(TREE):
             methods.append(Method(name, family_of(drafter).proposer(drafter, k=k, stop=draft_stop)))
         else:
-            methods.append(Method(name, family_of(drafter).proposer(drafter, tree=tree or TreeShape.parse(DEFAULT_TREE))))
+            drafted = family_of(drafter).proposer(drafter, tree=tree or TreeShape.parse(DEFAULT_TREE))
+            methods.append(Method(name, drafted if name != HYBRID_TREE else HybridProposer(
+                drafted, ngram_k or k or DRAFT_LENGTH, ngram_max, ngram_min, datastore=datastore)))
     return methods
 
 
@@ -562,7 +571,7 @@ def compute_dtype(dtype: str, model: str, device: str, trust_remote_code: bool) 
 
 
 def check_datastore_methods(datastore, names: list[str], option: str) -> None:
-    if datastore is not None and not {"ngram", HYBRID} & set(names):
+    if datastore is not None and not {"ngram", HYBRID, HYBRID_TREE} & set(names):
         raise SpecdraftError(f"--datastore {datastore}: only ngram and hybrid draft from it; add one to {option} "
                              "or drop --datastore")
 

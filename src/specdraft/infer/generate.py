@@ -34,9 +34,9 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
                              f"{', '.join(families.names())}; no --tree)")
     B.check_compute_dtype(dtype)
     shape = TreeShape.parse(tree) if tree else None
-    tree_families = [n for n in families.names() if families.family(n).tree]    # the family says (Family.tree)
-    if shape is not None and (method not in tree_families or not sampling.greedy):
-        raise SpecdraftError(f"--tree: only with --method {' or '.join(tree_families)} and greedy decoding "
+    tree_methods = [n for n in families.names() if families.family(n).tree] + [B.HYBRID]   # Family.tree says
+    if shape is not None and (method not in tree_methods or not sampling.greedy):
+        raise SpecdraftError(f"--tree: only with --method {' or '.join(tree_methods)} and greedy decoding "
                              "(--temperature 0)")
     name = method + B.TREE if shape else method
     B.check_datastore_methods(datastore, [name], "--method")
