@@ -88,7 +88,9 @@ def test_recipe_runs_every_stage_through_the_vllm_engine_and_resumes(tiny_recipe
     assert summary["headline"].startswith(tau) and summary["verdict"] and summary["next_step"]
     assert summary["export"] == str(export.resolve()) and summary["serve"] == f"vllm serve {export.resolve()}"
     # hybrid's natural τ is a line of its own beside the drafter's headline, with n-gram's
-    assert set(natural["methods"]) == {"greedy", "ngram", "eagle3", "hybrid"}
+    # a recipe that benches the drafter's tree (bench_tree) also benches hybrid-tree on the natural set
+    assert set(natural["methods"]) == {"greedy", "ngram", "eagle3", "hybrid", "hybrid-tree"}
+    assert natural["methods"]["hybrid-tree"]["identical_to_greedy"]
     hybrid_tau = f"hybrid τ {natural['methods']['hybrid']['accept_len']:.2f} at K={k} on 2 natural prompts"
     assert summary["hybrid"].startswith(hybrid_tau) and "ngram τ" in summary["hybrid"]
     assert natural["methods"]["hybrid"]["accept_len"] >= 1.0 and natural["methods"]["hybrid"]["identical_to_greedy"]

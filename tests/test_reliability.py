@@ -66,12 +66,13 @@ def newest_write(folder: Path) -> float:
     a command creates and locks its --out before importing torch, and the import is not the work
     we want to interrupt."""
     times = [0.0]
-    for p in folder.rglob("*") if folder.exists() else []:
-        try:
-            if p.is_file() and p.name != ".specdraft.lock":
-                times.append(p.stat().st_mtime)
-        except FileNotFoundError:   # renamed away while we looked
-            pass
+    for root, _, names in os.walk(folder):   # os.walk skips a folder renamed away mid-walk; rglob raised there
+        for name in names:
+            try:
+                if name != ".specdraft.lock":
+                    times.append((Path(root) / name).stat().st_mtime)
+            except FileNotFoundError:   # renamed away while we looked
+                pass
     return max(times)
 
 
