@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ngram_datastore import answers_to_replay  # noqa: E402
 
 from specdraft.analysis.probe import target_hidden  # noqa: E402
-from specdraft.infer.bench import build_methods, load_drafter_for  # noqa: E402
-from specdraft.infer.ngram import Datastore  # noqa: E402
+from specdraft.infer.bench import build_methods, load_drafter_for, read_prompt_rows  # noqa: E402
+from specdraft.infer.ngram import Datastore, assistant_spans  # noqa: E402
 from specdraft.infer.sampling import Sampling  # noqa: E402
 from specdraft.infer.speculative import Profile, per_position_accept  # noqa: E402
 from specdraft.infer.tree import Draft, TreeShape, greedy_path  # noqa: E402
@@ -84,13 +84,9 @@ def categories(prepared: Path, prompts: Path, count: int) -> list[str]:
     the first user turn ('' where the prompts file does not hold it); in answers_to_replay's order."""
     from specdraft.data.prepared import load_prepared
 
-    by_question = {}
-    for line in prompts.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            by_question[record["messages"][0]["content"]] = record.get("category", "")
+    by_question = {row.messages[0]["content"]: row.category or "" for row in read_prompt_rows(str(prompts))}
     ds, _ = load_prepared(prepared)
-    kept = [json.loads(m)[0]["content"] for m, mask in zip(ds["messages"], ds["loss_mask"]) if any(mask)]
+    kept = [json.loads(m)[0]["content"] for m, mask in zip(ds["messages"], ds["loss_mask"]) if assistant_spans(mask)]
     return [by_question.get(q, "") for q in kept[:count]]
 
 
