@@ -584,18 +584,13 @@ def test_compiled_verify_keeps_the_tokens(target, drafter, wide_bf16):
     assert SLOT_BLOCK >= len(prompt) + 20 + 5                   # both rounded to one cache shape
 
 
-def test_a_compiled_cache_rounds_up_but_stays_inside_a_sliding_window():
-    from types import SimpleNamespace
-
+def test_a_compiled_cache_rounds_up():
+    """Sliding-window targets are no exception any more: every layer keeps every slot and the masks slide."""
     from specdraft.infer.speculative import SLOT_BLOCK, cache_slots
 
-    def model(window):
-        return SimpleNamespace(config=SimpleNamespace(sliding_window=window))
-    assert cache_slots(model(None), 300, compile=False) == 300
-    assert cache_slots(model(None), 300, compile=True) == SLOT_BLOCK
-    assert cache_slots(model(None), SLOT_BLOCK + 1, compile=True) == 2 * SLOT_BLOCK
-    assert cache_slots(model(700), 600, compile=True) == 700        # rounded, but not past the window
-    assert cache_slots(model(400), 600, compile=True) == 600        # over it anyway: static_cache says so
+    assert cache_slots(300, compile=False) == 300
+    assert cache_slots(300, compile=True) == SLOT_BLOCK
+    assert cache_slots(SLOT_BLOCK + 1, compile=True) == 2 * SLOT_BLOCK
 
 
 def test_compile_without_a_cpp_compiler_is_one_line(monkeypatch):

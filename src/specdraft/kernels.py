@@ -357,18 +357,23 @@ def copy_bandwidth_gbs(nbytes: int = FLOOR_BYTES, repeats: int = 5) -> float:
 
 
 def streamed_weight_bytes(model) -> int:
-    """Bytes of the weights one forward reads: every parameter once (tied ones once), the input embedding
-    only where it is the output head too (a lookup reads a row, not the table)."""
+    """Bytes of the weights one forward of a row reads: every parameter once (tied ones once), the input
+    embedding only where it is the output head too (a lookup reads a row, not the table), and of an MoE
+    target's routed experts only the share a token routes to (adapter.active_fraction: Kimi-K2.5 reads
+    8 of 384)."""
+    from specdraft.adapter import active_fraction, is_expert_weight
+
     embed = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     tied = head is not None and embed is not None and head.weight.data_ptr() == embed.data_ptr()
-    seen, total = set(), 0
-    for p in model.parameters():
+    active = active_fraction(model.config) if hasattr(model, "config") else 1.0
+    seen, total = set(), 0.0
+    for name, p in model.named_parameters():
         if p.data_ptr() in seen or (p is embed and not tied):
             continue
         seen.add(p.data_ptr())
-        total += p.numel() * p.element_size()
-    return total
+        total += p.numel() * p.element_size() * (active if is_expert_weight(name) else 1.0)
+    return int(total)
 
 
 def weight_floor(model, bandwidth_gbs: float | None = None) -> dict:

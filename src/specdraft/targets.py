@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from specdraft import adapter
+from specdraft.adapter import decoder as base_model, default_aux_layers, final_norm, text_config  # noqa: F401 (re-exported)
 from specdraft.errors import SpecdraftError
 from specdraft.io import with_umask
 from specdraft.weights import index_weight_map
@@ -128,16 +130,21 @@ class Target:
         return self.model.config if self.model is not None else self.hf_config
 
     @property
+    def text_config(self):
+        """The language model's config (a vision-language wrapper keeps it under `text_config`)."""
+        return text_config(self.config)
+
+    @property
     def num_layers(self) -> int:
-        return self.config.num_hidden_layers
+        return self.text_config.num_hidden_layers
 
     @property
     def hidden_size(self) -> int:
-        return self.config.hidden_size
+        return self.text_config.hidden_size
 
     @property
     def vocab_size(self) -> int:
-        return self.config.vocab_size
+        return self.text_config.vocab_size
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -156,31 +163,6 @@ def load_tokenizer(model: str, trust_remote_code: bool = False):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SpecdraftError(f"--model {model}: cannot load tokenizer ({first}); "
                              "check the folder's tokenizer files") from None
-
-
-def check_decoder_only(cfg, model: str) -> None:
-    """specdraft drafts for a decoder-only causal LM and taps 3 of its layers: refuse anything else
-    from its config, before any weights load (a BERT config would otherwise load as
-    BertLMHeadModel with random weights, and `info` would print negative aux layer ids)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    kind = getattr(cfg, "model_type", None) or "?"
-    where = f"--model {model}: {kind}"
-    if getattr(cfg, "is_encoder_decoder", False):
-        raise SpecdraftError(f"{where} is an encoder-decoder model; specdraft drafts for decoder-only "
-                             "causal LMs (Llama, Qwen, Mistral, ...): pass one of those")
-    # BERT-family configs carry is_decoder/add_cross_attention: bidirectional encoders unless is_decoder
-    if getattr(cfg, "is_decoder", None) is False and hasattr(cfg, "add_cross_attention"):
-        raise SpecdraftError(f"{where} is a bidirectional encoder, not a causal LM; specdraft drafts for "
-                             "decoder-only causal LMs (Llama, Qwen, Mistral, ...): pass one of those")
-    remote = "AutoModelForCausalLM" in (getattr(cfg, "auto_map", None) or {})
-    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
-        raise SpecdraftError(f"{where} has no causal-LM class in transformers; specdraft drafts for "
-                             "decoder-only causal LMs (Llama, Qwen, Mistral, ...): pass one of those")
-    layers = getattr(cfg, "num_hidden_layers", None)
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 3:
-        raise SpecdraftError(f"{where} has num_hidden_layers {layers!r}; the default capture taps 3 aux layers, so the "
-                             "target needs at least 3 decoder layers: pass a deeper target (or fix config.json)")
 
 
 def check_weights_read(error: Exception, model: str, path: str) -> SpecdraftError:
@@ -207,7 +189,6 @@ def load_target(model: str, dtype: str | torch.dtype = "float32", device: str = 
 
 def _load_target(model: str, dtype: str | torch.dtype, device: str, trust_remote_code: bool) -> Target:
     from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()   # keep stderr for our own progress and one-line errors
@@ -216,9 +197,9 @@ def _load_target(model: str, dtype: str | torch.dtype, device: str, trust_remote
     tok = load_tokenizer(model, trust_remote_code)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     try:
-        lm, loading = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch_dtype,
-                                                           trust_remote_code=trust_remote_code,
-                                                           output_loading_info=True)
+        lm, loading = adapter.auto_class(cfg).from_pretrained(path, config=cfg, dtype=torch_dtype,
+                                                              trust_remote_code=trust_remote_code,
+                                                              output_loading_info=True)
     except SafetensorError as e:
         raise check_weights_read(e, model, path) from None
     except OSError as e:
@@ -291,14 +272,14 @@ def stable_identity(model: torch.nn.Module, path: str, name: str) -> dict:
 def identity_of(model: torch.nn.Module, name: str) -> dict:
     """Content fingerprint: two targets with the same config but other weights differ."""
     probes = [model.get_input_embeddings().weight[:64]]
-    inner = getattr(model, "model", None)
-    if inner is not None and hasattr(inner, "norm"):
+    inner = base_model(model)
+    if hasattr(inner, "norm"):
         probes.append(inner.norm.weight)
-    if inner is not None and hasattr(inner, "layers"):
+    if hasattr(inner, "layers"):
         probes.append(inner.layers[-1].input_layernorm.weight)
-    params = dict(model.named_parameters())
-    rows = {k: sampled_rows(params[k], params[k].shape) for k in layer_tensor_names(params)}
-    return fingerprint(model.config, probes, name, rows)
+    rows = {"model.layers." + k: sampled_rows(p, p.shape) for k, p in inner.layers.named_parameters()} \
+        if hasattr(inner, "layers") else {}
+    return fingerprint(model.config, probes, name, {k: rows[k] for k in layer_tensor_names(rows)})
 
 
 FINGERPRINT_VERSION = 2   # 2: also sampled rows of every layer's tensors; 1 (no version recorded): embeddings, norms
@@ -324,8 +305,9 @@ def fingerprint(cfg, probes: list[torch.Tensor], name: str, layer_rows: dict | N
     of every layer's tensors. `fingerprint` is version 2; `fingerprint_v1` (the probes only) is what
     stores, prepared data and vocabs made before version 2 recorded (same_target accepts it)."""
     h = hashlib.sha256()
+    tc = text_config(cfg)                 # a wrapper's sizes are its language model's
     for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size"):
-        h.update(f"{key}={getattr(cfg, key, None)};".encode())
+        h.update(f"{key}={getattr(cfg if key == 'model_type' else tc, key, None)};".encode())
     for t in probes:
         # round through bf16 so fp32 and bf16 loads of one target agree
         h.update(t.detach().to(torch.bfloat16).float().cpu().numpy().tobytes())
@@ -334,8 +316,8 @@ def fingerprint(cfg, probes: list[torch.Tensor], name: str, layer_rows: dict | N
         h.update(key.encode())
         for t in rows:
             h.update(t.detach().to(torch.bfloat16).float().cpu().numpy().tobytes())
-    return {"id": name, "model_type": cfg.model_type, "num_layers": cfg.num_hidden_layers,
-            "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+    return {"id": name, "model_type": cfg.model_type, "num_layers": tc.num_hidden_layers,
+            "hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size,
             "fingerprint": h.hexdigest()[:32], "fingerprint_version": FINGERPRINT_VERSION, "fingerprint_v1": v1}
 
 
@@ -392,56 +374,76 @@ def read_checkpoint_tensors(path: str, keys: list[str], name: str, rows: int | N
 
 def identity_from_checkpoint(path: str, cfg, name: str) -> dict:
     """identity_of() without loading the model: the same probe tensors, read from the checkpoint's
-    safetensors files. An external engine (vLLM) holds the weights; a store or prepared data it
+    safetensors files under the names the target adapter finds there (a wrapper's language model keeps
+    them under its own prefix). An external engine (vLLM) holds the weights; a store or prepared data it
     writes must still name the target exactly as the transformers path does."""
-    L = cfg.num_hidden_layers
-    keys = ["model.embed_tokens.weight", "model.norm.weight", f"model.layers.{L - 1}.input_layernorm.weight"]
+    files = checkpoint_key_files(path, name)
+    names = checkpoint_names(cfg, list(files), name)
+    last_norm = names.layers.get(f"model.layers.{text_config(cfg).num_hidden_layers - 1}.input_layernorm.weight")
+    keys = [names.embed, names.norm] + ([last_norm] if last_norm else [])
     tensors = read_checkpoint_tensors(path, keys, name, rows=64)
-    return fingerprint(cfg, [tensors[k] for k in keys], name, checkpoint_layer_rows(path, name))
+    return fingerprint(cfg, [tensors[k] for k in keys], name, checkpoint_layer_rows(path, name, names.layers, files))
 
 
-def checkpoint_layer_rows(path: str, name: str) -> dict:
-    """identity_of()'s sampled rows of every layer tensor, read as slices from the safetensors files."""
+def checkpoint_names(cfg, keys: list[str], name: str) -> adapter.CheckpointNames:
+    try:
+        return adapter.checkpoint_names(cfg, keys)
+    except SpecdraftError as e:
+        raise SpecdraftError(f"--model {name}: {e}") from None
+
+
+def checkpoint_key_files(path: str, name: str) -> dict[str, str]:
+    """Every tensor name of a safetensors checkpoint -> the file holding it."""
     from safetensors import SafetensorError, safe_open
 
     index = checkpoint_file(path, "model.safetensors.index.json")
-    files = index_weight_map(index) if index is not None else None
-    if files is None:
-        single = checkpoint_file(path, "model.safetensors")
-        if single is None:
-            raise SpecdraftError(f"--model {name}: no safetensors checkpoint to fingerprint; use --engine hf")
+    if index is not None:
+        return index_weight_map(index)
+    single = checkpoint_file(path, "model.safetensors")
+    if single is None:
+        raise SpecdraftError(f"--model {name}: no safetensors checkpoint to read; use --engine hf")
+    try:
         with safe_open(str(single), framework="pt") as f:
-            files = dict.fromkeys(f.keys(), "model.safetensors")
+            return dict.fromkeys(f.keys(), "model.safetensors")
+    except SafetensorError as e:
+        raise check_weights_read(e, name, str(single)) from None
+
+
+def checkpoint_layer_rows(path: str, name: str, layers: dict[str, str], files: dict[str, str]) -> dict:
+    """identity_of()'s sampled rows of every layer tensor, read as slices from the safetensors files;
+    `layers` maps the canonical names ("model.layers.N.rest") the fingerprint hashes to checkpoint keys."""
+    from safetensors import SafetensorError, safe_open
+
     rows = {}
     by_file: dict[str, list[str]] = {}
-    for key in layer_tensor_names(files):
-        by_file.setdefault(files[key], []).append(key)
-    for filename, keys in by_file.items():
+    for canonical in layer_tensor_names(layers):
+        by_file.setdefault(files[layers[canonical]], []).append(canonical)
+    for filename, canonicals in by_file.items():
         file = checkpoint_file(path, filename)
         if file is None:
             raise SpecdraftError(f"--model {name}: checkpoint file {filename} not found; use --engine hf")
         try:
             with safe_open(str(file), framework="pt") as f:
-                for key in keys:
-                    part = f.get_slice(key)
-                    rows[key] = sampled_rows(part, part.get_shape())
+                for canonical in canonicals:
+                    part = f.get_slice(layers[canonical])
+                    rows[canonical] = sampled_rows(part, part.get_shape())
         except SafetensorError as e:
             raise check_weights_read(e, name, str(file)) from None
     return rows
 
 
 class TargetHead(torch.nn.Module):
-    """What training needs of a target beside its hidden states: input embeddings, the final
-    RMSNorm and lm_head, laid out as a transformers CausalLM exposes them (`get_input_embeddings`,
-    `model.norm`, `get_output_embeddings`). Training (train.loop.training_target) loads only this."""
+    """What training needs of a target beside its hidden states: input embeddings, the final norm
+    (the target's own norm module, so Gemma's x·(1+w) stays Gemma's) and lm_head, laid out as a
+    transformers CausalLM exposes them (`get_input_embeddings`, `model.norm`, `get_output_embeddings`).
+    Training (train.loop.training_target) loads only this; logits(last) equals the target's own logits."""
 
     def __init__(self, cfg, embed: torch.Tensor, norm: torch.Tensor, lm_head: torch.Tensor):
         super().__init__()
         self.config = cfg
         self.model = torch.nn.Module()
         self.model.embed_tokens = torch.nn.Embedding.from_pretrained(embed, freeze=True)   # [V, H]
-        self.model.norm = torch.nn.RMSNorm(norm.shape[0], eps=getattr(cfg, "rms_norm_eps", 1e-6))
-        self.model.norm.weight = torch.nn.Parameter(norm, requires_grad=False)             # [H]
+        self.model.norm = adapter.final_norm_module(cfg, norm)                             # weight [H]
         self.lm_head = torch.nn.Linear(lm_head.shape[1], lm_head.shape[0], bias=False)
         self.lm_head.weight = torch.nn.Parameter(lm_head, requires_grad=False)             # [V, H]
 
@@ -451,31 +453,33 @@ class TargetHead(torch.nn.Module):
     def get_output_embeddings(self):
         return self.lm_head
 
+    def logits(self, last: torch.Tensor) -> torch.Tensor:
+        """last [..., H], the last decoder layer's output before the final norm -> logits [..., V]."""
+        return self.lm_head(self.model.norm(last))
+
 
 def load_target_head(model: str, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False) -> Target:
     """The target as describe_target() gives it, with a TargetHead (embeddings, final norm, lm_head
     read from the checkpoint) as its model: a few GB for a 1T-parameter target, not the whole."""
     described = describe_target(model, trust_remote_code)
     cfg = described.config
-    keys = ["model.embed_tokens.weight", "model.norm.weight"]
-    tied = bool(getattr(cfg, "tie_word_embeddings", False))
-    tensors = read_checkpoint_tensors(described.path, keys + ([] if tied else ["lm_head.weight"]), described.name)
+    names = checkpoint_names(cfg, list(checkpoint_key_files(described.path, described.name)), described.name)
+    keys = [names.embed, names.norm] + ([names.head] if names.head else [])
+    tensors = read_checkpoint_tensors(described.path, keys, described.name)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
-    embed = tensors["model.embed_tokens.weight"].to(torch_dtype)
-    head = embed if tied else tensors["lm_head.weight"].to(torch_dtype)
-    described.model = TargetHead(cfg, embed, tensors["model.norm.weight"].to(torch_dtype), head).eval().to(device)
+    embed = tensors[names.embed].to(torch_dtype)
+    head = tensors[names.head].to(torch_dtype) if names.head else embed
+    described.model = TargetHead(cfg, embed, tensors[names.norm].to(torch_dtype), head).eval().to(device)
     return described
 
 
 def linear_counts(config) -> dict[tuple[int, int], int]:
     """(in, out) -> how many such Linears one forward of this decoder runs: attention, MLP and the head
     (a proxy kernels.faster_dtype times; a field the config lacks takes the Llama default)."""
-    cfg = getattr(config, "text_config", None) or config
-    h, layers = cfg.hidden_size, cfg.num_hidden_layers
-    heads = cfg.num_attention_heads
-    kv = getattr(cfg, "num_key_value_heads", None) or heads
-    d = getattr(cfg, "head_dim", None) or h // heads
-    mlp = getattr(cfg, "intermediate_size", None) or 4 * h
+    cfg = text_config(config)
+    shape = adapter.drafter_shape(config)          # an MoE layer as the dense width one token runs through
+    h, layers, heads, kv = cfg.hidden_size, cfg.num_hidden_layers, shape["num_attention_heads"], shape["num_key_value_heads"]
+    d, mlp = shape["head_dim"], shape["intermediate_size"]
     counts: dict[tuple[int, int], int] = {}
     for shape, n in (((h, heads * d), 1), ((h, kv * d), 2), ((heads * d, h), 1), ((h, mlp), 2), ((mlp, h), 1)):
         counts[shape] = counts.get(shape, 0) + n * layers
@@ -495,7 +499,7 @@ def target_config(model: str, trust_remote_code: bool = False):
             raise SpecdraftError(f"--model {model}: needs custom code; pass --trust-remote-code "
                                  "if you trust it") from None
         raise SpecdraftError(f"--model {model}: cannot read config ({str(e).splitlines()[0]})") from None
-    check_decoder_only(cfg, model)
+    adapter.check_supported(cfg, model)
     return cfg
 
 
@@ -519,11 +523,6 @@ def describe_target(model: str, trust_remote_code: bool = False) -> Target:
                   identity=identity_from_checkpoint(path, cfg, name), hf_config=cfg)
 
 
-def default_aux_layers(num_layers: int) -> list[int]:
-    """[2, L//2, L-3]: residual stream entering those decoder layers (vLLM/speculators ids)."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
 def check_aux_layers(layer_ids: list[int], num_layers: int, where: str = "--layers") -> list[int]:
     """Any number of distinct layer ids (capture taps 3 by default; a family may ask for more)."""
     if not layer_ids or len(set(layer_ids)) != len(layer_ids):
@@ -542,24 +541,37 @@ def check_aux_layers(layer_ids: list[int], num_layers: int, where: str = "--laye
 # training, probe and the generation loop all reach the target's layers and final norm here.
 
 
-def base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The CausalLM without its lm_head (model.model): it holds `layers` and the final `norm`."""
-    return model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
-
-
 LAST_LAYER_TENSORS = [f"self_attn.{p}_proj.weight" for p in "qkvo"] + \
     [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")] + ["input_layernorm.weight", "post_attention_layernorm.weight"]
 
 
 def last_layer_tensors(target) -> dict[str, torch.Tensor]:
     """The target's last decoder layer's Llama tensors, named within the layer ("self_attn.q_proj.weight"):
-    from the loaded layers, or read from the checkpoint when training holds only a TargetHead."""
+    from the loaded layers, or read from the checkpoint when training holds only a TargetHead. Its norms'
+    weights as rms_norm takes them (Gemma's 1+w). Refused in one line for a layer that is not Llama's."""
+    cfg = target.config
+    if adapter.mla(cfg) or adapter.moe(cfg):
+        kind = "multi-head latent attention (MLA)" if adapter.mla(cfg) else "mixture-of-experts MLP"
+        raise SpecdraftError(f"init_layer=target: {target.name}'s decoder layers use {kind}, which a dense "
+                             "drafter layer cannot copy; use init_layer=random (the default)")
     if getattr(base_model(target.model), "layers", None) is not None:
         state = decoder_layers(target.model)[-1].state_dict()
-        return {k: state[k] for k in LAST_LAYER_TENSORS}
-    prefix = f"model.layers.{target.config.num_hidden_layers - 1}."
-    tensors = read_checkpoint_tensors(target.path, [prefix + k for k in LAST_LAYER_TENSORS], target.name)
-    return {k.removeprefix(prefix): v for k, v in tensors.items()}
+        tensors = {k: state[k] for k in LAST_LAYER_TENSORS if k in state}
+    else:
+        layer = f"model.layers.{target.num_layers - 1}."
+        names = checkpoint_names(cfg, list(checkpoint_key_files(target.path, target.name)), target.name).layers
+        keys = [names[layer + k] for k in LAST_LAYER_TENSORS if layer + k in names]
+        found = read_checkpoint_tensors(target.path, keys, target.name)
+        tensors = {k: found[names[layer + k]] for k in LAST_LAYER_TENSORS if layer + k in names}
+    missing = [k for k in LAST_LAYER_TENSORS if k not in tensors]
+    if missing:
+        raise SpecdraftError(f"init_layer=target: {target.name}'s last decoder layer has no {missing[0]} (not a "
+                             "Llama-style layer); use init_layer=random (the default)")
+    norm = base_model(target.model).norm
+    offset = adapter.norm_offset(norm, float(getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)))
+    for k in ("input_layernorm.weight", "post_attention_layernorm.weight"):
+        tensors[k] = tensors[k] + offset if offset else tensors[k]
+    return tensors
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -568,18 +580,6 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
         raise SpecdraftError(f"{type(model).__name__}: no decoder `layers` list found (model.model.layers); "
                              "specdraft supports Llama-style decoder-only targets")
     return layers
-
-
-def final_norm(model: torch.nn.Module) -> tuple[torch.Tensor, float]:
-    """(weight [H], eps) of the final RMSNorm, which turns `last` into what lm_head reads
-    (teacher logits = lm_head(final_norm(last)))."""
-    norm = getattr(base_model(model), "norm", None)
-    if norm is None:
-        raise SpecdraftError(f"{type(model).__name__}: no final norm found (model.model.norm); "
-                             "specdraft supports Llama-style decoder-only targets")
-    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) \
-        or getattr(model.config, "rms_norm_eps", 1e-6)
-    return norm.weight, float(eps)
 
 
 @contextmanager
@@ -615,15 +615,29 @@ def info(model: str, trust_remote_code: bool = False) -> dict:
     path, name = resolve(model)
     cfg = target_config(model, trust_remote_code)
     tok = load_tokenizer(model, trust_remote_code)
-    L = cfg.num_hidden_layers
+    tc = text_config(cfg)
+    L = tc.num_hidden_layers
+    arch = adapter.architecture(cfg)
+    types = adapter.layer_types(cfg)
     return {
         "id": name,
         "path": path,
         "architecture": (cfg.architectures or [cfg.model_type])[0],
+        "model_type": cfg.model_type + ("" if tc is cfg else f" (language model: {tc.model_type})"),
         "num_layers": L,
-        "hidden_size": cfg.hidden_size,
-        "vocab_size": cfg.vocab_size,
-        "tied_lm_head": bool(getattr(cfg, "tie_word_embeddings", False)),
+        "hidden_size": tc.hidden_size,
+        "vocab_size": tc.vocab_size,
+        "tied_lm_head": bool(getattr(tc, "tie_word_embeddings", False) or getattr(cfg, "tie_word_embeddings", False)),
+        "attention": ", ".join(f"{types.count(t)} {t.replace('_attention', '')}" for t in dict.fromkeys(types))
+                     + (f" (window {tc.sliding_window})" if "sliding_attention" in types else "")
+                     + (f" (chunk {tc.attention_chunk_size})" if "chunked_attention" in types else "")
+                     + (", MLA" if adapter.mla(cfg) else ""),
+        "mlp": f"MoE, {adapter.active_fraction(cfg):.3g} of the experts active per token" if adapter.moe(cfg) else "dense",
         "chat_template": bool(getattr(tok, "chat_template", None)),
+        "thinking": arch.thinking or "none known",
+        "template_kwargs": list(arch.template_kwargs),
         "default_aux_layers": default_aux_layers(L),
+        "drafter_shape": adapter.drafter_shape(cfg),
+        "engines": adapter.engines_line(cfg),
+        "init_layer_target": "no (MLA/MoE layers)" if adapter.mla(cfg) or adapter.moe(cfg) else "yes",
     }

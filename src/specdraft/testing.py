@@ -79,7 +79,9 @@ def tiny_drafter_for(target, aux_layer_ids: list[int], every: int = 3, seed: int
     from specdraft.families import DEFAULT, family as family_named
 
     fam = family_named(family or DEFAULT)
-    V = target.config.vocab_size
+    from specdraft.adapter import text_config
+
+    V = text_config(target.config).vocab_size
     torch.manual_seed(seed)
     draft_targets = torch.arange(0, V, every)
     drafter = fam.build(fam.new_config(target.config, len(draft_targets), aux_layer_ids))
@@ -87,3 +89,115 @@ def tiny_drafter_for(target, aux_layer_ids: list[int], every: int = 3, seed: int
     t2d[draft_targets] = True
     drafter.init_from_target(target, draft_targets - torch.arange(len(draft_targets)), t2d)
     return drafter
+
+
+# --- Tiny random targets of every architecture users bring -------------------------------------
+# Each builder returns the kwargs of one text config (hidden 64, 4 heads); wrappers (multimodal
+# checkpoints whose language model sits under `text_config`) are built around those in
+# `tiny_arch_config`. Special-token ids a wrapper holds (image_token_id etc.) keep their defaults:
+# all lie past the tiny vocabulary, so no prompt can contain them and the text path ignores them.
+
+TINY_ARCHS: tuple[str, ...] = ("llama", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k25", "gpt_oss",
+                               "gemma3_text", "gemma3", "qwen2_5_vl", "llama4")
+_TINY_VISION = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2)
+
+
+def _alternating(n: int, other: str) -> list[str]:
+    """`other` on even layers, full attention on odd ones (so n >= 2 has both kinds)."""
+    return [other if i % 2 == 0 else "full_attention" for i in range(n)]
+
+
+def _deepseek_v3(n: int, sw: int) -> dict:
+    return dict(model_type="deepseek_v3", num_key_value_heads=4, first_k_dense_replace=1, n_routed_experts=4,
+                num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, n_group=1, topk_group=1,
+                q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                head_dim=8)
+
+
+def _gemma3_text(n: int, sw: int) -> dict:
+    return dict(model_type="gemma3_text", head_dim=16, sliding_window=sw,
+                layer_types=_alternating(n, "sliding_attention"))
+
+
+_TEXT = {
+    "llama": lambda n, sw: dict(model_type="llama"),
+    "qwen3": lambda n, sw: dict(model_type="qwen3", head_dim=16, tie_word_embeddings=True),
+    "qwen3_moe": lambda n, sw: dict(model_type="qwen3_moe", head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                    moe_intermediate_size=32),
+    "deepseek_v3": _deepseek_v3,
+    "kimi_k25": _deepseek_v3,
+    "gpt_oss": lambda n, sw: dict(model_type="gpt_oss", head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                  sliding_window=sw, layer_types=_alternating(n, "sliding_attention")),
+    "gemma3_text": _gemma3_text,
+    "gemma3": _gemma3_text,
+    "qwen2_5_vl": lambda n, sw: dict(model_type="qwen2_5_vl_text",
+                                     rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+    # NoPE layers use full attention, the others chunked attention of attention_chunk_size.
+    "llama4": lambda n, sw: dict(model_type="llama4_text", head_dim=16, num_local_experts=2, num_experts_per_tok=1,
+                                 intermediate_size_mlp=128, attention_chunk_size=sw, no_rope_layer_interval=2),
+}
+
+_WRAPPERS = {
+    "kimi_k25": lambda text: dict(text_config=text, vision_config=_TINY_VISION, projection_hidden_size=64,
+                                  tie_word_embeddings=False, architectures=["Kimi_K25ForConditionalGeneration"]),
+    "gemma3": lambda text: dict(text_config=text, vision_config=dict(_TINY_VISION, image_size=28, patch_size=14),
+                                mm_tokens_per_image=4),
+    "qwen2_5_vl": lambda text: dict(text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64,
+                                                                         num_heads=2, out_hidden_size=64)),
+    "llama4": lambda text: dict(text_config=text, vision_config=dict(
+        _TINY_VISION, image_size=28, patch_size=14, vision_output_dim=32, projector_input_dim=32,
+        projector_output_dim=32)),
+}
+
+
+def tiny_arch_config(arch: str, vocab_size: int, num_layers: int = 4, sliding_window: int = 8,
+                     eos_token_id: int | None = None):
+    """Config of a tiny random `arch` target (one of TINY_ARCHS) with the tiny tokenizer's special ids
+    (eos defaults to the chatml tokenizer's)."""
+    from transformers import CONFIG_MAPPING
+
+    ids = dict(eos_token_id=SPECIALS.index("<|im_end|>") if eos_token_id is None else eos_token_id,
+               pad_token_id=SPECIALS.index("<|endoftext|>"), bos_token_id=SPECIALS.index("<|begin_of_text|>"))
+    text = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=num_layers, num_attention_heads=4,
+                num_key_value_heads=2, intermediate_size=128, max_position_embeddings=4096, **ids)
+    text.update(_TEXT[arch](num_layers, sliding_window))
+    text_config = CONFIG_MAPPING[text.pop("model_type")](**text)
+    if arch not in _WRAPPERS:
+        return text_config
+    return CONFIG_MAPPING[arch](**_WRAPPERS[arch](text_config.to_dict()), **ids)
+
+
+def tiny_arch_model(arch: str, vocab_size: int, num_layers: int = 4, sliding_window: int = 8, seed: int = 0,
+                    eos_token_id: int | None = None):
+    """Random `arch` model in eval mode; wrappers load as image-text-to-text models, the rest as causal LMs."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    cfg = tiny_arch_config(arch, vocab_size, num_layers, sliding_window, eos_token_id)
+    auto = AutoModelForImageTextToText if hasattr(cfg, "text_config") else AutoModelForCausalLM
+    torch.manual_seed(seed)
+    model = auto.from_config(cfg, dtype=torch.float32)
+    # Random init gives near-uniform logits and a residual stream that drifts to one shared direction:
+    # sharpen the head and let the token embeddings dominate, so greedy text is non-trivial. A tied head,
+    # sharpened, would only repeat the last token: give the final norm random signed gains instead.
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    with torch.no_grad():
+        if head is embed:
+            model.get_decoder().norm.weight.normal_(0.0, 8.0)
+        else:
+            head.mul_(8.0)
+            embed.mul_(4.0)
+    return model.eval()
+
+
+def save_tiny_arch(folder: str | Path, arch: str, template: str = "chatml", **kw) -> Path:
+    """Write a tiny random `arch` target + byte tokenizer as an HF folder and return it."""
+    folder = Path(folder)
+    tok = tiny_tokenizer(template)
+    kw.setdefault("vocab_size", len(tok))
+    kw.setdefault("eos_token_id", tok.eos_token_id)
+    model = tiny_arch_model(arch, **kw)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

@@ -30,6 +30,7 @@ from specdraft.data.vllm_engine import (
     vllm_capture_samples,
 )
 from specdraft.defaults import check_compute_dtype
+from specdraft.adapter import text_config
 from specdraft.errors import SpecdraftError
 from specdraft.io import LOCK_NAME, ensure_writable_dir
 from specdraft.progress import progress as progress_of
@@ -161,7 +162,7 @@ def capture_samples(model, samples: list[list[int]], layer_ids: list[int], store
         with recording(model, layer_ids) as rec:
             return capture_samples(model, samples, layer_ids, store_dtype, batch_tokens, rec, on_batch, first_index)
     base = base_model(model)
-    H = model.config.hidden_size
+    H = text_config(model.config).hidden_size
     lengths = [len(s) for s in samples]
     offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
     offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)

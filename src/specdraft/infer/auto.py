@@ -18,6 +18,7 @@ import torch
 
 from specdraft import kernels, run_layout
 from specdraft.defaults import LONGEST_CHAIN
+from specdraft.adapter import text_config
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from,
@@ -41,7 +42,7 @@ def verify_timers(target_model, n_max: int, context: int, paths: str = "chosen")
     cache, the padded shape) over a cache of `context` random tokens, which each round leaves as it
     found it. paths: the kernels the runner runs: "chosen" (what generate runs), "table" (the per-Linear
     table alone), "linear" (F.linear everywhere, as transformers runs) or "mm" (mm(W, x^T) everywhere)."""
-    vocab = target_model.config.vocab_size
+    vocab = text_config(target_model.config).vocab_size
     g = torch.Generator().manual_seed(0)
     runner = TargetRunner(target_model, None, Profile(), rows=n_max, max_len=context + n_max + 1)
     if paths == "table" and runner.mm_flags:

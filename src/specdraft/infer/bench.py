@@ -16,6 +16,7 @@ import torch
 
 from specdraft.data.builtin_prompts import builtin_prompts
 from specdraft.defaults import DRAFT_LENGTH, check_compute_dtype
+from specdraft.adapter import text_config
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import load_drafter, resolve_checkpoint
 from specdraft.infer.hybrid import HYBRID, TREE_PAYS, HybridProposer, tree_pays
@@ -77,11 +78,11 @@ def untrained_drafter(target_model, draft_vocab_size: int = 8192, seed: int = 0,
     """Random drafter over the first N target ids (timing only: it is almost never accepted)."""
     from types import SimpleNamespace
 
-    tc = target_model.config
+    tc = text_config(target_model.config)
     n = min(draft_vocab_size, tc.vocab_size)
     torch.manual_seed(seed)
     fam = family(model_type)
-    drafter = fam.build(fam.new_config(tc, n, default_aux_layers(tc.num_hidden_layers), verifier))
+    drafter = fam.build(fam.new_config(target_model.config, n, default_aux_layers(tc.num_hidden_layers), verifier))
     t2d = torch.zeros(tc.vocab_size, dtype=torch.bool)
     t2d[:n] = True
     fam.init_from_target(drafter, SimpleNamespace(model=target_model), torch.zeros(n, dtype=torch.long), t2d)
@@ -90,7 +91,7 @@ def untrained_drafter(target_model, draft_vocab_size: int = 8192, seed: int = 0,
 
 def check_drafter_fits(drafter, target_model, target_name: str = "") -> list[str]:
     """Raise on shape mismatches; return warnings (e.g. a different verifier name)."""
-    cfg, tc = drafter.config, target_model.config
+    cfg, tc = drafter.config, text_config(target_model.config)
     where = f"--drafter (verifier {cfg.verifier or 'unnamed'})"
     if cfg.hidden_size != tc.hidden_size:
         raise SpecdraftError(f"{where}: hidden size {cfg.hidden_size} != target's {tc.hidden_size}; "

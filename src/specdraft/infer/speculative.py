@@ -23,6 +23,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from specdraft.adapter import mask_plan, verify_mask
 from specdraft.errors import SpecdraftError
 from specdraft.kernels import measured_linear, mm_flags, target_linears, whole_forward_flags
 from specdraft.infer.sampling import Sampling, accept_draft, probabilities, sample
@@ -166,14 +167,10 @@ def cache_kwarg(model) -> str:
 
 def static_cache(model, max_len: int):
     """transformers' Cache made of StaticLayers: keys/values preallocated for `max_len` slots, written
-    where the runner says (TargetRunner._forward sets each layer's write slot). Every layer full-attention: a sliding-window target is
-    refused when the context could outgrow its window (the masks here do not slide)."""
+    where the runner says (TargetRunner._forward sets each layer's write slot). Every layer keeps every
+    slot, sliding-window and chunked layers too: their masks (adapter.verify_mask) keep what they see."""
     from transformers.cache_utils import Cache, StaticLayer
 
-    window = getattr(model.config, "sliding_window", None)
-    if window and max_len > window:
-        raise SpecdraftError(f"--model: its attention slides over {window} tokens, and prompt + "
-                             f"--max-new-tokens + draft rows reach {max_len}; shorten the prompt or --max-new-tokens")
     return Cache(layers=[StaticLayer(max_cache_len=max_len) for _ in decoder_layers(model)])
 
 
@@ -216,7 +213,10 @@ class TargetRunner:
         self.model = model
         self.verify_model = compiled(model) if compile else model
         self.aux_layer_ids = aux_layer_ids
-        decoder_layers(model)            # refuse a target without Llama-style layers up front
+        decoder_layers(model)            # refuse a target without a decoder's layers up front
+        self.masks = mask_plan(model)    # per layer type (full, sliding, chunked), additive where eager
+        if self.masks.refusal:
+            raise SpecdraftError(self.masks.refusal)
         self.profile = profile
         self.device = next(model.parameters()).device
         self.rows, self.max_len, self.length = rows, max_len, 0
@@ -235,7 +235,7 @@ class TargetRunner:
             raise SpecdraftError(f"prompt of {len(ids)} tokens does not fit a cache of {self.max_len} slots")
         positions = list(range(len(ids)))
         visible = self.slots[None, :] <= torch.tensor(positions, device=self.device)[:, None]   # [T, S]
-        return self._forward(ids, positions, visible, start=0, last_only=True)
+        return self._forward(ids, positions, visible, self.slots, start=0, last_only=True)
 
     def verify(self, ids: list[int], positions: list[int], ancestors: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -253,20 +253,24 @@ class TargetRunner:
         pad = self.rows - n
         ids = ids + [ids[0]] * pad
         positions = positions + [positions[-1] + 1 + i for i in range(pad)]
-        logits, aux = self._forward(ids, positions, visible, start=past)
+        slot_pos = self.slots.clone()                                                           # [S] each slot's position
+        slot_pos[past:past + self.rows] = torch.tensor(positions, device=self.device)
+        logits, aux = self._forward(ids, positions, visible, slot_pos, start=past)
         return logits[:n], aux[:n] if aux is not None else None
 
     @torch.no_grad()
-    def _forward(self, ids: list[int], positions: list[int], visible: torch.Tensor, start: int,
-                 last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """ids into slots [start, start+len(ids)); visible bool [T, S] (True = may attend)."""
+    def _forward(self, ids: list[int], positions: list[int], visible: torch.Tensor, slot_pos: torch.Tensor,
+                 start: int, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """ids into slots [start, start+len(ids)); visible bool [T, S] (True = may attend, before each layer
+        type's own rule); slot_pos [S] the position each slot holds."""
         captured: dict[int, torch.Tensor] = {}                                    # slot -> [T, H]
         input_ids = torch.tensor([ids], device=self.device)                       # [1, T]
         position_ids = torch.tensor([positions], device=self.device)              # [1, T]
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(start)                                  # StaticLayer writes from here
         taps = self.aux_layer_ids or []
-        kwargs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=visible[None, None],
+        mask = verify_mask(self.masks, visible, position_ids[0], slot_pos)
+        kwargs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                       use_cache=True, logits_to_keep=1 if last_only else 0, **{self.cache_key: self.cache})
         if last_only or self.verify_model is self.model:        # eager: hooks tap, measured per-Linear kernels
             with tap_hidden_states(self.model, taps, lambda slot, h: captured.update({slot: h[0]})):
@@ -305,13 +309,9 @@ def checked_rows(proposer: "Proposer | None", rows: int | None, method: str = "t
     return rows or need
 
 
-def cache_slots(model, need: int, compile: bool) -> int:
-    """The runner's cache length for `need` slots: under compile rounded up to SLOT_BLOCK (prompts share a
-    graph), though not past a sliding window that `need` fits (static_cache refuses those)."""
-    if not compile:
-        return need
-    window = getattr(model.config, "sliding_window", None)
-    return max(need, min(-(-need // SLOT_BLOCK) * SLOT_BLOCK, window or float("inf")))
+def cache_slots(need: int, compile: bool) -> int:
+    """The runner's cache length for `need` slots: under compile rounded up to SLOT_BLOCK (prompts share a graph)."""
+    return -(-need // SLOT_BLOCK) * SLOT_BLOCK if compile else need
 
 
 def sample_chain(draft: Draft, logits: torch.Tensor, sampling: Sampling,
@@ -343,7 +343,7 @@ def generate(model, prompt_ids: list[int], proposer: Proposer | None = None, max
     eos = eos_ids_of(model) if eos_token_ids is None else eos_token_ids
     profile = Profile(sync_cuda=sync_cuda)
     rows = checked_rows(proposer, rows)
-    slots = cache_slots(model, len(prompt_ids) + max(max_new_tokens, 1) + rows, compile)
+    slots = cache_slots(len(prompt_ids) + max(max_new_tokens, 1) + rows, compile)
     runner = TargetRunner(model, proposer.aux_layer_ids if proposer else None, profile, rows, slots, compile)
     generator = sampling.generator(runner.device)
     if proposer is not None:

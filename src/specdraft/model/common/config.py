@@ -30,19 +30,20 @@ class BaseConfig:
     @classmethod
     def from_target(cls, target_config, draft_vocab_size: int, aux_layer_ids: list[int],
                     verifier: str = "", **overrides) -> "BaseConfig":
-        tc = target_config
-        heads = tc.num_attention_heads
+        from specdraft.adapter import drafter_shape, text_config
+
+        tc = text_config(target_config)          # a vision-language wrapper's language model
+        shape = drafter_shape(target_config)     # MLA/MoE targets: a dense layer of sensible width
         rope = getattr(tc, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(tc, "rope_theta", 10000.0))
         scaling = {k: v for k, v in rope.items() if k != "rope_theta"} or None
         if scaling and scaling.get("rope_type") == "default":
             scaling = None
-        cfg = cls(hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
-                  num_attention_heads=heads,
-                  num_key_value_heads=getattr(tc, "num_key_value_heads", heads) or heads,
-                  head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads,
+        cfg = cls(hidden_size=tc.hidden_size, intermediate_size=shape["intermediate_size"],
+                  num_attention_heads=shape["num_attention_heads"],
+                  num_key_value_heads=shape["num_key_value_heads"], head_dim=shape["head_dim"],
                   vocab_size=tc.vocab_size, draft_vocab_size=draft_vocab_size,
-                  aux_layer_ids=list(aux_layer_ids), rms_norm_eps=tc.rms_norm_eps,
+                  aux_layer_ids=list(aux_layer_ids), rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
                   rope_theta=float(theta), rope_scaling=scaling,
                   max_position_embeddings=getattr(tc, "max_position_embeddings", 4096),
                   hidden_act=getattr(tc, "hidden_act", "silu"),
