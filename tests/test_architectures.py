@@ -1,0 +1,111 @@
+"""Every architecture users bring (testing.TINY_ARCHS: Llama, Qwen3, Qwen3-MoE, DeepSeek-V3, the Kimi-K2.5
+wrapper, gpt-oss, Gemma 3 text and its 4B+ wrapper, Qwen2.5-VL, Llama 4), as a tiny random config built
+offline: the verify loop equals transformers' own generate on it with prompts longer than its sliding
+window or attention chunk, the TargetHead is its logits, the fingerprint read from the checkpoint is the
+loaded model's, and the README's pipeline runs through every stage (docs/targets.md is that table)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from arch_pipeline import BEGIN, END, STAGES, doc_table, pipeline_result, support_table
+from specdraft.testing import TINY_ARCHS
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    from specdraft.testing import save_tiny_arch
+
+    folders = {}
+
+    def get(arch: str) -> Path:
+        if arch not in folders:
+            folders[arch] = save_tiny_arch(tmp_path_factory.mktemp(arch) / "target", arch)
+        return folders[arch]
+    return get
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_verify_loop_equals_transformers_generate(arch, saved):
+    """Plain decoding, an eagle3 chain and an eagle3 tree through our loop give transformers' own greedy
+    tokens: 40 prompt + 24 new tokens against a sliding window / attention chunk of 8 (gpt-oss's eager
+    attention took the bool mask as +1/+0 scores, and windows were never slid)."""
+    from specdraft.adapter import default_aux_layers
+    from specdraft.infer.speculative import generate
+    from specdraft.infer.tree import TreeShape
+    from specdraft.model.eagle3 import EagleProposer
+    from specdraft.targets import load_target
+    from specdraft.testing import tiny_drafter_for
+
+    target = load_target(str(saved(arch)))
+    torch.manual_seed(1)
+    prompt = torch.randint(4, 250, (40,)).tolist()
+    want = target.model.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24,
+                                 do_sample=False)[0, 40:].tolist()
+    drafter = tiny_drafter_for(target.model, default_aux_layers(target.num_layers))
+    assert generate(target.model, prompt, None, max_new_tokens=24, eos_token_ids=set()).token_ids == want
+    chain = generate(target.model, prompt, EagleProposer(drafter, k=3), max_new_tokens=24, eos_token_ids=set())
+    assert chain.token_ids == want
+    tree = EagleProposer(drafter, k=3, tree=TreeShape.parse("2,2,2"))
+    assert generate(target.model, prompt, tree, max_new_tokens=24, eos_token_ids=set()).token_ids == want
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_target_head_is_the_models_logits_and_the_fingerprint_its_checkpoints(arch, saved):
+    """What training loads (TargetHead: embeddings, the target's own final norm module, lm_head, read from
+    the checkpoint under the names transformers' conversion mapping finds) gives the model's logits;
+    rms_norm with adapter.final_norm's weight (the teachers' math) too, Gemma's x·(1+w) included."""
+    import torch.nn.functional as F
+
+    from specdraft.adapter import final_norm
+    from specdraft.targets import load_target, load_target_head, tap_hidden_states
+
+    folder = str(saved(arch))
+    target, head = load_target(folder), load_target_head(folder)
+    assert head.identity["fingerprint"] == target.identity["fingerprint"]
+    ids = torch.randint(4, 250, (1, 30))
+    got = {}
+    with torch.no_grad(), tap_hidden_states(target.model, [], lambda slot, h: None, lambda h: got.update(last=h)):
+        logits = target.model(ids).logits
+    torch.testing.assert_close(head.model.logits(got["last"]), logits, rtol=1e-5, atol=1e-5)
+    weight, eps = final_norm(head.model)
+    teacher = F.linear(F.rms_norm(got["last"], weight.shape, weight, eps), head.model.get_output_embeddings().weight)
+    torch.testing.assert_close(teacher, logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_the_readme_pipeline_runs_on_every_architecture(arch):
+    """info, prepare (its chat template), capture, vocab, train, eval, bench (eagle3 = greedy) and both
+    exports, as the README writes them, scaled down."""
+    result = pipeline_result(arch)
+    assert {s: result.get(s) for s in STAGES} == dict.fromkeys(STAGES, "ok"), result
+    assert result["bench identical"], result
+
+
+def test_docs_targets_md_is_the_tests_table():
+    """docs/targets.md's table is what these tests give (scripts/targets_table.py writes it)."""
+    doc = (ROOT / "docs/targets.md").read_text()
+    assert BEGIN in doc and END in doc
+    assert doc_table(doc) == support_table({arch: pipeline_result(arch) for arch in TINY_ARCHS})
+
+
+def test_info_says_what_the_target_is_and_an_aux_default_fits_any_depth(saved):
+    from specdraft.adapter import default_aux_layers
+    from specdraft.targets import check_aux_layers, info
+
+    for depth in range(3, 40):
+        ids = default_aux_layers(depth)
+        assert check_aux_layers(ids, depth) == ids and len(ids) == 3
+    assert default_aux_layers(32) == [2, 16, 29]           # vLLM's default where it is distinct
+    kimi = info(str(saved("kimi_k25")))
+    assert kimi["architecture"] == "Kimi_K25ForConditionalGeneration"
+    assert "deepseek_v3" in kimi["model_type"] and "MLA" in kimi["attention"] and kimi["mlp"].startswith("MoE")
+    assert kimi["drafter_shape"]["head_dim"] == 16          # v_head_dim, not the 8-wide rope part
+    assert kimi["init_layer_target"].startswith("no")
+    gpt = info(str(saved("gpt_oss")))
+    assert "sliding" in gpt["attention"] and "window 8" in gpt["attention"] and gpt["thinking"] == "harmony"
