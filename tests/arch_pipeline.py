@@ -28,7 +28,11 @@ def invoke(argv: list[str], cwd: Path) -> tuple[int, str]:
         res = CliRunner().invoke(app, argv)
     finally:
         os.chdir(here)
+    from specdraft.errors import SpecdraftError
+
     text = (res.stdout or "") + (getattr(res, "stderr", "") or "")
+    if isinstance(res.exception, SpecdraftError):       # what main() (flags.run_cli) prints, with exit 2
+        return 2, text + f"\nerror: {res.exception}"
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         text += f"\n{type(res.exception).__name__}: {res.exception}"
     return res.exit_code, text

@@ -109,3 +109,37 @@ def test_info_says_what_the_target_is_and_an_aux_default_fits_any_depth(saved):
     assert kimi["init_layer_target"].startswith("no")
     gpt = info(str(saved("gpt_oss")))
     assert "sliding" in gpt["attention"] and "window 8" in gpt["attention"] and gpt["thinking"] == "harmony"
+
+
+def test_the_drafter_shape_is_a_setting_recorded_in_the_run_and_init_layer_target_says_why_not():
+    """A big target's drafter is shaped by --draft-heads/--draft-kv-heads/--draft-head-dim/--draft-intermediate
+    (the run's config.yaml keeps them, the export's layer config has them); a target whose layers are MLA or
+    MoE refuses --init-layer target in one line, and a bad head split is refused before anything is written."""
+    import json
+
+    import yaml
+
+    from arch_pipeline import invoke
+
+    work = Path(pipeline_result("kimi_k25")["work"])
+    train = ["train", "--model", str(work / "target"), "--store", "ws/hidden", "--vocab", "ws/vocab.safetensors",
+             "--epochs", "1", "--max-tokens", "128", "--precision", "fp32", "--val-fraction", "0.25"]
+    code, text = invoke(train + ["--out", "ws/runs/shaped", "--draft-heads", "2", "--draft-kv-heads", "1",
+                                 "--draft-head-dim", "32", "--draft-intermediate", "96"], work)
+    assert code == 0, text
+    layer = json.loads((work / "ws/runs/shaped/best/config.json").read_text())["transformer_layer_config"]
+    assert (layer["num_attention_heads"], layer["num_key_value_heads"], layer["head_dim"],
+            layer["intermediate_size"]) == (2, 1, 32, 96)
+    recorded = yaml.safe_load((work / "ws/runs/shaped/config.yaml").read_text())
+    assert (recorded["draft_heads"], recorded["draft_head_dim"], recorded["draft_intermediate"]) == (2, 32, 96)
+    code, text = invoke(train + ["--out", "ws/runs/bad", "--draft-heads", "3", "--draft-kv-heads", "2"], work)
+    assert code == 2 and "--draft-kv-heads 2: must divide the drafter's 3 attention heads" in text
+    assert not (work / "ws/runs/bad").exists()
+    code, text = invoke(train + ["--out", "ws/runs/copy", "--init-layer", "target"], work)
+    assert code == 2 and "multi-head latent attention (MLA)" in text and "--init-layer fresh" in text
+    assert not (work / "ws/runs/copy").exists()
+    dense = Path(pipeline_result("qwen3")["work"])
+    code, text = invoke(["train", "--model", str(dense / "target"), "--store", "ws/hidden", "--vocab",
+                         "ws/vocab.safetensors", "--epochs", "1", "--max-tokens", "128", "--precision", "fp32",
+                         "--out", "ws/runs/copy", "--init-layer", "target"], dense)
+    assert code == 0, text

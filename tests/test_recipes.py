@@ -178,8 +178,8 @@ def test_bad_recipe_section_is_refused(tmp_path):
     with pytest.raises(SpecdraftError, match="samples is 'six'"):
         load_recipe(path)
     base = "epochs: 1\nrecipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64, "
-    path.write_text(base + "k: auto, draft_stop: 0.3}\n")
-    assert (load_recipe(path).k, load_recipe(path).draft_stop) == ("auto", 0.3)
+    path.write_text(base + "k: auto, draft_stop: 0.3, layers: '1,2,3'}\n")
+    assert (load_recipe(path).k, load_recipe(path).draft_stop, load_recipe(path).layers) == ("auto", 0.3, "1,2,3")
     for bad, error in [("k: many", "k is 'many'; expected a whole number >= 1 or auto"),
                        ("draft_stop: 2", "draft_stop is 2"),
                        ("bench_tree: 1", "bench_tree is 1; expected true or false"),
@@ -189,7 +189,9 @@ def test_bad_recipe_section_is_refused(tmp_path):
                        ("extra: pydoc", "extra is 'pydoc'; expected SOURCE:N, e.g. pydoc:800"),
                        ("extra: 'pydoc:0'", "extra is 'pydoc:0'"), ("extra: 800", "extra is 800"),
                        ("prepare_minutes: 0", "prepare_minutes is 0; expected a number of minutes > 0"),
-                       ("prepare_minutes: soon", "prepare_minutes is 'soon'")]:
+                       ("prepare_minutes: soon", "prepare_minutes is 'soon'"),
+                       ("layers: 2", "layers is 2; expected aux layer ids such as"),
+                       ("layers: '1;2'", "layers is '1;2'")]:
         path.write_text(base + bad + "}\n")
         with pytest.raises(SpecdraftError, match=error):
             load_recipe(path)

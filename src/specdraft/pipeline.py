@@ -80,6 +80,8 @@ class Recipe:
     conversations: str = "builtin"   # prepare --conversations: the prompt source, e.g. a mixture builtin:0.5,self:0.5
     prepare_minutes: float | None = None  # prepare --budget-minutes: regenerate rounds of 2 x regen_batch more
                                  # conversations while they fit this many minutes (the data grows with the CPU's speed)
+    layers: str = ""             # capture --layers: aux layer ids such as 2,16,29 ("": the target's defaults, as
+                                 # `specdraft info` prints them; distinct on any depth)
     extra: str = ""              # SOURCE:N, e.g. pydoc:800: N conversations kept as written (no regeneration) in a
                                  # second store the drafter also trains on (the data lever of docs/recipes.md, issue 33)
 
@@ -121,6 +123,11 @@ def load_recipe(path: str | Path) -> Recipe:
             if not (isinstance(value, str) and sep and source and count.isdigit() and int(count) >= 1):
                 raise SpecdraftError(f"{path}: recipe: extra is {value!r}; expected SOURCE:N, e.g. pydoc:800 "
                                      "(N conversations kept as written, in a second store)")
+            continue
+        if name == "layers":
+            if not isinstance(value, str) or value and not all(p.strip().isdigit() for p in value.split(",")):
+                raise SpecdraftError(f"{path}: recipe: layers is {value!r}; expected aux layer ids such as \"2,16,29\" "
+                                     "(a quoted string), or leave it out for the target's defaults")
             continue
         if name == "prepare_minutes":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
@@ -287,7 +294,7 @@ def data_stages(console: Console, model: str, ws: Path, recipe: Recipe, data: st
     if not (ws / "data" / "prepare.json").exists():
         regen_engine = prepare_engine(console, data, recipe.samples, engine)
         run_stage(console, prepare_args(model, data, recipe, regen_engine, ws / "data"), log)
-    capture_stage(console, model, ws / "data", ws / "hidden", engine, log)
+    capture_stage(console, model, ws / "data", ws / "hidden", engine, log, layers=recipe.layers)
     stores = ["--store", str(ws / "hidden")]
     if recipe.extra:
         source, _, count = recipe.extra.rpartition(":")
@@ -295,7 +302,7 @@ def data_stages(console: Console, model: str, ws: Path, recipe: Recipe, data: st
         if not (ws / "extra" / "prepare.json").exists():
             run_stage(console, ["prepare", "--model", model, "--conversations", source, "--limit", count,
                                 "--max-length", str(longest), "--out", str(ws / "extra")], log, "prepare-extra")
-        capture_stage(console, model, ws / "extra", ws / "extra-hidden", engine, log, "capture-extra")
+        capture_stage(console, model, ws / "extra", ws / "extra-hidden", engine, log, "capture-extra", recipe.layers)
         stores += ["--store", str(ws / "extra-hidden")]
     if not (ws / "vocab.safetensors").exists():
         run_stage(console, ["vocab", "build", "--prepared", str(ws / "data"), "--size", str(recipe.draft_vocab),
@@ -304,12 +311,13 @@ def data_stages(console: Console, model: str, ws: Path, recipe: Recipe, data: st
 
 
 def capture_stage(console: Console, model: str, data: Path, out: Path, engine: str, log: Path,
-                  name: str | None = None) -> None:
+                  name: str | None = None, layers: str = "") -> None:
     """capture DATA into OUT unless OUT is complete; an interrupted one resumes."""
     if not _store_complete(out):
         resume = ["--resume"] if (out / "manifest.json").exists() else []
+        chosen = ["--layers", layers] if layers and not resume else []
         run_stage(console, ["capture", "--model", model, "--prepared", str(data), "--engine", engine,
-                            "--out", str(out), *resume], log, name)
+                            "--out", str(out), *chosen, *resume], log, name)
 
 
 def prepare_engine(console: Console, data: str, samples: int, engine: str) -> str:

@@ -552,8 +552,8 @@ def last_layer_tensors(target) -> dict[str, torch.Tensor]:
     cfg = target.config
     if adapter.mla(cfg) or adapter.moe(cfg):
         kind = "multi-head latent attention (MLA)" if adapter.mla(cfg) else "mixture-of-experts MLP"
-        raise SpecdraftError(f"init_layer=target: {target.name}'s decoder layers use {kind}, which a dense "
-                             "drafter layer cannot copy; use init_layer=random (the default)")
+        raise SpecdraftError(f"--init-layer target: {target.name}'s decoder layers use {kind}, which a dense "
+                             "drafter layer cannot copy; use --init-layer fresh (the default)")
     if getattr(base_model(target.model), "layers", None) is not None:
         state = decoder_layers(target.model)[-1].state_dict()
         tensors = {k: state[k] for k in LAST_LAYER_TENSORS if k in state}
@@ -565,8 +565,8 @@ def last_layer_tensors(target) -> dict[str, torch.Tensor]:
         tensors = {k: found[names[layer + k]] for k in LAST_LAYER_TENSORS if layer + k in names}
     missing = [k for k in LAST_LAYER_TENSORS if k not in tensors]
     if missing:
-        raise SpecdraftError(f"init_layer=target: {target.name}'s last decoder layer has no {missing[0]} (not a "
-                             "Llama-style layer); use init_layer=random (the default)")
+        raise SpecdraftError(f"--init-layer target: {target.name}'s last decoder layer has no {missing[0]} (not a "
+                             "Llama-style layer); use --init-layer fresh (the default)")
     norm = base_model(target.model).norm
     offset = adapter.norm_offset(norm, float(getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)))
     for k in ("input_layernorm.weight", "post_attention_layernorm.weight"):

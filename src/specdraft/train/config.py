@@ -59,6 +59,15 @@ class RunConfig:
     norm_output: bool = setting(False, "EAGLE-3.1: feed the final-normed hidden state back to the next draft step.")
     draft_layers: int = setting(1, "Decoder layers of a family that stacks them; a family with one refuses "
                                 "more.", low=1, high=64)
+    draft_heads: int = setting(0, "Drafter shape: attention heads of its decoder layer (0 = from the target, as "
+                               "`specdraft info` prints under drafter_shape; its hidden size is always the target's).",
+                               low=0, high=4096)
+    draft_kv_heads: int = setting(0, "Drafter shape: key/value heads (0 = from the target; must divide the heads).",
+                                  low=0, high=4096)
+    draft_head_dim: int = setting(0, "Drafter shape: width of each head (0 = from the target; an MLA target's "
+                                  "v_head_dim, e.g. 128 for Kimi-K2.5).", low=0, high=4096)
+    draft_intermediate: int = setting(0, "Drafter shape: MLP width (0 = from the target; an MoE target's dense "
+                                      "layers' width; public Kimi-K2.5 drafters use 12288).", low=0, high=2**20)
     init_layer: Literal["fresh", "target"] = setting("fresh", "Decoder layer's start: fresh (random) or target "
                                                      "(copied from the target's last layer, zeros on the "
                                                      "embedding half of q/k/v).")

@@ -8,6 +8,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+SHAPE_SETTINGS = (("num_attention_heads", "draft_heads"), ("num_key_value_heads", "draft_kv_heads"),
+                  ("head_dim", "draft_head_dim"), ("intermediate_size", "draft_intermediate"))
+SHAPE_FLAGS = tuple((field, "--" + setting.replace("_", "-")) for field, setting in SHAPE_SETTINGS)
+
+
+def run_shape(run) -> dict:
+    """The drafter-shape settings a run gives (0 = the target's default), as config fields."""
+    return {field: getattr(run, setting) for field, setting in SHAPE_SETTINGS if run is not None and getattr(run, setting, 0)}
+
+
 @dataclass
 class BaseConfig:
     hidden_size: int                      # H, the target's hidden size
@@ -29,7 +39,9 @@ class BaseConfig:
 
     @classmethod
     def from_target(cls, target_config, draft_vocab_size: int, aux_layer_ids: list[int],
-                    verifier: str = "", **overrides) -> "BaseConfig":
+                    verifier: str = "", run=None, **overrides) -> "BaseConfig":
+        """The drafter's config for this target; `run`'s drafter-shape settings (--draft-heads,
+        --draft-kv-heads, --draft-head-dim, --draft-intermediate) replace the adapter's defaults."""
         from specdraft.adapter import drafter_shape, text_config
 
         tc = text_config(target_config)          # a vision-language wrapper's language model
@@ -48,8 +60,13 @@ class BaseConfig:
                   max_position_embeddings=getattr(tc, "max_position_embeddings", 4096),
                   hidden_act=getattr(tc, "hidden_act", "silu"),
                   target_num_layers=tc.num_hidden_layers, verifier=verifier)
-        for k, v in overrides.items():
+        for k, v in {**run_shape(run), **overrides}.items():
             setattr(cfg, k, v)
+        if cfg.num_attention_heads % cfg.num_key_value_heads:
+            from specdraft.errors import SpecdraftError
+
+            raise SpecdraftError(f"--draft-kv-heads {cfg.num_key_value_heads}: must divide the drafter's "
+                                 f"{cfg.num_attention_heads} attention heads")
         return cfg
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from specdraft.errors import SpecdraftError
 from specdraft.families import Family, register
+from specdraft.model.common.config import SHAPE_FLAGS as COMMON_SHAPE_FLAGS
 from specdraft.model.dflash import checkpoint
 from specdraft.model.dflash.module import DFlashConfig, DFlashDrafter
 from specdraft.model.dflash.objective import DFlashObjective
@@ -27,7 +28,7 @@ EAGLE_ONLY = (("fc_norm", False, "vLLM's DFlash has no fc_norm"),
 
 
 # what --from-pretrained keeps: the drafter config fields the train flags set (the block: anchor + --ttt-steps slots)
-SHAPE_FLAGS = (("num_layers", "--draft-layers"), ("block_size", "--ttt-steps"))
+SHAPE_FLAGS = (("num_layers", "--draft-layers"), ("block_size", "--ttt-steps")) + COMMON_SHAPE_FLAGS
 
 
 def check_run(run) -> None:
@@ -45,7 +46,7 @@ def new_config(target_config, draft_vocab_size: int, aux_layer_ids: list[int], v
     if run is not None:
         check_run(run)
     base = DFlashConfig.from_target(target_config, draft_vocab_size=draft_vocab_size, aux_layer_ids=aux_layer_ids,
-                                    verifier=verifier)
+                                    verifier=verifier, run=run)
     base.mask_token_id = mask_token_of(target_config)
     base.block_size = (run.ttt_steps if run is not None else 3) + 1
     base.num_layers = run.draft_layers if run is not None else 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 from specdraft.errors import SpecdraftError
 from specdraft.families import Family, Layout, register
 from specdraft.model.eagle3 import checkpoint, sglang, tensors
+from specdraft.model.common.config import SHAPE_FLAGS as COMMON_SHAPE_FLAGS
 from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.model.eagle3.module import Eagle3Drafter
 from specdraft.model.eagle3.objective import TTTObjective
@@ -25,7 +26,7 @@ def new_config(target_config, draft_vocab_size: int, aux_layer_ids: list[int], v
     options = {} if run is None else {"norm_before_residual": run.norm_before_residual, "fc_norm": run.fc_norm,
                                       "norm_output": run.norm_output, "sliding_window": run.sliding_window}
     return DrafterConfig.from_target(target_config, draft_vocab_size=draft_vocab_size, aux_layer_ids=aux_layer_ids,
-                                     verifier=verifier, **options)
+                                     verifier=verifier, run=run, **options)
 
 
 def init_from_target(drafter, target, d2t, t2d, run=None) -> None:
@@ -68,7 +69,7 @@ SGLANG = Layout("sglang", sglang_detect, sglang_read, sglang_write, sglang.unsup
 
 # what --from-pretrained keeps: the drafter config fields the train flags set
 SHAPE_FLAGS = (("fc_norm", "--fc-norm"), ("norm_output", "--norm-output"),
-               ("norm_before_residual", "--norm-before-residual"))
+               ("norm_before_residual", "--norm-before-residual")) + COMMON_SHAPE_FLAGS
 
 FAMILY = register(Family(model_type="eagle3", config_type=DrafterConfig, new_config=new_config, build=Eagle3Drafter,
                          init_from_target=init_from_target, objective=training_objective, proposer=EagleProposer,
