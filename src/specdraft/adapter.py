@@ -25,7 +25,7 @@ class Architecture:
     thinking: str = ""                                  # its chat format's reasoning: "think-tags", "harmony", ""
     template_kwargs: tuple[str, ...] = ()               # the chat-template arguments it documents
     end_tokens: tuple[str, ...] = ()                    # tokens that end an assistant turn besides eos
-    vllm_eagle3: bool = True                            # vLLM 0.32 serves an EAGLE-3 drafter against it
+    vllm_serves_drafters: bool = True                   # vLLM 0.32 serves an EAGLE-3 drafter against it
 
 
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
@@ -36,8 +36,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("kimi_k25", thinking="think-tags", template_kwargs=("thinking",)),
     Architecture("gpt_oss", thinking="harmony", template_kwargs=("reasoning_effort",),
                  end_tokens=("<|return|>", "<|call|>")),
-    Architecture("gemma3_text", vllm_eagle3=False),
-    Architecture("gemma3", vllm_eagle3=False),
+    Architecture("gemma3_text", vllm_serves_drafters=False),
+    Architecture("gemma3", vllm_serves_drafters=False),
     Architecture("qwen2_5_vl"),
     Architecture("llama4"),
 )}
@@ -46,7 +46,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
 def architecture(cfg) -> Architecture:
     """The table's entry for a config (by its top-level model_type); an unknown one gets the defaults."""
     kind = getattr(cfg, "model_type", None) or "?"
-    return ARCHITECTURES.get(kind) or Architecture(kind, vllm_eagle3=False)
+    return ARCHITECTURES.get(kind) or Architecture(kind, vllm_serves_drafters=False)
 
 
 # ---------------------------------------------------------------------------- config
@@ -340,6 +340,6 @@ def engines_line(cfg) -> str:
     hf = "transformers (every stage)"
     if arch.name not in ARCHITECTURES:
         return f"{hf}; vLLM: not tested with this architecture"
-    if not arch.vllm_eagle3:
+    if not arch.vllm_serves_drafters:
         return f"{hf}; vLLM 0.32 runs it for data but serves no EAGLE-3 drafter against it"
     return f"{hf}; vLLM 0.32 (data, capture, serving an EAGLE-3 export)"

@@ -124,6 +124,7 @@ class Target:
     path: str                      # what from_pretrained loaded
     identity: dict = field(default_factory=dict)
     hf_config: object = None       # the config when `model` is None
+    trust_remote_code: bool = False  # the model's own code was allowed: an engine (vLLM) is told the same
 
     @property
     def config(self):
@@ -216,7 +217,8 @@ def _load_target(model: str, dtype: str | torch.dtype, device: str, trust_remote
                              "config.json names another architecture: download or copy the model again")
     lm.eval().to(device)
     share_kv_heads_on_cpu(lm)
-    return Target(model=lm, tokenizer=tok, name=name, path=path, identity=stable_identity(lm, path, name))
+    return Target(model=lm, tokenizer=tok, name=name, path=path, identity=stable_identity(lm, path, name),
+                  trust_remote_code=trust_remote_code)
 
 
 SHARED_KV_SDPA = "specdraft_sdpa"
@@ -520,7 +522,8 @@ def describe_target(model: str, trust_remote_code: bool = False) -> Target:
     cfg = target_config(model, trust_remote_code)
     tok = load_tokenizer(model, trust_remote_code)
     return Target(model=None, tokenizer=tok, name=name, path=path,
-                  identity=identity_from_checkpoint(path, cfg, name), hf_config=cfg)
+                  identity=identity_from_checkpoint(path, cfg, name), hf_config=cfg,
+                  trust_remote_code=trust_remote_code)
 
 
 def check_aux_layers(layer_ids: list[int], num_layers: int, where: str = "--layers") -> list[int]:
@@ -549,10 +552,10 @@ def last_layer_tensors(target) -> dict[str, torch.Tensor]:
     """The target's last decoder layer's Llama tensors, named within the layer ("self_attn.q_proj.weight"):
     from the loaded layers, or read from the checkpoint when training holds only a TargetHead. Its norms'
     weights as rms_norm takes them (Gemma's 1+w). Refused in one line for a layer that is not Llama's."""
-    cfg = target.config
+    cfg, name = target.model.config, getattr(target, "name", "the target")
     if adapter.mla(cfg) or adapter.moe(cfg):
         kind = "multi-head latent attention (MLA)" if adapter.mla(cfg) else "mixture-of-experts MLP"
-        raise SpecdraftError(f"--init-layer target: {target.name}'s decoder layers use {kind}, which a dense "
+        raise SpecdraftError(f"--init-layer target: {name}'s decoder layers use {kind}, which a dense "
                              "drafter layer cannot copy; use --init-layer fresh (the default)")
     if getattr(base_model(target.model), "layers", None) is not None:
         state = decoder_layers(target.model)[-1].state_dict()
@@ -565,7 +568,7 @@ def last_layer_tensors(target) -> dict[str, torch.Tensor]:
         tensors = {k: found[names[layer + k]] for k in LAST_LAYER_TENSORS if layer + k in names}
     missing = [k for k in LAST_LAYER_TENSORS if k not in tensors]
     if missing:
-        raise SpecdraftError(f"--init-layer target: {target.name}'s last decoder layer has no {missing[0]} (not a "
+        raise SpecdraftError(f"--init-layer target: {name}'s last decoder layer has no {missing[0]} (not a "
                              "Llama-style layer); use --init-layer fresh (the default)")
     norm = base_model(target.model).norm
     offset = adapter.norm_offset(norm, float(getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)))

@@ -97,6 +97,12 @@ def tiny_drafter_for(target, aux_layer_ids: list[int], every: int = 3, seed: int
 # `tiny_arch_config`. Special-token ids a wrapper holds (image_token_id etc.) keep their defaults:
 # all lie past the tiny vocabulary, so no prompt can contain them and the text path ignores them.
 
+# vLLM's CPU kernels take head sizes of 32..256 (64 here), and its CPU MLA only kv_lora_rank 512 + rope 64.
+VLLM_SIZES = {
+    "qwen3_moe": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64),
+    "deepseek_v3": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=64,
+                        kv_lora_rank=512, qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, head_dim=64),
+}
 TINY_ARCHS: tuple[str, ...] = ("llama", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k25", "gpt_oss",
                                "gemma3_text", "gemma3", "qwen2_5_vl", "llama4")
 _TINY_VISION = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2)
@@ -111,7 +117,7 @@ def _deepseek_v3(n: int, sw: int) -> dict:
     return dict(model_type="deepseek_v3", num_key_value_heads=4, first_k_dense_replace=1, n_routed_experts=4,
                 num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, n_group=1, topk_group=1,
                 q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                head_dim=8)
+                head_dim=8, topk_method="noaux_tc", scoring_func="sigmoid")   # the real config's routing keys (vLLM reads them)
 
 
 def _gemma3_text(n: int, sw: int) -> dict:
@@ -151,9 +157,11 @@ _WRAPPERS = {
 
 
 def tiny_arch_config(arch: str, vocab_size: int, num_layers: int = 4, sliding_window: int = 8,
-                     eos_token_id: int | None = None):
+                     eos_token_id: int | None = None, text: dict | None = None):
     """Config of a tiny random `arch` target (one of TINY_ARCHS) with the tiny tokenizer's special ids
-    (eos defaults to the chatml tokenizer's)."""
+    (eos defaults to the chatml tokenizer's); `text` overrides fields of the language model's config
+    (VLLM_SIZES: the head sizes vLLM's CPU kernels take)."""
+    overrides = text or {}
     from transformers import CONFIG_MAPPING
 
     ids = dict(eos_token_id=SPECIALS.index("<|im_end|>") if eos_token_id is None else eos_token_id,
@@ -161,6 +169,7 @@ def tiny_arch_config(arch: str, vocab_size: int, num_layers: int = 4, sliding_wi
     text = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=num_layers, num_attention_heads=4,
                 num_key_value_heads=2, intermediate_size=128, max_position_embeddings=4096, **ids)
     text.update(_TEXT[arch](num_layers, sliding_window))
+    text.update(overrides)
     text_config = CONFIG_MAPPING[text.pop("model_type")](**text)
     if arch not in _WRAPPERS:
         return text_config
@@ -168,11 +177,13 @@ def tiny_arch_config(arch: str, vocab_size: int, num_layers: int = 4, sliding_wi
 
 
 def tiny_arch_model(arch: str, vocab_size: int, num_layers: int = 4, sliding_window: int = 8, seed: int = 0,
-                    eos_token_id: int | None = None):
+                    eos_token_id: int | None = None, text: dict | None = None):
     """Random `arch` model in eval mode; wrappers load as image-text-to-text models, the rest as causal LMs."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    cfg = tiny_arch_config(arch, vocab_size, num_layers, sliding_window, eos_token_id)
+    from specdraft.adapter import decoder
+
+    cfg = tiny_arch_config(arch, vocab_size, num_layers, sliding_window, eos_token_id, text)
     auto = AutoModelForImageTextToText if hasattr(cfg, "text_config") else AutoModelForCausalLM
     torch.manual_seed(seed)
     model = auto.from_config(cfg, dtype=torch.float32)
@@ -182,7 +193,7 @@ def tiny_arch_model(arch: str, vocab_size: int, num_layers: int = 4, sliding_win
     embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     with torch.no_grad():
         if head is embed:
-            model.get_decoder().norm.weight.normal_(0.0, 8.0)
+            decoder(model).norm.weight.normal_(0.0, 8.0)
         else:
             head.mul_(8.0)
             embed.mul_(4.0)

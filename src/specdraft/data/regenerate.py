@@ -226,7 +226,8 @@ def answer_engine(engine: str, target, settings: RegenSettings, end_ids: list[in
         yield lambda prompts, seeds, on_step=None: ve.endpoint_answers(
             opts.endpoint, served, tok, prompt_ids(prompts), settings, end_ids, seeds)
         return
-    llm = ve.start_llm(ve.llm_arguments(target.path, settings.compute_dtype, opts, seed=settings.seed))
+    llm = ve.start_llm(ve.llm_arguments(target.path, settings.compute_dtype, opts, seed=settings.seed,
+                                        trust_remote_code=target.trust_remote_code))
     try:
         yield lambda prompts, seeds, on_step=None: ve.vllm_answers(llm, tok, prompt_ids(prompts), settings,
                                                                    end_ids, seeds)

@@ -171,13 +171,14 @@ def supported_architecture(target_config) -> bool:
 
 def llm_arguments(target_path: str, dtype: str, opts: EngineOptions, seed: int = 0,
                   max_model_len: int | None = None, capture_layer_ids: list[int] | None = None,
-                  storage: str | None = None) -> dict:
-    """Keyword arguments for vllm.LLM: our defaults, then the capture method, then --engine-args."""
+                  storage: str | None = None, trust_remote_code: bool = False) -> dict:
+    """Keyword arguments for vllm.LLM: our defaults, then the capture method, then --engine-args.
+    trust_remote_code: what --trust-remote-code allowed transformers, vLLM is allowed too."""
     import torch
 
     cpu = not torch.cuda.is_available()
     args: dict = {"model": target_path, "tokenizer": target_path, "dtype": dtype, "seed": seed,
-                  "tensor_parallel_size": opts.tensor_parallel_size}
+                  "tensor_parallel_size": opts.tensor_parallel_size, "trust_remote_code": trust_remote_code}
     if max_model_len:
         args["max_model_len"] = max_model_len
     if cpu:
@@ -339,6 +340,7 @@ def capture_engine(target, layer_ids: list[int], compute_dtype: str, opts: Engin
     storage = Path(tempfile.mkdtemp(prefix=".vllm-hidden-", dir=storage_root))
     capture_ids = [*layer_ids, target.num_layers]       # id L = the last decoder layer's output
     args = llm_arguments(target.path, compute_dtype, opts, max_model_len=max_len + 1,
+                         trust_remote_code=target.trust_remote_code,
                          capture_layer_ids=capture_ids, storage=str(storage))
     llm = None
     try:
