@@ -143,3 +143,33 @@ def test_the_drafter_shape_is_a_setting_recorded_in_the_run_and_init_layer_targe
                          "ws/vocab.safetensors", "--epochs", "1", "--max-tokens", "128", "--precision", "fp32",
                          "--out", "ws/runs/copy", "--init-layer", "target"], dense)
     assert code == 0, text
+
+
+def test_the_mission_replayed_a_k2_drafter_adapted_to_a_k25_target():
+    """The seeds' story at their architecture: a drafter trained on a K2-like target (DeepSeek-V3 text model)
+    is fine-tuned on a K2.5-like one (the Kimi-K2.5 vision-language wrapper around it, other weights, a draft
+    vocabulary of another size and order): the lm_head rows are remapped (remap.json counts the overlap and the
+    positional matches), and `compare` puts it beside the same training from scratch with a verdict."""
+    import json
+
+    from arch_pipeline import invoke
+
+    k2 = Path(pipeline_result("deepseek_v3")["work"]) / "ws/runs/a/best"
+    k25 = Path(pipeline_result("kimi_k25")["work"])
+    code, text = invoke(["vocab", "build", "--prepared", "ws/data", "--size", "48", "--out", "ws/vocab48.safetensors"], k25)
+    assert code == 0, text
+    train = ["train", "--model", str(k25 / "target"), "--store", "ws/hidden", "--vocab", "ws/vocab48.safetensors",
+             "--epochs", "2", "--max-tokens", "128", "--precision", "fp32", "--val-fraction", "0.25",
+             "--warmup-steps", "1", "--lr", "3e-3"]
+    assert invoke(train + ["--out", "ws/runs/k25-scratch"], k25)[0] == 0
+    code, text = invoke(train + ["--out", "ws/runs/k25-from-k2", "--from-pretrained", str(k2)], k25)
+    assert code == 0, text
+    remap = json.loads((k25 / "ws/runs/k25-from-k2/remap.json").read_text())
+    assert remap["remapped"] and remap["draft_vocab_size"] == 48 and remap["positional_matches"] < 48
+    code, text = invoke(["compare", "ws/runs/k25-scratch", "ws/runs/k25-from-k2", "--baseline", "ws/runs/k25-scratch",
+                         "--json"], k25)
+    assert code == 0, text
+    table = json.loads(text[text.index("{"):])
+    assert table["runs"] == ["k25-scratch", "k25-from-k2"]
+    verdict = table["watch"]["k25-from-k2"]                  # the seeds' question (fine-tuned vs scratch), answered
+    assert isinstance(verdict, str) and verdict and not verdict.startswith("no verdict")
