@@ -173,3 +173,40 @@ def test_the_mission_replayed_a_k2_drafter_adapted_to_a_k25_target():
     assert table["runs"] == ["k25-scratch", "k25-from-k2"]
     verdict = table["watch"]["k25-from-k2"]                  # the seeds' question (fine-tuned vs scratch), answered
     assert isinstance(verdict, str) and verdict and not verdict.startswith("no verdict")
+
+
+def test_moe_weight_floor_counts_the_experts_a_token_reads(saved):
+    """-k auto and plan price a verify from the weight floor: an MoE target streams only the share of its
+    routed experts a token routes to (Kimi-K2.5: 8 of 384), never all of them."""
+    from specdraft.adapter import active_fraction, is_expert_weight
+    from specdraft.kernels import streamed_weight_bytes
+    from specdraft.targets import load_target
+
+    for arch in ("qwen3_moe", "deepseek_v3", "gpt_oss"):
+        model = load_target(str(saved(arch))).model
+        params = dict(model.named_parameters())
+        experts = sum(p.numel() * p.element_size() for n, p in params.items() if is_expert_weight(n))
+        assert experts > 0 and active_fraction(model.config) == 0.5           # 2 of 4 experts per token
+        embed = model.get_input_embeddings().weight
+        whole = sum(p.numel() * p.element_size() for p in params.values() if p is not embed)
+        assert streamed_weight_bytes(model) == int(whole - experts * 0.5)
+
+
+def test_a_quantized_checkpoint_transformers_cannot_run_is_one_line(tmp_path):
+    import json
+
+    from specdraft.testing import save_tiny_target
+
+    folder = save_tiny_target(tmp_path / "int4")
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+                                     "config_groups": {"g": {"targets": ["Linear"], "weights": {
+                                         "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                         "group_size": 32}}}}
+    (folder / "config.json").write_text(json.dumps(config))
+    from arch_pipeline import invoke
+
+    code, text = invoke(["generate", "--model", str(folder), "--method", "greedy", "--prompt", "hi"], tmp_path)
+    assert code == 2 and "compressed-tensors-quantized" in text and "--engine vllm" in text, text
+    code, text = invoke(["info", "--model", str(folder)], tmp_path)
+    assert code == 0 and "compressed-tensors" in text

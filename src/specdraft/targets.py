@@ -166,6 +166,21 @@ def load_tokenizer(model: str, trust_remote_code: bool = False):
                              "check the folder's tokenizer files") from None
 
 
+def quantization(cfg) -> str | None:
+    """The checkpoint's quantization method (fp8, compressed-tensors, ...), None for plain weights."""
+    q = getattr(cfg, "quantization_config", None) or getattr(adapter.text_config(cfg), "quantization_config", None)
+    if q is None:
+        return None
+    return str((q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)) or "quantized")
+
+
+def quantized_refusal(model: str, cfg, error: Exception) -> SpecdraftError:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return SpecdraftError(f"--model {model}: its weights are {quantization(cfg)}-quantized and transformers cannot "
+                          f"run them here ({first}); use --engine vllm for prepare and capture (training reads "
+                          "only the embeddings, final norm and head), or a dequantized copy of the model")
+
+
 def check_weights_read(error: Exception, model: str, path: str) -> SpecdraftError:
     """A truncated or corrupt weights file as one line (safetensors raises its own error type)."""
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -209,8 +224,16 @@ def _load_target(model: str, dtype: str | torch.dtype, device: str, trust_remote
         if "trust_remote_code" in str(e):
             raise SpecdraftError(f"--model {model}: needs custom code; pass --trust-remote-code "
                                  "if you trust it") from None
+        if quantization(cfg):
+            raise quantized_refusal(model, cfg, e) from None
+        raise
+    except (ImportError, RuntimeError, NotImplementedError) as e:
+        if quantization(cfg):     # FP8 block scales, compressed-tensors INT4: kernels transformers lacks here
+            raise quantized_refusal(model, cfg, e) from None
         raise
     missing = sorted(loading.get("missing_keys") or [])
+    if missing and quantization(cfg):
+        raise quantized_refusal(model, cfg, ValueError(f"it found no {missing[0]}"))
     if missing:   # transformers filled them with random values: a broken target, a new fingerprint each load
         raise SpecdraftError(f"--model {model}: the checkpoint in {path} lacks {len(missing)} weight(s) of "
                              f"{type(lm).__name__} (first: {missing[0]}); the folder is incomplete or its "
@@ -636,6 +659,7 @@ def info(model: str, trust_remote_code: bool = False) -> dict:
                      + (f" (chunk {tc.attention_chunk_size})" if "chunked_attention" in types else "")
                      + (", MLA" if adapter.mla(cfg) else ""),
         "mlp": f"MoE, {adapter.active_fraction(cfg):.3g} of the experts active per token" if adapter.moe(cfg) else "dense",
+        "quantization": quantization(cfg) or "none",
         "chat_template": bool(getattr(tok, "chat_template", None)),
         "thinking": arch.thinking or "none known",
         "template_kwargs": list(arch.template_kwargs),
