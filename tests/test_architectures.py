@@ -210,3 +210,20 @@ def test_a_quantized_checkpoint_transformers_cannot_run_is_one_line(tmp_path):
     assert code == 2 and "compressed-tensors-quantized" in text and "--engine vllm" in text, text
     code, text = invoke(["info", "--model", str(folder)], tmp_path)
     assert code == 0 and "compressed-tensors" in text
+
+
+def test_end_of_turn_tokens_come_from_the_adapter():
+    """gpt-oss's harmony ends an answer at <|return|> (or <|call|>); its <|end|> closes the analysis message
+    inside the answer, so it is no end of turn there, while other targets keep the usual markers."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from specdraft.adapter import ARCHITECTURES
+    from specdraft.data.render import end_of_turn_ids
+
+    specials = ["<|end|>", "<|return|>", "<|call|>", "<|im_end|>", "a"]
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials)},
+                                                                               unk_token="a")), eos_token="<|return|>")
+    harmony = end_of_turn_ids(tok, None, ARCHITECTURES["gpt_oss"].end_tokens)
+    assert harmony == [1, 2]                                    # <|return|>, <|call|>; not <|end|> (0)
+    assert end_of_turn_ids(tok, None, ARCHITECTURES["qwen3"].end_tokens) == [0, 1, 3]

@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from specdraft import run_layout, vocab
+from specdraft.adapter import architecture
 from specdraft.analysis.evaluate import chain_accept_lengths
 from specdraft.analysis.plan import store_sample_batch
 from specdraft.analysis.probe import drafter_metrics, sample_batch, target_hidden
@@ -444,7 +445,7 @@ def check_prompt_shift(d: Doctor) -> Finding:
     (32 prompts in ~10 s on 2 CPU cores, against ~2 min one by one)."""
     convs = read_prompts(d.prompts, limit=HELD_OUT_SAMPLES)
     tok = d.target.tokenizer
-    ends = end_of_turn_ids(tok)
+    ends = end_of_turn_ids(tok, end_tokens=architecture(d.target.config).end_tokens)
     prompts = [prompt_ids(tok, messages) for messages in convs]
     pad = tok.pad_token_id if tok.pad_token_id is not None else ends[0]
     ids, masks = [], []

@@ -178,7 +178,10 @@ def open_target(model: str, src: Source, regenerate: bool, opts: EngineOptions, 
     else:
         target = describe_target(model, trust_remote_code)
         gen_config = generation_config(target.path)
-    return target, engine_name, end_of_turn_ids(target.tokenizer, gen_config), dtype
+    from specdraft.adapter import architecture
+
+    ends = end_of_turn_ids(target.tokenizer, gen_config, architecture(target.config).end_tokens)
+    return target, engine_name, ends, dtype
 
 
 def with_self_written(src: Source, target, out: Path, end_ids: list[int], seed: int, batch_size: int,

@@ -44,9 +44,11 @@ def template_sha256(tokenizer) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def end_of_turn_ids(tokenizer, generation_config=None) -> list[int]:
-    """Token ids that end an assistant turn: eos of the tokenizer and of the generation config,
-    plus the usual end-of-turn markers when they are single tokens of this vocab."""
+def end_of_turn_ids(tokenizer, generation_config=None, end_tokens: tuple[str, ...] = ()) -> list[int]:
+    """Token ids that end an assistant turn: eos of the tokenizer and of the generation config, plus
+    the architecture's own end tokens where the target adapter names them (gpt-oss's harmony: <|return|>
+    and <|call|>, never <|end|>, which ends its analysis message inside one answer), else the usual
+    end-of-turn markers when they are single tokens of this vocab."""
     ids: set[int] = set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
@@ -54,7 +56,7 @@ def end_of_turn_ids(tokenizer, generation_config=None) -> list[int]:
     if gen_eos is not None:
         ids.update(int(i) for i in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]))
     vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in KNOWN_END_TOKENS if t in vocab)
+    ids.update(vocab[t] for t in (end_tokens or KNOWN_END_TOKENS) if t in vocab)
     return sorted(ids)
 
 
