@@ -227,3 +227,25 @@ def test_end_of_turn_tokens_come_from_the_adapter():
     harmony = end_of_turn_ids(tok, None, ARCHITECTURES["gpt_oss"].end_tokens)
     assert harmony == [1, 2]                                    # <|return|>, <|call|>; not <|end|> (0)
     assert end_of_turn_ids(tok, None, ARCHITECTURES["qwen3"].end_tokens) == [0, 1, 3]
+
+
+def test_kimi_k25_in_its_published_layout_loads_and_is_read_without_loading(saved, tmp_path):
+    """The published Kimi-K2.5 checkpoint keeps its text model under `language_model.model.layers.N` (transformers
+    5.19 saves a tiny one as `...blocks.N`): both name the same target, read through the conversion mapping."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from specdraft.targets import describe_target, load_target, load_target_head
+
+    folder = tmp_path / "k25"
+    shutil.copytree(saved("kimi_k25"), folder)
+    tensors = load_file(folder / "model.safetensors")
+    published = {k.replace("language_model.model.blocks.", "language_model.model.layers."): v for k, v in tensors.items()}
+    assert any(k.startswith("language_model.model.layers.") for k in published)
+    save_file(published, folder / "model.safetensors", metadata={"format": "pt"})
+    loaded, described = load_target(str(folder)), describe_target(str(folder))
+    original = load_target(str(saved("kimi_k25")))
+    assert described.identity["fingerprint"] == loaded.identity["fingerprint"] == original.identity["fingerprint"]
+    head = load_target_head(str(folder))
+    torch.testing.assert_close(head.model.lm_head.weight, original.model.get_output_embeddings().weight)
