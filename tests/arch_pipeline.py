@@ -18,8 +18,12 @@ VLLM_TESTED = {
     "llama": "✔ (test_vllm_engine.py, the recipe's vLLM test)",
     "qwen3": "✔ (test_vllm_archs.py: answers equal, states within 1e-3, served eagle3 = plain)",
     "qwen3_moe": "✔ (test_vllm_archs.py: answers equal, states within 1e-3, served eagle3 = plain)",
+    "gpt_oss": "✔ (test_vllm_archs.py: answers equal, states within 1e-3 past the window, served eagle3 = plain)",
     "deepseek_v3": "✔ served eagle3 = plain with VLLM_MLA_DISABLE=1 (CPU MLA and EAGLE-3 share no KV block "
                    "size); states differ 0.6-1.1% from transformers' (test_vllm_archs.py)",
+    **dict.fromkeys(("qwen2_5_vl", "llama4"), "not run here: vLLM imports torchvision for this vision-language class "
+                    "(No module named 'torchvision'), which this CPU environment leaves out"),
+    "kimi_k25": "not run here: vLLM's class needs the checkpoint's image processor (preprocessor_config.json)",
 }
 
 

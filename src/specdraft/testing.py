@@ -101,6 +101,7 @@ def tiny_drafter_for(target, aux_layer_ids: list[int], every: int = 3, seed: int
 VLLM_SIZES = {
     "qwen3": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64),
     "qwen3_moe": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64),
+    "gpt_oss": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64),
     "deepseek_v3": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=64,
                         kv_lora_rank=512, qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, head_dim=64),
 }
