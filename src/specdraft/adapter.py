@@ -63,12 +63,6 @@ def is_wrapper(cfg) -> bool:
     return text_config(cfg) is not cfg
 
 
-def sizes(cfg) -> tuple[int, int, int]:
-    """(layers, hidden size, vocab size) of the target's language model."""
-    tc = text_config(cfg)
-    return tc.num_hidden_layers, tc.hidden_size, tc.vocab_size
-
-
 def auto_class(cfg):
     """The transformers auto class that loads the target: a vision-language wrapper as itself (its
     language model answers text-only calls), anything else as a causal LM."""
@@ -251,14 +245,21 @@ class CheckpointNames:
     layers: dict[str, str]                              # canonical "model.layers.N.rest" -> checkpoint key
 
 
+def meta_model(cfg) -> torch.nn.Module:
+    """The model transformers builds from `cfg`, on the meta device (no memory, no weights). A config made by
+    the model's own code (`transformers_modules`) was loaded with --trust-remote-code: its model class too."""
+    remote = type(cfg).__module__.startswith("transformers_modules")
+    with torch.device("meta"):
+        return auto_class(cfg).from_config(cfg, trust_remote_code=remote)
+
+
 def checkpoint_names(cfg, keys: list[str]) -> CheckpointNames:
     """Map a checkpoint's tensor names onto the model transformers would build from `cfg` (on the meta
     device: no weights), then name embeddings, final norm, head and every decoder layer's tensor."""
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightRenaming, rename_source_key
 
-    with torch.device("meta"):
-        model = auto_class(cfg).from_config(cfg)
+    model = meta_model(cfg)
     renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
     module_names = {id(m): name for name, m in model.named_modules()}
     dec = decoder(model)
@@ -283,9 +284,7 @@ def checkpoint_names(cfg, keys: list[str]) -> CheckpointNames:
 def final_norm_module(cfg, weight: torch.Tensor) -> torch.nn.Module:
     """The target's own final norm module (its class, built from `cfg`) holding `weight`: a TargetHead
     computes exactly what the model computes."""
-    with torch.device("meta"):
-        model = auto_class(cfg).from_config(cfg)
-    norm = decoder(model).norm
+    norm = decoder(meta_model(cfg)).norm
     norm.to_empty(device=weight.device)
     norm.weight = torch.nn.Parameter(weight, requires_grad=False)
     return norm.to(weight.dtype)
