@@ -249,3 +249,16 @@ def test_kimi_k25_in_its_published_layout_loads_and_is_read_without_loading(save
     assert described.identity["fingerprint"] == loaded.identity["fingerprint"] == original.identity["fingerprint"]
     head = load_target_head(str(folder))
     torch.testing.assert_close(head.model.lm_head.weight, original.model.get_output_embeddings().weight)
+
+
+def test_a_vllm_config_error_names_its_cause():
+    """vLLM refuses a model it cannot inspect (e.g. a vision-language class without torchvision) with a pydantic
+    error whose first line says nothing; the one line we print carries the cause."""
+    from specdraft.data.vllm_engine import first_line
+
+    error = ValueError("1 validation error for ModelConfig\n  Value error, Model architectures ['Llama4ForConditional"
+                       "Generation'] failed to be inspected. Please check the logs for more details. [type=value_error, "
+                       "input_value=ArgsKwargs((), {'model': ...})]\n    For further information visit https://x")
+    assert first_line(error) == ("1 validation error for ModelConfig: Model architectures ['Llama4ForConditional"
+                                 "Generation'] failed to be inspected. Please check the logs for more details.")
+    assert first_line(RuntimeError("plain\nmore")) == "plain"

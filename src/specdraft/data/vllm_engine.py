@@ -240,8 +240,16 @@ def stop_llm(llm) -> None:
 
 
 def first_line(e: BaseException) -> str:
+    """The line that names the cause: the first, or for a pydantic "1 validation error for ModelConfig" the
+    error's own line ("Value error, Model architectures [...] failed to be inspected ..."), cut at its details."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return lines[0] if lines else type(e).__name__
+    if not lines:
+        return type(e).__name__
+    if "validation error" in lines[0]:
+        cause = next((ln for ln in lines[1:] if ln.startswith("Value error,")), None)
+        if cause:
+            return f"{lines[0]}: {cause.removeprefix('Value error,').split(' [type=')[0].strip()}"
+    return lines[0]
 
 
 # ----------------------------------------------------------------------------- regeneration
