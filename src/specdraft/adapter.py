@@ -153,14 +153,20 @@ def final_norm(model: torch.nn.Module) -> tuple[torch.Tensor, float]:
     """(weight [H], eps) such that rms_norm(x, weight, eps) is the target's own final norm: its module is
     probed once to tell Llama's x·w from Gemma's x·(1+w) (then the weight is 1+w). Teacher logits =
     lm_head(rms_norm(last, weight, eps)) (a softcapped head is refused by check_supported)."""
+    norm, eps, offset = final_norm_form(model)
+    return (norm.weight.detach() + offset if offset else norm.weight), eps
+
+
+def final_norm_form(model: torch.nn.Module) -> tuple[torch.nn.Module, float, float]:
+    """(the final norm module, its eps, its weight offset: 0 for x·w, 1 for Gemma's x·(1+w)). The offset
+    holds for the decoder layers' norms of the same architecture too."""
     norm = getattr(decoder(model), "norm", None)
     if norm is None or getattr(norm, "weight", None) is None:
         raise SpecdraftError(f"{type(model).__name__}: no final norm found (its decoder's `norm`); "
                              "specdraft supports decoder-only targets with a final RMSNorm")
-    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) \
-        or getattr(text_config(model.config), "rms_norm_eps", 1e-6)
-    offset = norm_offset(norm, float(eps))
-    return (norm.weight.detach() + offset if offset else norm.weight), float(eps)
+    eps = float(getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None)
+                or getattr(text_config(model.config), "rms_norm_eps", 1e-6))
+    return norm, eps, norm_offset(norm, eps)
 
 
 def norm_offset(norm: torch.nn.Module, eps: float) -> float:
@@ -255,7 +261,19 @@ def meta_model(cfg) -> torch.nn.Module:
 
 def checkpoint_names(cfg, keys: list[str]) -> CheckpointNames:
     """Map a checkpoint's tensor names onto the model transformers would build from `cfg` (on the meta
-    device: no weights), then name embeddings, final norm, head and every decoder layer's tensor."""
+    device: no weights), then name embeddings, final norm, head and every decoder layer's tensor. A pure
+    function of the config and the names, so kept per process (describe_target, then load_target_head,
+    ask for the same)."""
+    key = (cfg.to_json_string(use_diff=False), tuple(keys))
+    if key not in NAMES_SEEN:
+        NAMES_SEEN[key] = mapped_names(cfg, keys)
+    return NAMES_SEEN[key]
+
+
+NAMES_SEEN: dict[tuple, CheckpointNames] = {}
+
+
+def mapped_names(cfg, keys: list[str]) -> CheckpointNames:
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightRenaming, rename_source_key
 

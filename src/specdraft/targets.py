@@ -402,17 +402,18 @@ def identity_from_checkpoint(path: str, cfg, name: str) -> dict:
     safetensors files under the names the target adapter finds there (a wrapper's language model keeps
     them under its own prefix). An external engine (vLLM) holds the weights; a store or prepared data it
     writes must still name the target exactly as the transformers path does."""
-    files = checkpoint_key_files(path, name)
-    names = checkpoint_names(cfg, list(files), name)
+    files, names = checkpoint_names(path, cfg, name)
     last_norm = names.layers.get(f"model.layers.{text_config(cfg).num_hidden_layers - 1}.input_layernorm.weight")
     keys = [names.embed, names.norm] + ([last_norm] if last_norm else [])
     tensors = read_checkpoint_tensors(path, keys, name, rows=64)
     return fingerprint(cfg, [tensors[k] for k in keys], name, checkpoint_layer_rows(path, name, names.layers, files))
 
 
-def checkpoint_names(cfg, keys: list[str], name: str) -> adapter.CheckpointNames:
+def checkpoint_names(path: str, cfg, name: str) -> tuple[dict[str, str], adapter.CheckpointNames]:
+    """(tensor name -> file, the adapter's names for those tensors) of the checkpoint at `path`."""
+    files = checkpoint_key_files(path, name)
     try:
-        return adapter.checkpoint_names(cfg, keys)
+        return files, adapter.checkpoint_names(cfg, list(files))
     except SpecdraftError as e:
         raise SpecdraftError(f"--model {name}: {e}") from None
 
@@ -488,7 +489,7 @@ def load_target_head(model: str, dtype: str = "float32", device: str = "cpu", tr
     read from the checkpoint) as its model: a few GB for a 1T-parameter target, not the whole."""
     described = describe_target(model, trust_remote_code)
     cfg = described.config
-    names = checkpoint_names(cfg, list(checkpoint_key_files(described.path, described.name)), described.name)
+    names = checkpoint_names(described.path, cfg, described.name)[1]
     keys = [names.embed, names.norm] + ([names.head] if names.head else [])
     tensors = read_checkpoint_tensors(described.path, keys, described.name)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
@@ -502,9 +503,9 @@ def linear_counts(config) -> dict[tuple[int, int], int]:
     """(in, out) -> how many such Linears one forward of this decoder runs: attention, MLP and the head
     (a proxy kernels.faster_dtype times; a field the config lacks takes the Llama default)."""
     cfg = text_config(config)
-    shape = adapter.drafter_shape(config)          # an MoE layer as the dense width one token runs through
-    h, layers, heads, kv = cfg.hidden_size, cfg.num_hidden_layers, shape["num_attention_heads"], shape["num_key_value_heads"]
-    d, mlp = shape["head_dim"], shape["intermediate_size"]
+    dims = adapter.drafter_shape(config)           # an MoE layer as the dense width one token runs through
+    h, layers, heads, kv = cfg.hidden_size, cfg.num_hidden_layers, dims["num_attention_heads"], dims["num_key_value_heads"]
+    d, mlp = dims["head_dim"], dims["intermediate_size"]
     counts: dict[tuple[int, int], int] = {}
     for shape, n in (((h, heads * d), 1), ((h, kv * d), 2), ((heads * d, h), 1), ((h, mlp), 2), ((mlp, h), 1)):
         counts[shape] = counts.get(shape, 0) + n * layers
@@ -585,7 +586,7 @@ def last_layer_tensors(target) -> dict[str, torch.Tensor]:
         tensors = {k: state[k] for k in LAST_LAYER_TENSORS if k in state}
     else:
         layer = f"model.layers.{target.num_layers - 1}."
-        names = checkpoint_names(cfg, list(checkpoint_key_files(target.path, target.name)), target.name).layers
+        names = checkpoint_names(target.path, cfg, target.name)[1].layers
         keys = [names[layer + k] for k in LAST_LAYER_TENSORS if layer + k in names]
         found = read_checkpoint_tensors(target.path, keys, target.name)
         tensors = {k: found[names[layer + k]] for k in LAST_LAYER_TENSORS if layer + k in names}
@@ -593,8 +594,7 @@ def last_layer_tensors(target) -> dict[str, torch.Tensor]:
     if missing:
         raise SpecdraftError(f"--init-layer target: {name}'s last decoder layer has no {missing[0]} (not a "
                              "Llama-style layer); use --init-layer fresh (the default)")
-    norm = base_model(target.model).norm
-    offset = adapter.norm_offset(norm, float(getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)))
+    offset = adapter.final_norm_form(target.model)[2]
     for k in ("input_layernorm.weight", "post_attention_layernorm.weight"):
         tensors[k] = tensors[k] + offset if offset else tensors[k]
     return tensors

@@ -253,8 +253,10 @@ class TargetRunner:
         pad = self.rows - n
         ids = ids + [ids[0]] * pad
         positions = positions + [positions[-1] + 1 + i for i in range(pad)]
-        slot_pos = self.slots.clone()                                                           # [S] each slot's position
-        slot_pos[past:past + self.rows] = torch.tensor(positions, device=self.device)
+        slot_pos = self.slots                           # [S] each slot's position: read by sliding/chunked masks only
+        if self.masks.per_type:
+            slot_pos = slot_pos.clone()
+            slot_pos[past:past + self.rows] = torch.tensor(positions, device=self.device)
         logits, aux = self._forward(ids, positions, visible, slot_pos, start=past)
         return logits[:n], aux[:n] if aux is not None else None
 
