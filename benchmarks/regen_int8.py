@@ -22,7 +22,7 @@ from torch import nn
 
 from specdraft.data import builtin_prompts
 from specdraft.data.regenerate import RegenSettings, generate_batch
-from specdraft.data.render import end_of_turn_ids
+from specdraft.data.render import Chat, end_of_turn_ids
 from specdraft.kernels import cpu_label
 from specdraft.targets import load_target
 
@@ -36,18 +36,20 @@ def main() -> None:
     int8 = copy.copy(fp32)
     int8.model = quantize_dynamic(copy.deepcopy(fp32.model), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
     end = end_of_turn_ids(fp32.tokenizer, fp32.model.generation_config)
-    prompts = [[{"role": "user", "content": p}] for p in builtin_prompts.explanations()[:batch]]
+    chat = Chat(fp32.tokenizer, end)
+    prompts = [chat.prompt_ids([{"role": "user", "content": p}]) for p in builtin_prompts.explanations()[:batch]]
     settings = RegenSettings(temperature=0.0, max_new_tokens=new_tokens, seed=0, target="benchmark")
     answers = {}
     print(cpu_label())
     for name, target in (("fp32", fp32), ("int8", int8)) * 2:
         started = time.perf_counter()
-        answers[name] = generate_batch(target, prompts, settings, end)
+        answers[name] = [chat.answer(p, ids, hit).message["token_ids"]
+                         for p, (ids, hit) in zip(prompts, generate_batch(target, prompts, settings, end))]
         seconds = time.perf_counter() - started
-        tokens = sum(a[2] for a in answers[name])
+        tokens = sum(map(len, answers[name]))
         print(f"{name}: {seconds:.1f} s, {tokens} tokens, {tokens / seconds:.1f} tok/s", flush=True)
-    same = sum(a[0] == b[0] for a, b in zip(answers["fp32"], answers["int8"]))
-    prefix = [len(os.path.commonprefix([a[0], b[0]])) / max(1, len(a[0])) for a, b in zip(answers["fp32"], answers["int8"])]
+    same = sum(a == b for a, b in zip(answers["fp32"], answers["int8"]))
+    prefix = [len(os.path.commonprefix([a, b])) / max(1, len(a)) for a, b in zip(answers["fp32"], answers["int8"])]
     print(f"answers equal to fp32: {same}/{batch}; mean shared prefix {sum(prefix) / batch:.1%} of the fp32 answer")
 
 

@@ -38,7 +38,8 @@ def ws(tmp_path_factory, tiny_target):
     from specdraft import vocab
     from specdraft.data.capture import capture
     from specdraft.data.prepared import load_prepared, save_prepared
-    from specdraft.data.render import end_of_turn_ids, template_sha256
+    from specdraft.data.render import end_of_turn_ids
+    from specdraft.templates import template_sha256
     from specdraft.infer.bench import hf_greedy, prompt_ids
     from specdraft.targets import load_target
     from specdraft.train.config import RunConfig
@@ -440,3 +441,38 @@ def test_demo_runs_the_doctor_as_a_logged_timed_stage_against_the_ceiling_of_its
     assert f"$ specdraft doctor {run}" in text and f"doctor: {every}/{every} checks" in text and "exit 0 after" in text
     stages = json.loads((tmp_path / pipeline.STAGES_FILE).read_text())
     assert stages["doctor"]["exit"] == 0 and stages["doctor"]["seconds"] > 0
+
+
+def test_thinking_mode_trained_in_one_mode_benched_in_the_other(tmp_path):
+    """Issue 55: a drafter trained with thinking on (prepare.json's mode) and benched with it off loses τ; the
+    doctor names it, with the loss where the run holds benches in both modes, and the prepare that fixes it."""
+    from types import SimpleNamespace
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    data.mkdir()
+    run.mkdir()
+    (data / "prepare.json").write_text(json.dumps({"thinking": {"style": "think-tags", "mode": "on"},
+                                                   "chat_template_kwargs": {}}))
+    d = SimpleNamespace(store=SimpleNamespace(manifest={"data": {"path": str(data)}}), run=run, model="M", config={})
+
+    def bench(name, mode, kwargs, tau):
+        (run / name).write_text(json.dumps({"config": {"thinking": {"style": "think-tags", "mode": mode},
+                                                       "chat_template_kwargs": kwargs, "family": "eagle3", "k": 3},
+                                            "methods": {"greedy": {"accept_len": 1.0}, "eagle3": {"accept_len": tau}}}))
+
+    bench("bench.json", "on", {}, 2.4)
+    finding = doctor.check_thinking_mode(d)
+    assert not finding.holds and finding.evidence["trained_mode"] == "on"
+    bench("bench_off.json", "off", {"enable_thinking": False}, 1.3)
+    finding = doctor.check_thinking_mode(d)
+    assert finding.holds and finding.estimated_tau_loss == pytest.approx(1.1)
+    assert finding.summary == 'trained with thinking on, benched with thinking off {"enable_thinking": false} (bench_off.json)'
+    assert "--chat-template-kwargs '{\"enable_thinking\": false}'" in finding.fix
+    assert_parses(re.search(r"specdraft (.+?) \(", finding.fix).group(1), {"id": "thinking_mode"})
+    bench("bench_off.json", "off", {"enable_thinking": False}, 2.3)        # measured: within the noise
+    finding = doctor.check_thinking_mode(d)
+    assert not finding.holds and finding.evidence["benches"]["bench_off.json"]["tau"] == 2.3
+    (run / "bench.json").unlink()                                           # no bench in the training setting
+    assert doctor.check_thinking_mode(d).holds and doctor.check_thinking_mode(d).estimated_tau_loss is None
+    (data / "prepare.json").write_text(json.dumps({"counts": {}}))          # data of before the mode was recorded
+    assert "skipped" in doctor.check_thinking_mode(d).evidence

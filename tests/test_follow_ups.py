@@ -41,7 +41,9 @@ def test_self_written_conversations_get_second_turns(tiny_target, tmp_path):
     # of them within its 4 candidate rows: the other stays one turn, and the record says so
     assert record["share"] == 0.5 and record["chosen"] == 2 and record["written"] == record["turns"] == 1
     ds, saved = load_prepared(tmp_path / "out")
-    assert saved == meta and meta["counts"]["samples"] == 4
+    # a conversation whose first answer the template renders otherwise than generated (cut at --max-new-tokens,
+    # or stripped) in the follow-up's prompt gives one sample per turn (render.Chat.render)
+    assert saved == meta and meta["counts"]["samples"] == 4 + meta["counts"]["conversations_split_per_turn"]
     conversations = [json.loads(m) for m in ds["messages"]]
     two = [c for c in conversations if len(c) == 4]
     assert len(two) == 1 and all([m["role"] for m in c] == ["user", "assistant", "user", "assistant"] for c in two)
@@ -50,11 +52,13 @@ def test_self_written_conversations_get_second_turns(tiny_target, tmp_path):
     for c in two:
         assert c[:2] == single[c[0]["content"]]          # written after the first answer, which is kept
         assert c[2]["content"] in written and len(c[2]["content"].split()) >= 3
-    by_question = {c[0]["content"]: (ids, mask) for c, ids, mask in zip(conversations, ds["input_ids"], ds["loss_mask"])}
+    trained = {}
+    for c, mask in zip(conversations, ds["loss_mask"]):
+        trained[c[0]["content"]] = trained.get(c[0]["content"], 0) + sum(mask)
     plain_ds = load_prepared(tmp_path / "plain")[0]
     plain_loss = {json.loads(m)[0]["content"]: sum(mask) for m, mask in zip(plain_ds["messages"], plain_ds["loss_mask"])}
     for c in two:   # both answers are trained
-        assert sum(by_question[c[0]["content"]][1]) > plain_loss[c[0]["content"]]
+        assert trained[c[0]["content"]] > plain_loss[c[0]["content"]]
 
     again = prepare(str(tiny_target), "self:4", tmp_path / "out", follow_ups=0.5, **KW)   # resumes: nothing new
     assert again["regeneration"]["generated"] == 0 and again["regeneration"]["follow_ups"].get("turns", 0) == 0

@@ -396,7 +396,8 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
                               "eagle3", "--prompt", "hello there", "--max-new-tokens", "12", "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout.strip().splitlines()[-1])
-    assert set(data) == {"text", "token_ids", "tokens_per_s", "accept_len", "new_tokens", "k"}   # τ with its K
+    assert set(data) == {"text", "token_ids", "tokens_per_s", "accept_len", "new_tokens", "k",   # τ with its K
+                         "chat_template_kwargs", "thinking"}                                 # and its mode
     assert isinstance(data["k"], int) and data["accept_len"] <= data["k"] + 1
     res = runner.invoke(app, ["generate", "--model", str(tiny_target), "--drafter", "untrained:64", "--method",
                               "eagle3", "-k", "2", "--prompt", "hello there", "--max-new-tokens", "6"])

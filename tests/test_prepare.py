@@ -10,6 +10,7 @@ from specdraft.data.conversations import normalize
 from specdraft.data.prepare import prepare
 from specdraft.data.prepared import load_prepared
 from specdraft.data.regenerate import PROGRESS_FILE, RegenSettings, generate_batch, load_progress
+from specdraft.data.render import Chat
 from specdraft.errors import SpecdraftError
 from specdraft.targets import load_target
 
@@ -85,7 +86,7 @@ def test_prepare_jsonl_filters_and_counts(tiny_target, tmp_path):
     meta = prepare(str(tiny_target), str(data), tmp_path / "out", max_length=200)
     ds, saved = load_prepared(tmp_path / "out")
     assert saved == meta
-    assert set(ds.column_names) == {"input_ids", "loss_mask", "messages"}
+    assert set(ds.column_names) == {"input_ids", "loss_mask", "messages", "turn"}
     counts = meta["counts"]
     assert counts["records"] == 4 and counts["samples"] == 2 == len(ds)
     assert counts["dropped"] == {"duplicate": 1, "too_long": 1, "too_few_assistant_tokens": 0, "over_limit": 0}
@@ -133,6 +134,7 @@ def test_left_padded_batch_matches_single_generation(tiny_target):
     end_ids = [target.tokenizer.eos_token_id]
     short = [{"role": "user", "content": "Hi"}]
     long = [{"role": "user", "content": "A much longer question that needs padding on the other row"}]
+    short, long = (Chat(target.tokenizer, end_ids).prompt_ids(p) for p in (short, long))
     together = generate_batch(target, [short, long], settings, end_ids)
     assert together[0] == generate_batch(target, [short], settings, end_ids)[0]
     assert together[1] == generate_batch(target, [long], settings, end_ids)[0]
@@ -171,10 +173,13 @@ def test_regenerate_multi_turn_turn_by_turn(tiny_target, tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", [CONVERSATIONS[1]])
     meta = prepare(str(tiny_target), str(data), tmp_path / "out", regenerate=True, max_new_tokens=4)
     ds, _ = load_prepared(tmp_path / "out")
-    messages = json.loads(ds[0]["messages"])
+    messages = json.loads(ds[len(ds) - 1]["messages"])
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
     assert messages[2]["content"] != "4" or messages[4]["content"] != "6"
     assert meta["regeneration"]["turns"] == 2 and meta["regeneration"]["generated"] == 1
+    # Both answers were cut at 4 tokens, which the template renders in the second turn's prompt as if they
+    # had ended: each turn is its own sample, as the target saw it (render.Chat.render).
+    assert ds["turn"] == [2, 4] and meta["counts"]["conversations_split_per_turn"] == 1
 
 
 def test_regeneration_resumes_after_a_kill(tiny_target, tmp_path):
@@ -211,7 +216,7 @@ def test_self_written_questions_are_the_targets_own_and_resume(tiny_target, tmp_
     written = [q for line in questions.read_text().splitlines() for q in json.loads(line)["questions"]]
     prepared = load_prepared(tmp_path / "out")[0].to_dict()
     tok = load_target(str(tiny_target)).tokenizer
-    opening = tok(user_turn_opening(tok), add_special_tokens=False)["input_ids"]
+    opening = tok(user_turn_opening(Chat(tok, [])), add_special_tokens=False)["input_ids"]
     assert all(ids[:len(opening)] == opening for ids in prepared["input_ids"])
     assert len(set(written)) >= 5
 

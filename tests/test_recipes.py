@@ -306,3 +306,32 @@ def test_a_recipes_prepare_minutes_is_prepares_budget_and_a_finished_workspace_m
     (ws / "data" / "prepare.json").write_text(json.dumps(record))
     with pytest.raises(SpecdraftError, match="is 3, but this recipe asks for 4.5.*set recipe: prepare_minutes: 3 in"):
         pipeline.check_finished_stages(ws, recipe, "builtin")
+
+
+def test_a_recipes_template_arguments_reach_prepare_and_bench_and_a_finished_workspace_must_match_them(tmp_path):
+    """`chat_template_kwargs` (issue 55): prepare and both benches render with them; bad JSON fails when the
+    recipe is read; a workspace prepared with other arguments (or none) is refused before it is reused."""
+    from specdraft import pipeline
+
+    path = tmp_path / "r.yaml"
+    base = "epochs: 1\nrecipe: {samples: 64, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64"
+    path.write_text(base + """, chat_template_kwargs: '{"enable_thinking": false}'}\n""")
+    recipe = load_recipe(path)
+    args = pipeline.prepare_args("M", "builtin", recipe, "hf", tmp_path / "data")
+    assert args[args.index("--chat-template-kwargs") + 1] == '{"enable_thinking": false}'
+    assert pipeline.template_args(recipe) == ["--chat-template-kwargs", '{"enable_thinking": false}']
+    path.write_text(base + ", chat_template_kwargs: '{enable_thinking: false'}\n")
+    with pytest.raises(SpecdraftError, match=r"r.yaml: recipe: chat_template_kwargs .*not valid JSON"):
+        load_recipe(path)
+    path.write_text(base + ", chat_template_kwargs: {enable_thinking: false}}\n")
+    with pytest.raises(SpecdraftError, match=r"recipe: chat_template_kwargs is .*expected a quoted JSON object"):
+        load_recipe(path)
+    ws = tmp_path / "ws"
+    (ws / "data").mkdir(parents=True)
+    record = {"source": "builtin", "limit": 64, "regeneration": {"max_new_tokens": 12}}
+    (ws / "data" / "prepare.json").write_text(json.dumps(record))
+    with pytest.raises(SpecdraftError, match=r"field 'chat_template_kwargs' is \{\}, but this recipe asks for "
+                                             r"\{\"enable_thinking\": false\}.*set recipe: chat_template_kwargs: '\{\}'"):
+        pipeline.check_finished_stages(ws, recipe, "builtin")
+    (ws / "data" / "prepare.json").write_text(json.dumps({**record, "chat_template_kwargs": {"enable_thinking": False}}))
+    pipeline.check_finished_stages(ws, recipe, "builtin")

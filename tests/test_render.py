@@ -1,8 +1,15 @@
 import pytest
 
-from specdraft.data.render import encode, end_of_turn_ids, render, require_chat_template
+from specdraft.data.render import Chat, encode, end_of_turn_ids, require_chat_template
 from specdraft.errors import SpecdraftError
 from specdraft.testing import tiny_tokenizer
+
+
+def render(tok, messages, end_ids, where=""):
+    """The one sample of a conversation whose template renders earlier turns as they were written."""
+    samples = Chat(tok, end_ids).render(messages, where)
+    assert len(samples) == 1
+    return samples[0]
 
 END = {"chatml": "<|im_end|>", "chatml-system": "<|im_end|>", "llama3": "<|eot_id|>"}
 
@@ -34,8 +41,9 @@ def masked_spans(tok, sample) -> list[str]:
 def test_mask_is_exactly_the_assistant_turns(template, messages):
     tok = tiny_tokenizer(template)
     sample = render(tok, messages, end_of_turn_ids(tok))
-    full = tok.apply_chat_template(messages, tokenize=False)
-    assert sample.input_ids == encode(tok, full)
+    full = encode(tok, tok.apply_chat_template(messages, tokenize=False))
+    # the template's own rendering, up to the last answer's end-of-turn token (the "\n" after it is never generated)
+    assert sample.input_ids == full[:len(sample.input_ids)] and tok.decode(full[len(sample.input_ids):]).strip() == ""
     assert len(sample.loss_mask) == len(sample.input_ids)
     expected = [m["content"] + END[template] for m in messages if m["role"] == "assistant"]
     assert masked_spans(tok, sample) == expected
@@ -65,14 +73,18 @@ def test_leading_assistant_turn_is_context_only():
     assert masked_spans(tok, sample) == ["2+2 is 4.<|im_end|>"]
 
 
-def test_template_that_rewrites_earlier_turns_is_refused():
+def test_template_that_rewrites_earlier_turns_gives_one_sample_per_turn():
     tok = tiny_tokenizer("chatml")
     # Drops the content of every assistant turn but the last (as reasoning-stripping templates do).
     tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
                          "{% if m['role'] != 'assistant' or loop.last %}{{ m['content'] }}{% endif %}"
                          "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    with pytest.raises(SpecdraftError, match="not prefix-stable"):
-        render(tok, MULTI_TURN, end_of_turn_ids(tok))
+    samples = Chat(tok, end_of_turn_ids(tok)).render(MULTI_TURN)
+    assert [s.turn for s in samples] == [1, 3, 5]
+    for sample, turn in zip(samples, (1, 3, 5)):
+        # each turn as the model saw it: the earlier answers emptied by the template, its own answer trained
+        assert masked_spans(tok, sample) == [MULTI_TURN[turn]["content"] + "<|im_end|>"]
+        assert tok.decode(sample.input_ids) == tok.apply_chat_template(MULTI_TURN[:turn + 1], tokenize=False).rstrip("\n")
 
 
 def test_template_error_names_the_record():

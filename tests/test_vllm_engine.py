@@ -60,7 +60,7 @@ def answers(folder: Path) -> dict[str, list[dict]]:
 
 
 def test_vllm_regeneration_equals_transformers_greedy(regenerated, smollm2):
-    from specdraft.data.render import encode, render_text
+    from specdraft.data.render import Chat
 
     root, hf_meta, vllm_meta = regenerated
     assert hf_meta["regeneration"]["engine"]["name"] == "transformers"
@@ -75,9 +75,8 @@ def test_vllm_regeneration_equals_transformers_greedy(regenerated, smollm2):
     tok = target.tokenizer
     for key in set(hf) - set(equal):
         turn = next(i for i, (a, b) in enumerate(zip(hf[key], vl[key])) if a != b)
-        prompt = encode(tok, render_text(tok, hf[key][:turn], add_generation_prompt=True))
-        a = tok(hf[key][turn]["content"], add_special_tokens=False)["input_ids"]
-        b = tok(vl[key][turn]["content"], add_special_tokens=False)["input_ids"]
+        prompt = Chat(tok, []).prompt_ids(hf[key][:turn])
+        a, b = hf[key][turn]["token_ids"], vl[key][turn]["token_ids"]     # the answers as generated
         at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         with torch.no_grad():
             logits = target.model(torch.tensor([prompt + a[:at]])).logits[0, -1]

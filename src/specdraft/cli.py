@@ -13,7 +13,7 @@ import typer
 from specdraft.defaults import DRAFT_LENGTH, draft_length_option, parse_draft_stop
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT as DEFAULT_FAMILY
-from specdraft.flags import (AS_JSON, BUDGET_MINUTES, CAPTURE_DTYPE, COMPILE, COMPUTE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS, CONVERSATIONS_HELP, DEVICE,
+from specdraft.flags import (AS_JSON, BUDGET_MINUTES, CHAT_TEMPLATE_KWARGS, PREPARE_MAX_LENGTH, REGEN_MAX_NEW_TOKENS, CAPTURE_DTYPE, COMPILE, COMPUTE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS, CONVERSATIONS_HELP, DEVICE,
                              DATASTORE, DRAFT_LENGTH_OR_AUTO, MAX_CONTEXT, REGEN_DTYPE, DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS, MAX_NEW_TOKENS_HELP,
                              MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP, PREPARED_HELP, PROFILE_HELP,
                              PROMPTS_HELP, SEED_HELP, STORE_FORMAT_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TREE_HELP,
@@ -55,8 +55,7 @@ def prepare(
     model: str = MODEL,
     regenerate: bool = typer.Option(False, "--regenerate", help="Replace assistant turns with the target's own answers."),
     temperature: float = typer.Option(0.0, help=TEMPERATURE_HELP + " Here: of the regenerated answers."),
-    max_new_tokens: int = typer.Option(256, help=MAX_NEW_TOKENS_HELP + " Here: per regenerated assistant turn."),
-    max_length: int = typer.Option(2048, help="Drop conversations longer than this many tokens."),
+    max_new_tokens: Optional[int] = REGEN_MAX_NEW_TOKENS, max_length: Optional[int] = PREPARE_MAX_LENGTH,
     min_assistant_tokens: int = typer.Option(1, help="Drop samples with fewer loss-masked tokens."),
     dedup: bool = typer.Option(True, "--dedup/--no-dedup", help="Drop duplicate conversations."),
     limit: Optional[int] = typer.Option(None, help="Use the first N. Here: samples."),
@@ -71,7 +70,7 @@ def prepare(
     follow_ups: float = typer.Option(0.0, "--follow-ups", help="Share (0..1) of the self-written conversations "
                                      "that get a second user turn, which the target writes after its answer."),
     compute_dtype: str = REGEN_DTYPE, budget_minutes: Optional[float] = BUDGET_MINUTES,
-):
+    chat_template_kwargs: Optional[str] = CHAT_TEMPLATE_KWARGS):
     """Render conversations for training. The chat template applied, the assistant tokens' loss mask
     built; with --regenerate the answers are the target's own."""
     from specdraft.data.prepare import prepare as run_prepare, summary_lines
@@ -86,7 +85,7 @@ def prepare(
                               min_assistant_tokens=min_assistant_tokens, dedup=dedup, limit=limit,
                               batch_size=batch_size, split=split, seed=seed, trust_remote_code=trust_remote_code,
                               engine=opts, part=share, follow_ups=follow_ups, compute_dtype=compute_dtype,
-                              budget_minutes=budget_minutes)
+                              budget_minutes=budget_minutes, template_kwargs=chat_template_kwargs)
     say(summary_lines(summary, out))
 
 
@@ -263,7 +262,7 @@ def bench(
     time_split: bool = typer.Option(False, "--time-split", help="Print the draft / verify / other time split."),
     compiled: bool = COMPILE, verify_rows: Optional[int] = VERIFY_ROWS, context_buckets: Optional[str] = CONTEXT_BUCKETS, device: str = DEVICE,
     max_context: Optional[int] = MAX_CONTEXT, compute_dtype: str = COMPUTE_DTYPE, trust_remote_code: bool = TRUST,
-):
+    chat_template_kwargs: Optional[str] = CHAT_TEMPLATE_KWARGS):
     """Wall-clock speed of every method on the same prompts. greedy, plain (specdraft's loop, no
     drafter), n-gram and drafters, in interleaved rounds (median and spread per method)."""
     from specdraft.infer import bench as B
@@ -274,7 +273,7 @@ def bench(
     k, stop = draft_length_option(num_speculative_tokens), parse_draft_stop(draft_stop)   # parsed here, once
     report = B.run_bench(model, drafter, prompts, methods, max_new_tokens, k, stop, rounds, tree, (ngram_min, ngram_max),
                          limit, device, compute_dtype, trust_remote_code, verify_rows, context_buckets, max_context,
-                         datastore, compiled)
+                         datastore, compiled, chat_template_kwargs)
     say(report["warnings"])
     B.print_report(report, as_json)
     say(B.time_split_lines(report) if time_split else [])
@@ -300,7 +299,7 @@ def generate(
     ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN, datastore: Optional[Path] = DATASTORE,
     device: str = DEVICE, compute_dtype: str = COMPUTE_DTYPE, verify_rows: Optional[int] = VERIFY_ROWS,
     as_json: bool = AS_JSON, trust_remote_code: bool = TRUST, compiled: bool = COMPILE,
-):
+    chat_template_kwargs: Optional[str] = CHAT_TEMPLATE_KWARGS):
     """Speculative generation for one prompt. Streams the answer, then tokens/s and τ."""
     from specdraft.infer.generate import generate_one
     from specdraft.infer.sampling import Sampling
@@ -310,7 +309,8 @@ def generate(
     k, stop = draft_length_option(num_speculative_tokens), parse_draft_stop(draft_stop)   # parsed here, once
     result, name = generate_one(prompt, model, drafter, method, k, stop, tree, sampling, max_new_tokens,
                                 (ngram_min, ngram_max), device, compute_dtype, trust_remote_code,
-                                stream=not as_json, rows=verify_rows, datastore=datastore, compile=compiled)
+                                stream=not as_json, rows=verify_rows, datastore=datastore, compile=compiled,
+                                template_kwargs=chat_template_kwargs)
     if as_json:
         return print(json.dumps(result))
     sys.stdout.write("\n")

@@ -68,6 +68,15 @@ COMPUTE_DTYPE = typer.Option("float32", "--compute-dtype", help=COMPUTE_DTYPE_HE
 AUTO_DTYPE_HELP = (COMPUTE_DTYPE_HELP + " Here: or auto (bf16 on a GPU, and on a CPU where bf16 matmuls measure "
                    "faster, timed once per machine); {record} records it.")
 REGEN_DTYPE = typer.Option("auto", "--compute-dtype", help=AUTO_DTYPE_HELP.format(record="prepare.json"))
+REGEN_MAX_NEW_TOKENS = typer.Option(None, "--max-new-tokens", help=(
+    "New tokens per answer at most. Here: per regenerated assistant turn; default 4096 for a target "
+    "whose template thinks (its generation prompt leaves reasoning open), else 256."))
+PREPARE_MAX_LENGTH = typer.Option(None, "--max-length", help=(
+    "Drop samples longer than this many tokens; default 8192 for a target whose template thinks, else 2048."))
+CHAT_TEMPLATE_KWARGS = typer.Option(None, "--chat-template-kwargs", help=(
+    "Arguments of the chat template as a JSON object (vLLM's chat_template_kwargs), e.g. "
+    "'{\"enable_thinking\": false}' (Qwen3), '{\"thinking\": false}' (Kimi), '{\"reasoning_effort\": \"low\"}' "
+    "(gpt-oss); each must be one the template reads. Default: the template's own defaults."))
 BUDGET_MINUTES = typer.Option(None, "--budget-minutes", help=(
     "Regenerate for about this many minutes: rounds of 2 x --batch-size conversations more, each the "
     "first of the same seeded order, up to --limit; no round starts that would end past the budget "

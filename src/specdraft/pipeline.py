@@ -29,6 +29,7 @@ from rich.text import Text
 from specdraft import run_layout
 from specdraft.data import mixture as mixtures
 from specdraft.data.conversations import source_kind
+from specdraft.templates import parse_template_kwargs
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder, read_json, write_json
 from specdraft.metrics import drafter_method, tau_source, tau_text
@@ -84,6 +85,8 @@ class Recipe:
                                  # `specdraft info` prints them; distinct on any depth)
     extra: str = ""              # SOURCE:N, e.g. pydoc:800: N conversations kept as written (no regeneration) in a
                                  # second store the drafter also trains on (the data lever of docs/recipes.md, issue 33)
+    chat_template_kwargs: str = ""   # prepare's and bench's --chat-template-kwargs, a JSON object such as
+                                 # '{"enable_thinking": false}': the thinking mode the drafter is trained and measured in
 
 
 def recipe_file(profile: str) -> Path:
@@ -124,6 +127,12 @@ def load_recipe(path: str | Path) -> Recipe:
                 raise SpecdraftError(f"{path}: recipe: extra is {value!r}; expected SOURCE:N, e.g. pydoc:800 "
                                      "(N conversations kept as written, in a second store)")
             continue
+        if name == "chat_template_kwargs":
+            if not isinstance(value, str):
+                raise SpecdraftError(f"{path}: recipe: chat_template_kwargs is {value!r}; expected a quoted JSON object "
+                                     "such as '{\"enable_thinking\": false}'")
+            parse_template_kwargs(value, f"{path}: recipe: chat_template_kwargs")   # bad JSON fails before any stage
+            continue
         if name == "layers":
             if not isinstance(value, str) or value and not all(p.strip().isdigit() for p in value.split(",")):
                 raise SpecdraftError(f"{path}: recipe: layers is {value!r}; expected aux layer ids such as \"2,16,29\" "
@@ -158,7 +167,13 @@ def prepare_args(model: str, data: str, recipe: Recipe, engine: str, out: Path) 
     return ["prepare", "--model", model, "--conversations", data, "--regenerate",
             "--limit", str(recipe.samples), "--max-new-tokens", str(recipe.max_new_tokens),
             "--batch-size", str(recipe.regen_batch), "--engine", engine, *longer, "--out", str(out),
-            *(["--budget-minutes", f"{recipe.prepare_minutes:g}"] if recipe.prepare_minutes else [])]
+            *(["--budget-minutes", f"{recipe.prepare_minutes:g}"] if recipe.prepare_minutes else []),
+            *template_args(recipe)]
+
+
+def template_args(recipe: Recipe) -> list[str]:
+    """--chat-template-kwargs for the stages that render prompts (prepare, bench), where the recipe sets it."""
+    return ["--chat-template-kwargs", recipe.chat_template_kwargs] if recipe.chat_template_kwargs else []
 
 
 def is_draft_stop(value) -> bool:
@@ -261,7 +276,7 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
                         "--methods", ",".join(methods), "--limit", str(recipe.bench_prompts),
                         "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(recipe.k),
                         "--rounds", str(recipe.bench_rounds), "--datastore", str(ws / "data"),
-                        "--out", str(run / run_layout.BENCH),
+                        "--out", str(run / run_layout.BENCH), *template_args(recipe),
                         *([] if recipe.draft_stop == "off" else ["--draft-stop", str(recipe.draft_stop)])], log)
     bench = json.loads((run / run_layout.BENCH).read_text())
     k = served_k(bench)
@@ -349,7 +364,11 @@ def check_finished_stages(ws: Path, recipe: Recipe, data: str) -> None:
                  f"set recipe: max_new_tokens: {regen.get('max_new_tokens')} in {recipe.path}"),
                 ("regeneration.budget.minutes", budget, recipe.prepare_minutes,
                  f"set recipe: prepare_minutes: {budget} in {recipe.path}" if budget else
-                 f"remove prepare_minutes from {recipe.path}")):
+                 f"remove prepare_minutes from {recipe.path}"),
+                ("chat_template_kwargs", meta.get("chat_template_kwargs") or {},
+                 parse_template_kwargs(recipe.chat_template_kwargs),
+                 f"set recipe: chat_template_kwargs: '{json.dumps(meta.get('chat_template_kwargs') or {})}' in "
+                 f"{recipe.path}")):
             if have != want:
                 raise SpecdraftError(f"{prepared}: field '{field}' is {json.dumps(have)}, but this recipe asks for "
                                      f"{json.dumps(want)} and would reuse the finished data; {fix} to continue "
@@ -389,7 +408,8 @@ def bench_natural(console: Console, model: str, drafter: Path, run: Path, recipe
                         "--methods", ",".join(natural_methods(recipe.family, recipe.bench_tree)),
                         "--limit", str(recipe.bench_prompts),
                         "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(k or "auto"),
-                        "--rounds", "1", "--datastore", str(data), "--out", str(run / run_layout.BENCH_NATURAL)], log,
+                        "--rounds", "1", "--datastore", str(data), "--out", str(run / run_layout.BENCH_NATURAL),
+                        *template_args(recipe)], log,
               name="bench-natural")
 
 

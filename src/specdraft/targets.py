@@ -636,6 +636,17 @@ def tap_hidden_states(model: torch.nn.Module, aux_layer_ids: list[int], on_aux, 
         for h in handles:
             h.remove()
 
+def thinking_line(tok, arch) -> str:
+    """info's thinking: what this tokenizer's chat template writes (think tags or harmony channels, and
+    whether it reasons by default), else what the architecture's models are known to use."""
+    from specdraft import templates
+
+    if getattr(tok, "chat_template", None) and templates.thinking_style(tok):
+        return (f"{templates.thinking_style(tok)}, {templates.thinking_mode(tok)} by default (prepare/bench "
+                "--chat-template-kwargs to choose)")
+    return f"{arch.thinking} (this architecture's templates; this template writes none)" if arch.thinking else "none"
+
+
 def info(model: str, trust_remote_code: bool = False) -> dict:
     """What `specdraft info` prints; reads config + tokenizer only, no weights."""
     path, name = resolve(model)
@@ -661,7 +672,7 @@ def info(model: str, trust_remote_code: bool = False) -> dict:
         "mlp": f"MoE, {adapter.active_fraction(cfg):.3g} of the experts active per token" if adapter.moe(cfg) else "dense",
         "quantization": quantization(cfg) or "none",
         "chat_template": bool(getattr(tok, "chat_template", None)),
-        "thinking": arch.thinking or "none known",
+        "thinking": thinking_line(tok, arch),
         "template_kwargs": list(arch.template_kwargs),
         "default_aux_layers": default_aux_layers(L),
         "drafter_shape": adapter.drafter_shape(cfg),

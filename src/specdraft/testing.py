@@ -17,9 +17,47 @@ CHATML_DEFAULT_SYSTEM = ("{% for message in messages %}{% if loop.first and mess
 LLAMA3 = ("{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
           "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
-TEMPLATES = {"chatml": CHATML, "chatml-system": CHATML_DEFAULT_SYSTEM, "llama3": LLAMA3, "none": None}
+# Thinking templates written for the tests in the formats of the targets users bring (think tags as Qwen3 and
+# Kimi write them, gpt-oss's harmony channels): each keeps reasoning only after the last user turn, takes its
+# model's template argument, and ends the last assistant turn as the model does.
+_LAST_USER = ("{%- set ns = namespace(last_user=-1) -%}{%- for message in messages -%}{%- if message.role == 'user' -%}"
+              "{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}")
+QWEN3_THINK = (_LAST_USER + "{%- for message in messages -%}{%- if message.role == 'assistant' -%}"
+               "{{- '<|im_start|>assistant\n' -}}{%- if loop.index0 > ns.last_user -%}"
+               "{{- '<think>\n' + (message.reasoning_content or '') + '\n</think>\n\n' -}}{%- endif -%}"
+               "{{- message.content + '<|im_end|>\n' -}}{%- else -%}"
+               "{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}{%- endif -%}"
+               "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}"
+               "{%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\n\n</think>\n\n' -}}"
+               "{%- endif -%}{%- endif -%}")
+KIMI_THINK = (_LAST_USER + "{%- for message in messages -%}{%- if message.role == 'system' -%}"
+              "{{- '<|im_system|>system<|im_middle|>' + message.content + '<|im_end|>' -}}"
+              "{%- elif message.role == 'user' -%}{{- '<|im_user|>user<|im_middle|>' + message.content + '<|im_end|>' -}}"
+              "{%- else -%}{{- '<|im_assistant|>assistant<|im_middle|>' -}}{%- if loop.index0 > ns.last_user -%}"
+              "{{- '<think>' + (message.reasoning_content or '') + '</think>' -}}{%- else -%}{{- '<think></think>' -}}"
+              "{%- endif -%}{{- message.content + '<|im_end|>' -}}{%- endif -%}{%- endfor -%}"
+              "{%- if add_generation_prompt -%}{{- '<|im_assistant|>assistant<|im_middle|>' -}}"
+              "{%- if thinking is defined and not thinking -%}{{- '<think></think>' -}}{%- else -%}{{- '<think>' -}}"
+              "{%- endif -%}{%- endif -%}")
+HARMONY = (_LAST_USER + "{{- '<|start|>system<|message|>You are a tiny assistant.\nReasoning: ' + (reasoning_effort "
+           "if reasoning_effort is defined else 'medium') + '<|end|>' -}}{%- for message in messages -%}"
+           "{%- if message.role == 'system' -%}{{- '<|start|>developer<|message|>' + message.content + '<|end|>' -}}"
+           "{%- elif message.role == 'user' -%}{{- '<|start|>user<|message|>' + message.content + '<|end|>' -}}"
+           "{%- else -%}{%- if loop.index0 > ns.last_user and message.thinking -%}"
+           "{{- '<|start|>assistant<|channel|>analysis<|message|>' + message.thinking + '<|end|>' -}}{%- endif -%}"
+           "{{- '<|start|>assistant<|channel|>final<|message|>' + message.content -}}"
+           "{{- '<|return|>' if loop.last and not add_generation_prompt else '<|end|>' -}}{%- endif -%}{%- endfor -%}"
+           "{%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}")
+TEMPLATES = {"chatml": CHATML, "chatml-system": CHATML_DEFAULT_SYSTEM, "llama3": LLAMA3, "none": None,
+             "qwen3-think": QWEN3_THINK, "kimi-think": KIMI_THINK, "harmony": HARMONY}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
             "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+# A thinking template's own special tokens, after the bytes (the ids of the others stay as they were).
+TEMPLATE_SPECIALS = {"qwen3-think": ["<think>", "</think>"],
+                     "kimi-think": ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<think>",
+                                    "</think>"],
+                     "harmony": ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"]}
+TEMPLATE_EOS = {"llama3": "<|eot_id|>", "harmony": "<|return|>"}
 
 
 def tiny_tokenizer(template: str = "chatml"):
@@ -31,12 +69,15 @@ def tiny_tokenizer(template: str = "chatml"):
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
     for ch in sorted(byte_alphabet):
         vocab[ch] = len(vocab)
+    extra = TEMPLATE_SPECIALS.get(template, [])
+    for t in extra:
+        vocab[t] = len(vocab)
     tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tk.decoder = decoders.ByteLevel()
-    eos = "<|eot_id|>" if template == "llama3" else "<|im_end|>"
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|begin_of_text|>", eos_token=eos,
-                                  pad_token="<|endoftext|>", additional_special_tokens=SPECIALS)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|begin_of_text|>",
+                                  eos_token=TEMPLATE_EOS.get(template, "<|im_end|>"),
+                                  pad_token="<|endoftext|>", additional_special_tokens=SPECIALS + extra)
     tok.chat_template = TEMPLATES[template]
     return tok
 

@@ -29,7 +29,8 @@ from specdraft.analysis.plan import store_sample_batch
 from specdraft.analysis.probe import drafter_metrics, sample_batch, target_hidden
 from specdraft.data.prepared import load_prepared
 from specdraft.data.regenerate import padded_generate
-from specdraft.data.render import encode, end_of_turn_ids, render_text, template_sha256
+from specdraft.data.render import Chat, end_of_turn_ids
+from specdraft.templates import template_sha256
 from specdraft.data.store_parts import open_stores
 from specdraft.errors import SpecdraftError
 from specdraft.families import family, family_of
@@ -404,8 +405,8 @@ def aux_ids_key(config: dict, where: str) -> str:
 def check_template(d: Doctor) -> Finding:
     """The prompt part of each held-out sample (everything before its first assistant token) against
     the same messages rendered now with the target's chat template (a system prompt, a thinking
-    flag), plus the template hashes; the loss is τ on the store minus τ on those samples with the
-    target's prompt rendering and the same answers."""
+    flag) and the data's template arguments, plus the template hashes; the loss is τ on the store
+    minus τ on those samples with the target's prompt rendering and the same answers."""
     data = (d.store.manifest.get("data") or {}).get("path")
     if not data or not Path(data).is_dir():
         return Finding("template", False, {"skipped": f"prepared data {data} not found"})
@@ -413,14 +414,17 @@ def check_template(d: Doctor) -> Finding:
     tok = d.target.tokenizer
     evidence = {"data_template": str(meta.get("chat_template_sha256"))[:12],
                 "target_template": template_sha256(tok)[:12]}
+    kwargs = meta.get("chat_template_kwargs") if isinstance(meta.get("chat_template_kwargs"), dict) else {}
+    chat = Chat(tok, [], kwargs)
     ids, masks, changed = [], [], 0
     for row in (ds.select(d.held_out) if "messages" in ds.column_names else []):
         messages = json.loads(row["messages"]) if isinstance(row["messages"], str) else row["messages"]
-        first = next((i for i, m in enumerate(messages or []) if m.get("role") == "assistant" and i > 0), None)
+        first = row.get("turn") or next((i for i, m in enumerate(messages or []) if m.get("role") == "assistant"
+                                         and i > 0), None)      # data of before the `turn` column: the first answer
         start = next((j for j, m in enumerate(row["loss_mask"]) if m), None)
         if first is None or start is None:
             continue
-        prompt = encode(tok, render_text(tok, messages[:first], True))
+        prompt = chat.prompt_ids(messages[:first])
         changed += prompt != list(row["input_ids"][:start])
         ids.append(prompt + list(row["input_ids"][start:]))
         masks.append([0] * len(prompt) + list(row["loss_mask"][start:]))
@@ -436,6 +440,54 @@ def check_template(d: Doctor) -> Finding:
                    "then capture and retrain",
                    f"{changed} of {len(ids)} prompts render differently with the target's chat template "
                    f"(template {evidence['data_template'][:8]} in the data, {evidence['target_template'][:8]} served)")
+
+
+def bench_modes(run: Path) -> list[tuple[str, str, dict, float | None]]:
+    """(file, thinking mode, template arguments, the drafter chain's τ) of each bench*.json in the run
+    that records its mode (bench --chat-template-kwargs)."""
+    found = []
+    for path in sorted(run.glob("bench*.json")):
+        data = read_json(path, "bench result")
+        config = data.get("config") if isinstance(data, dict) and isinstance(data.get("config"), dict) else {}
+        mode = (config.get("thinking") or {}).get("mode") if isinstance(config.get("thinking"), dict) else None
+        if isinstance(mode, str):
+            tau = drafter_method(data)[1].get("accept_len")
+            found.append((path.name, mode, config.get("chat_template_kwargs") or {},
+                          tau if isinstance(tau, (int, float)) else None))
+    return found
+
+
+def check_thinking_mode(d: Doctor) -> Finding:
+    """The thinking mode and template arguments the drafter was trained with (prepare.json) against those
+    each bench of the run ran with: a drafter trained on reasoning drafts reasoning, one trained without it
+    drafts answers, and a reasoning effort or a template argument changes what the target writes. Where the
+    run holds benches in both settings, the loss is τ in the training setting minus τ in the other, and the
+    cause holds only beyond TAU_GAP; with no bench in the training setting it holds, loss unknown."""
+    data = (d.store.manifest.get("data") or {}).get("path")
+    meta = read_json(Path(data) / "prepare.json", "prepare record") if data and (Path(data) / "prepare.json").is_file() else None
+    trained = ((meta or {}).get("thinking") or {}).get("mode") if isinstance(meta, dict) else None
+    benches = bench_modes(d.run)
+    if trained is None or not benches:
+        return Finding("thinking_mode", False, {"skipped": "no thinking mode recorded in " + (
+            "the prepared data" if trained is None else f"a bench of the run; measure it: specdraft bench --drafter "
+            f"{d.run} --chat-template-kwargs JSON --out {d.run}/bench.json")})
+    trained_kwargs = (meta or {}).get("chat_template_kwargs") or {}
+    other = [b for b in benches if (b[1], b[2]) != (trained, trained_kwargs)]
+    same = [b for b in benches if (b[1], b[2]) == (trained, trained_kwargs)]
+    evidence = {"trained_mode": trained, "trained_kwargs": trained_kwargs,
+                "benches": {name: {"mode": mode, "kwargs": kwargs, "tau": fmt(tau) if tau is not None else None}
+                            for name, mode, kwargs, tau in benches}, "threshold": TAU_GAP}
+    taus = [b[3] for b in same if b[3] is not None], [b[3] for b in other if b[3] is not None]
+    loss = max(taus[0]) - min(taus[1]) if all(taus) else None
+    holds = bool(other) and (loss is None or loss > TAU_GAP)
+    name, mode, kwargs, _ = other[0] if other else benches[0]
+    served = f"thinking {mode}" + (f" {json.dumps(kwargs)}" if kwargs else "")
+    return Finding("thinking_mode", holds, evidence, loss if holds else None,
+                   f"specdraft prepare --model {command_model(d)} --conversations SOURCE --regenerate "
+                   f"--chat-template-kwargs '{json.dumps(kwargs)}' --out WS/data-thinking-{mode} (the setting served), "
+                   "then capture and retrain (or train on both settings' stores)",
+                   f"trained with thinking {trained}" + (f" {json.dumps(trained_kwargs)}" if trained_kwargs else "")
+                   + f", benched with {served} ({name})")
 
 
 def check_prompt_shift(d: Doctor) -> Finding:
@@ -754,7 +806,8 @@ def check_export_mismatch(d: Doctor) -> Finding:
 
 
 CHECKS = {"vocab_coverage": check_vocab_coverage, "vocab_mapping": check_vocab_mapping,
-          "aux_layers": check_aux_layers, "template": check_template, "prompt_shift": check_prompt_shift,
+          "aux_layers": check_aux_layers, "template": check_template, "thinking_mode": check_thinking_mode,
+          "prompt_shift": check_prompt_shift,
           "undertrained": check_undertrained, "overfit": check_overfit, "depth_decay": check_depth_decay,
           "below_baseline": check_below_baseline, "round_cost": check_round_cost,
           "export_mismatch": check_export_mismatch, "context_decay": check_context_decay}

@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdraft import run_layout
-from specdraft.analysis.probe import drafter_metrics_by_context
+from specdraft.analysis.probe import context_masks, drafter_metrics_by_group, part_masks
 from specdraft.data.store import HiddenStore
 from specdraft.data.store_parts import open_stores
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
+from specdraft.io import read_json
 from specdraft.infer.bench import load_drafter_for
 from specdraft.metrics import by_context_section, by_context_text, parse_context_buckets, tau_text
 from specdraft.progress import track
@@ -177,14 +178,37 @@ def evaluate(drafter: str | Path, store: str | Path | list, model: str = "defaul
     batches = StoreBatches(hidden, ids, max_tokens=max(max_tokens, longest), shuffle=False)
     shown = track(batches.batches(0), "eval", batches.num_batches(0), "batches",
                   tokens=lambda b: int(b["loss_mask"].numel()))
-    metrics, per_bucket = drafter_metrics_by_context(net, target.model, shown, steps, context_edges)
+    chat, thinking = data_chat(hidden, target)
+
+    def groups(batch):
+        return ([(("context", i), f, n) for i, f, n in context_masks(batch, context_edges)]
+                + ([(("part", p), f, n) for p, f, n in part_masks(batch, chat)] if chat.style else []))
+
+    metrics, grouped = drafter_metrics_by_group(net, target.model, shown, steps, groups)
+    per_bucket = [grouped.get(("context", i)) for i in range(len(context_edges) + 1)]
+    by_part = {p: {"tau": grouped[("part", p)][0]["accept_len"], "positions": grouped[("part", p)][1]}
+               for p in ("reasoning", "answer") if ("part", p) in grouped} or None
     cond = [metrics[f"cond_acc_{k}"] for k in range(steps)]
     by_context = by_context_section([b[0]["accept_len"] if b else None for b in per_bucket],
                                     [b[1] if b else 0 for b in per_bucket], context_edges, steps, "positions")
     return {"drafter": str(checkpoint), "store": str(store), "model": target.name, "split": split_used,
             "k": steps, "samples": len(ids), "split_name": split_name, "cond_acc": cond, "full_acc": [metrics[f"full_acc_{k}"] for k in range(steps)],
             "accept_len": metrics["accept_len"], "accept_len_by_k": chain_accept_lengths(cond),
-            "metrics": metrics, "by_context": by_context, "warnings": warnings}
+            "metrics": metrics, "by_context": by_context, "thinking": thinking, "tau_by_part": by_part,
+            "warnings": warnings}
+
+
+def data_chat(hidden, target):
+    """The target's chat format with the template arguments of the store's prepared data (its prepare.json),
+    and the thinking mode the data was prepared in (None where the data does not record one)."""
+    from specdraft.data.render import Chat
+
+    path = ((getattr(hidden, "manifest", None) or {}).get("data") or {}).get("path")
+    meta = read_json(Path(path) / "prepare.json", "prepare record") if path and (Path(path) / "prepare.json").is_file() else {}
+    meta = meta if isinstance(meta, dict) else {}
+    kwargs = meta.get("chat_template_kwargs") if isinstance(meta.get("chat_template_kwargs"), dict) else {}
+    thinking = meta.get("thinking") if isinstance(meta.get("thinking"), dict) else None
+    return Chat(target.tokenizer, [], kwargs), {**(thinking or {}), "chat_template_kwargs": kwargs} if thinking else None
 
 
 def format_result(result: dict) -> str:
@@ -194,4 +218,6 @@ def format_result(result: dict) -> str:
     source = result.get("split_name", "held-out" if str(result["split"]).startswith("val") else "all")
     return (f"split        {result['split']}\n{tau_text(result['accept_len'], result.get('k'), source, result.get('samples'), 3)}"
             f"   (accept_len: tokens per target forward)\ncond_acc     {rates}\nτ by K       {by_k}"
-            + (f"\n{by_context_text(result['by_context'], source, result.get('samples'))}" if result.get("by_context") else ""))
+            + (f"\n{by_context_text(result['by_context'], source, result.get('samples'))}" if result.get("by_context") else "")
+            + "".join(f"\nτ by part    {p} {v['tau']:.2f} ({v['positions']} positions)"
+                      for p, v in (result.get("tau_by_part") or {}).items()))

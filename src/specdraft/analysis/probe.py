@@ -175,11 +175,41 @@ def context_masks(batch: dict, edges) -> list[tuple[int, "torch.Tensor | None", 
     return [(i, (index == i).to(batch["loss_mask"].dtype), int((trained & (index == i)).sum())) for i in present]
 
 
-def drafter_metrics_by_context(net, target_model, batches, steps: int, edges
-                               ) -> tuple[dict[str, float], list[tuple[dict[str, float], int] | None]]:
-    """drafter_metrics, and with `edges` the same metrics per context bucket (metrics.context_buckets):
-    [(metrics, trained positions) or None where no position fell] — each bucket's positions measured by
-    the objective with the loss mask cut to them (once more per batch only where a batch spans buckets)."""
+def part_masks(batch: dict, chat) -> list[tuple[str, "torch.Tensor | None", int]]:
+    """(part, loss-mask factor, trained positions) of a thinking template's parts in the batch: each trained
+    span (an answer) split where its reasoning ends (render.Chat.reasoning_length, with the sample's tokens
+    before the span as its prompt) into "reasoning" and "answer". The factor is None when every trained
+    position is in one part."""
+    trained = batch["loss_mask"].bool() & (batch["doc_ids"] >= 0)
+    label = torch.full_like(batch["input_ids"], -1)
+    for r in range(label.shape[0]):
+        row, mask, pos = batch["input_ids"][r].tolist(), trained[r].tolist(), batch["position_ids"][r].tolist()
+        sample_start, j = 0, 0
+        while j < len(row):
+            if pos[j] == 0:
+                sample_start = j
+            if not mask[j]:
+                j += 1
+                continue
+            end = j + 1
+            while end < len(row) and mask[end] and pos[end] != 0:
+                end += 1
+            cut = chat.reasoning_length(row[sample_start:j], row[j:end])
+            label[r, j:j + cut], label[r, j + cut:end] = 0, 1
+            j = end
+    names = ("reasoning", "answer")
+    present = [int(i) for i in label[trained].unique().tolist()]
+    if len(present) == 1:
+        return [(names[present[0]], None, int(trained.sum()))]
+    return [(names[i], (label == i).to(batch["loss_mask"].dtype), int((label == i).sum())) for i in present]
+
+
+def drafter_metrics_by_group(net, target_model, batches, steps: int, groups
+                             ) -> tuple[dict[str, float], dict[object, tuple[dict[str, float], int]]]:
+    """drafter_metrics, and the same metrics per group of trained positions: `groups(batch)` gives (key,
+    loss-mask factor or None for all of them, trained positions) for each group the batch's positions fall
+    in (context_masks, part_masks); each group measured by the objective with the loss mask cut to it
+    (once more per batch only where a batch spans groups). Returns {key: (metrics, trained positions)}."""
     if not 1 <= steps <= MAX_TTT_STEPS:
         raise SpecdraftError(f"--num-speculative-tokens {steps}: must be in 1..{MAX_TTT_STEPS}")
     limit = family_of(net).max_draft(net.config)
@@ -188,19 +218,26 @@ def drafter_metrics_by_context(net, target_model, batches, steps: int, edges
                              f"tokens per round; measure with -k {limit} or less")
     teacher = TeacherHead.from_target(target_model, net.d2t)
     objective = family_of(net).objective(net, teacher, RunConfig(ttt_steps=steps)).eval()
-    sums, buckets, positions = None, {}, {}
+    sums, grouped, positions = None, {}, {}
     with torch.no_grad():
         for batch in batches:
             _, part = objective(batch)
             sums = add_sums(sums, part)
-            for i, factor, n in context_masks(batch, edges) if edges is not None else []:
+            for key, factor, n in groups(batch):
                 own = part if factor is None else objective({**batch, "loss_mask": batch["loss_mask"] * factor})[1]
-                buckets[i], positions[i] = add_sums(buckets.get(i), own), positions.get(i, 0) + n
+                grouped[key], positions[key] = add_sums(grouped.get(key), own), positions.get(key, 0) + n
     if sums is None:
         raise SpecdraftError("no samples to measure acceptance on")
-    per_bucket = [(finalize_metrics(buckets[i]), positions[i]) if i in buckets else None
-                  for i in range(len(edges) + 1)] if edges is not None else []
-    return finalize_metrics(sums), per_bucket
+    return finalize_metrics(sums), {key: (finalize_metrics(v), positions[key]) for key, v in grouped.items()}
+
+
+def drafter_metrics_by_context(net, target_model, batches, steps: int, edges
+                               ) -> tuple[dict[str, float], list[tuple[dict[str, float], int] | None]]:
+    """drafter_metrics, and with `edges` the same metrics per context bucket (metrics.context_buckets):
+    [(metrics, trained positions) or None where no position fell]."""
+    metrics, grouped = drafter_metrics_by_group(net, target_model, batches, steps,
+                                                lambda b: context_masks(b, edges) if edges is not None else [])
+    return metrics, [grouped.get(i) for i in range(len(edges) + 1)] if edges is not None else []
 
 
 def probe_drafter(drafter: str | Path, model: str, data: str | Path, samples: int = 32, max_tokens: int = 512,

@@ -1,5 +1,6 @@
 """Read conversations from a file (jsonl/json/parquet), a Hugging Face dataset id or the
-builtin prompts, and normalise them to lists of {"role", "content"} messages.
+builtin prompts, and normalise them to lists of {"role", "content"} messages (assistant turns with
+their reasoning as `reasoning_content` where the record carries it).
 
 Every problem in the input becomes a SpecdraftError that names the file and the line or
 record, so the user can find and fix it.
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specdraft.data.builtin_prompts import builtin_prompts
+from specdraft.data.render import REASONING_FIELDS
 from specdraft.errors import SpecdraftError
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -181,11 +183,27 @@ def normalize(record: Any, where: str, allow_empty_assistant: bool = False) -> C
             content = ""
         if not isinstance(content, str):
             raise SpecdraftError(f"{where} turn {i}: content must be a string, got {type(content).__name__}")
-        if role == "assistant" and not content.strip() and not allow_empty_assistant:
+        reasoning = turn_reasoning(turn, role, f"{where} turn {i}")
+        if role == "assistant" and not content.strip() and not reasoning and not allow_empty_assistant:
             raise SpecdraftError(f"{where} turn {i}: empty assistant turn; fix the record, drop it, "
                                  "or pass --regenerate to let the target write the answers")
-        messages.append({"role": role, "content": content})
+        messages.append({"role": role, "content": content, **({"reasoning_content": reasoning} if reasoning else {})})
     return Conversation(messages=messages, where=where)
+
+
+def turn_reasoning(turn: dict, role: str, where: str) -> str:
+    """An assistant turn's reasoning as vLLM and OpenAI-style exports carry it (`reasoning_content`, or
+    `reasoning`; `thinking` as harmony templates name it), kept to be rendered the way the template
+    renders reasoning; '' where there is none."""
+    name = next((f for f in REASONING_FIELDS if turn.get(f) not in (None, "")), None)
+    if name is None:
+        return ""
+    if role != "assistant":
+        raise SpecdraftError(f"{where}: a {role} turn with '{name}'; only assistant turns carry reasoning; "
+                             "move it or drop the field")
+    if not isinstance(turn[name], str):
+        raise SpecdraftError(f"{where}: '{name}' must be a string, got {type(turn[name]).__name__}")
+    return turn[name]
 
 
 def load_conversations(source: str, split: str = "train", seed: int = 0, limit: int | None = None,

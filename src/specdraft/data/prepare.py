@@ -19,7 +19,8 @@ from rich.console import Console
 from specdraft.data import mixture as mixtures
 from specdraft.data.conversations import Conversation, load_conversations, self_question_count, source_kind
 from specdraft.data.prepared import non_empty_part, save_prepared
-from specdraft.data.render import end_of_turn_ids, render, require_chat_template, template_sha256
+from specdraft.data.render import Chat, end_of_turn_ids, require_chat_template
+from specdraft.templates import check_template_kwargs, parse_template_kwargs, template_sha256
 from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
 from specdraft.defaults import check_compute_dtype
 from specdraft.errors import SpecdraftError
@@ -27,12 +28,17 @@ from specdraft.io import ensure_writable_dir
 
 
 FORMAT_VERSION = 1
+# Defaults by the target's thinking mode (render.Chat.mode): a thinking target's reasoning alone runs to
+# thousands of tokens, so its answers are regenerated longer and its samples kept longer.
+MAX_NEW_TOKENS = {"on": 4096, "off": 256, "none": 256}
+MAX_LENGTH = {"on": 8192, "off": 2048, "none": 2048}
 
 
-def check_options(max_length: int, min_assistant_tokens: int, limit: int | None, batch_size: int,
-                  max_new_tokens: int, temperature: float, follow_ups: float = 0.0,
+def check_options(max_length: int | None, min_assistant_tokens: int, limit: int | None, batch_size: int,
+                  max_new_tokens: int | None, temperature: float, follow_ups: float = 0.0,
                   compute_dtype: str = "auto") -> None:
-    if max_length < 2:
+    """The values given (None: defaults chosen once the target's template is read)."""
+    if max_length is not None and max_length < 2:
         raise SpecdraftError(f"--max-length {max_length}: must be at least 2 tokens")
     if min_assistant_tokens < 1:   # a sample with no trained token: the store refuses it (store.check_samples)
         raise SpecdraftError(f"--min-assistant-tokens {min_assistant_tokens}: must be >= 1")
@@ -40,7 +46,7 @@ def check_options(max_length: int, min_assistant_tokens: int, limit: int | None,
         raise SpecdraftError(f"--limit {limit}: must be at least 1 (omit it to keep every sample)")
     if batch_size < 1:
         raise SpecdraftError(f"--batch-size {batch_size}: must be at least 1")
-    if max_new_tokens < 1:
+    if max_new_tokens is not None and max_new_tokens < 1:
         raise SpecdraftError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
     if temperature < 0:
         raise SpecdraftError(f"--temperature {temperature}: must be >= 0 (0 = greedy)")
@@ -63,11 +69,12 @@ class Source:
 
 
 def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, temperature: float = 0.0,
-            max_new_tokens: int = 256, max_length: int = 2048, min_assistant_tokens: int = 1,
+            max_new_tokens: int | None = None, max_length: int | None = None, min_assistant_tokens: int = 1,
             dedup: bool = True, limit: int | None = None, batch_size: int = 16, split: str = "train",
             seed: int = 0, trust_remote_code: bool = False, console: Console | None = None,
             engine="auto", part: tuple[int, int] | None = None, follow_ups: float = 0.0,
-            compute_dtype: str = "auto", budget_minutes: float | None = None) -> dict:
+            compute_dtype: str = "auto", budget_minutes: float | None = None,
+            template_kwargs: dict | str | None = None) -> dict:
     """Write OUT/dataset and OUT/prepare.json; return the prepare.json content.
 
     `part` (I, N) keeps samples I-1, I-1+N, ... (prepared.part_indices): with --regenerate, of the
@@ -84,9 +91,14 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     prepare.json records the one used.
 
     `budget_minutes`: regenerate in rounds (regenerate_in_rounds) until about that many minutes have
-    passed; `limit` is then the most it regenerates."""
+    passed; `limit` is then the most it regenerates.
+
+    `template_kwargs` (--chat-template-kwargs, vLLM's chat_template_kwargs) go to every rendering: the
+    prompts the target answers, the samples, the questions it writes. `max_new_tokens` and
+    `max_length` default by the template's thinking mode (MAX_NEW_TOKENS, MAX_LENGTH)."""
     started = time.perf_counter()
     console = console or Console(stderr=True)
+    template_kwargs = parse_template_kwargs(template_kwargs)
     check_options(max_length, min_assistant_tokens, limit, batch_size, max_new_tokens, temperature, follow_ups,
                   compute_dtype)
     opts = engine if isinstance(engine, EngineOptions) else engine_options(engine)
@@ -95,36 +107,52 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     check_budget(budget_minutes, regenerate, limit, part, source)
     src = read_source(source, split, seed, limit, regenerate, follow_ups)
     out = ensure_writable_dir(out)
-    target, engine_name, end_ids, dtype = open_target(model, src, regenerate, opts, trust_remote_code, compute_dtype,
-                                                      batch_size)
+    target, engine_name, chat, dtype = open_target(model, src, regenerate, opts, trust_remote_code, compute_dtype,
+                                                   batch_size, template_kwargs)
+    max_new_tokens, max_length, defaults = thinking_defaults(chat, max_new_tokens, max_length)
     dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "over_limit": 0}
-    job = None
-    if regenerate:
-        from specdraft.data.regenerate import RegenSettings
-
-        settings = RegenSettings(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                                 target=target.identity["fingerprint"], compute_dtype=dtype)
-        job = Answering(target, engine_name, opts, settings, end_ids, out, batch_size, follow_ups, console)
+    job = answering(target, engine_name, opts, chat, dtype, out, temperature, max_new_tokens, seed, batch_size,
+                    follow_ups, console) if regenerate else None
     regeneration = None
     if job and budget_minutes:
         conversations, records, src, regeneration = regenerate_in_rounds(job, source, split, dedup, limit, dropped,
                                                                          budget_minutes, started)
     else:
         conversations = (long_documents(target.tokenizer, limit, max_length, regenerate) if src.kind == "long" else
-                         with_self_written(src, target, out, end_ids, seed, batch_size, limit, console))
+                         with_self_written(src, target, out, chat, seed, batch_size, limit, console))
         records = len(conversations)
         if job:
             conversations, regeneration = regenerate_answers(
                 job, regeneration_input(conversations, dedup, limit, part, dropped))
-    rows = samples(target.tokenizer, conversations, end_ids, max_length, min_assistant_tokens, dedup, limit, dropped,
-                   None if regenerate else part)
+    rows, split_turns = samples(chat, conversations, max_length, min_assistant_tokens, dedup, limit, dropped,
+                                None if regenerate else part)
     check_samples_left(rows, conversations, src, records, regenerate, dropped, max_length, min_assistant_tokens)
-    meta = prepared_meta(src, target, end_ids, rows, records, dropped, regeneration, out, seed=seed,
+    meta = prepared_meta(src, target, chat, rows, records, dropped, regeneration, out, seed=seed,
                          split=split, max_length=max_length, min_assistant_tokens=min_assistant_tokens, dedup=dedup,
                          limit=limit, regenerate=regenerate, part=part)
+    meta["counts"]["conversations_split_per_turn"], meta["defaults_by_thinking_mode"] = split_turns, defaults
     meta["seconds"] = round(time.perf_counter() - started, 2)
     save_prepared(out, rows, meta)
     return meta
+
+
+def thinking_defaults(chat: Chat, max_new_tokens: int | None, max_length: int | None) -> tuple[int, int, dict]:
+    """--max-new-tokens and --max-length as given, else by the template's thinking mode (MAX_NEW_TOKENS,
+    MAX_LENGTH); and the ones chosen so (prepare.json's defaults_by_thinking_mode)."""
+    mode = chat.mode()
+    chosen = {name: table[mode] for name, given, table in (("max_new_tokens", max_new_tokens, MAX_NEW_TOKENS),
+                                                          ("max_length", max_length, MAX_LENGTH)) if given is None}
+    return chosen.get("max_new_tokens", max_new_tokens), chosen.get("max_length", max_length), chosen
+
+
+def answering(target, engine_name: str, opts: EngineOptions, chat: Chat, dtype: str, out: Path, temperature: float,
+              max_new_tokens: int, seed: int, batch_size: int, follow_ups: float, console) -> "Answering":
+    """What writes the answers, with the regeneration settings that key them in regen.jsonl."""
+    from specdraft.data.regenerate import RegenSettings
+
+    settings = RegenSettings(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                             target=target.identity["fingerprint"], compute_dtype=dtype, template_kwargs=chat.kwargs)
+    return Answering(target, engine_name, opts, settings, chat, out, batch_size, follow_ups, console)
 
 
 def read_source(source: str, split: str, seed: int, limit: int | None, regenerate: bool,
@@ -150,8 +178,8 @@ def read_source(source: str, split: str, seed: int, limit: int | None, regenerat
 
 
 def open_target(model: str, src: Source, regenerate: bool, opts: EngineOptions, trust_remote_code: bool,
-                compute_dtype: str = "auto", batch_size: int = 16):
-    """(target, engine name, end-of-turn ids, compute dtype). torch and transformers load only now: bad
+                compute_dtype: str = "auto", batch_size: int = 16, template_kwargs: dict | None = None):
+    """(target, engine name, render.Chat, compute dtype). torch and transformers load only now: bad
     data was reported in a fraction of a second. The hf engine loads the weights, in the dtype it
     regenerates in; another engine holds them, so only config, tokenizer and fingerprint are read here."""
     import torch
@@ -161,7 +189,9 @@ def open_target(model: str, src: Source, regenerate: bool, opts: EngineOptions, 
                                    target_config)
 
     quiet_libraries()
-    require_chat_template(load_tokenizer(model, trust_remote_code), model)
+    tokenizer = load_tokenizer(model, trust_remote_code)
+    require_chat_template(tokenizer, model)
+    check_template_kwargs(tokenizer, template_kwargs or {}, model)    # a typo fails before the weights load
     engine_name = "hf"
     if regenerate:
         engine_name = "endpoint" if opts.endpoint else choose_engine(opts, model, trust_remote_code)
@@ -181,17 +211,17 @@ def open_target(model: str, src: Source, regenerate: bool, opts: EngineOptions, 
     from specdraft.adapter import architecture
 
     ends = end_of_turn_ids(target.tokenizer, gen_config, architecture(target.config).end_tokens)
-    return target, engine_name, ends, dtype
+    return target, engine_name, Chat(target.tokenizer, ends, dict(template_kwargs or {})), dtype
 
 
-def with_self_written(src: Source, target, out: Path, end_ids: list[int], seed: int, batch_size: int,
+def with_self_written(src: Source, target, out: Path, chat: Chat, seed: int, batch_size: int,
                       limit: int | None, console) -> list[Conversation]:
     """The conversations, the ones the target writes itself (self:N, a mixture's self part) included."""
     if src.kind == "self":
-        return self_written(target, src.question_count or limit or 256, out, end_ids, seed, batch_size, console)
+        return self_written(target, src.question_count or limit or 256, out, chat, seed, batch_size, console)
     if src.mixture:
         if src.self_count:
-            src.drawn["self"] = self_written(target, src.self_count, out, end_ids, seed, batch_size, console)
+            src.drawn["self"] = self_written(target, src.self_count, out, chat, seed, batch_size, console)
         return mixtures.interleave(list(src.drawn.values()))
     return src.conversations
 
@@ -237,7 +267,7 @@ class Answering:
     engine_name: str
     opts: EngineOptions
     settings: object              # regenerate.RegenSettings
-    end_ids: list[int]
+    chat: Chat
     out: Path
     batch_size: int
     follow_ups: float
@@ -249,7 +279,7 @@ def regenerate_answers(job: Answering, conversations: list[Conversation]) -> tup
     record of the regeneration."""
     from specdraft.data.regenerate import answer_engine
 
-    with answer_engine(job.engine_name, job.target, job.settings, job.end_ids, job.opts) as answer:
+    with answer_engine(job.engine_name, job.target, job.settings, job.chat.end_ids, job.opts) as answer:
         answered, stats, second = answer_all(job, answer, conversations)
     return answered, regeneration_record(job, vars(stats), second)
 
@@ -258,12 +288,12 @@ def answer_all(job: Answering, answer, conversations: list[Conversation]):
     """(conversations answered, RegenStats, follow-ups record or None) by the open engine `answer`."""
     from specdraft.data.regenerate import regenerate as regenerate_all
 
-    answered, stats = regenerate_all(answer, [c.messages for c in conversations], job.out, job.settings,
+    answered, stats = regenerate_all(answer, [c.messages for c in conversations], job.out, job.settings, job.chat,
                                      batch_size=job.batch_size, console=job.console)
     second = None
     if job.follow_ups:
         answered, second = second_turns(answer, job.target, conversations, answered, job.follow_ups, job.out,
-                                        job.settings, job.end_ids, job.batch_size, job.console)
+                                        job.settings, job.chat, job.batch_size, job.console)
     return [Conversation(messages=m, where=c.where) for m, c in zip(answered, conversations)], stats, second
 
 
@@ -306,11 +336,11 @@ def regenerate_in_rounds(job: Answering, source: str, split: str, dedup: bool, l
     answered: dict[str, Conversation] = {}
     totals, follow, seconds = {}, {}, []
     step = ROUND_BATCHES * job.batch_size
-    with answer_engine(job.engine_name, job.target, job.settings, job.end_ids, job.opts) as answer:
+    with answer_engine(job.engine_name, job.target, job.settings, job.chat.end_ids, job.opts) as answer:
         for size in [*range(step, limit, step), limit]:
             round_started = time.perf_counter()
             src = read_source(source, split, job.settings.seed, size, True, job.follow_ups)
-            read = with_self_written(src, job.target, job.out, job.end_ids, job.settings.seed, job.batch_size,
+            read = with_self_written(src, job.target, job.out, job.chat, job.settings.seed, job.batch_size,
                                      size, job.console)
             dropped.update(dict.fromkeys(dropped, 0))      # the last round's input is what prepare.json counts
             conversations = regeneration_input(read, dedup, size, None, dropped)
@@ -339,14 +369,15 @@ def add_counts(totals: dict, counts: dict) -> None:
         totals[key] = totals.get(key, 0) + value if number else value
 
 
-def samples(tok, conversations: list[Conversation], end_ids: list[int], max_length: int, min_assistant_tokens: int,
-            dedup: bool, limit: int | None, dropped: dict, part: tuple[int, int] | None) -> dict:
-    """The rendered, filtered samples; `part`: this node's share of them (without --regenerate)."""
-    rows = render_and_filter(tok, conversations, end_ids, max_length, min_assistant_tokens, dedup, limit, dropped)
+def samples(chat: Chat, conversations: list[Conversation], max_length: int, min_assistant_tokens: int,
+            dedup: bool, limit: int | None, dropped: dict, part: tuple[int, int] | None) -> tuple[dict, int]:
+    """(the rendered, filtered samples, conversations given one sample per assistant turn); `part`: this
+    node's share of the samples (without --regenerate)."""
+    rows, split_turns = render_and_filter(chat, conversations, max_length, min_assistant_tokens, dedup, limit, dropped)
     if part is not None:
         keep = non_empty_part(len(rows["input_ids"]), part, "the samples left after filtering are")
         rows = {key: [column[i] for i in keep] for key, column in rows.items()}
-    return rows
+    return rows, split_turns
 
 
 def check_samples_left(rows: dict, conversations: list[Conversation], src: Source, records: int, regenerate: bool,
@@ -360,7 +391,7 @@ def check_samples_left(rows: dict, conversations: list[Conversation], src: Sourc
                              f"({describe_drops(dropped, max_length, min_assistant_tokens)}); relax that filter")
 
 
-def prepared_meta(src: Source, target, end_ids: list[int], rows: dict, records: int, dropped: dict,
+def prepared_meta(src: Source, target, chat: Chat, rows: dict, records: int, dropped: dict,
                   regeneration: dict | None, out: Path, seed: int, split: str, max_length: int,
                   min_assistant_tokens: int, dedup: bool, limit: int | None, regenerate: bool,
                   part: tuple[int, int] | None) -> dict:
@@ -387,7 +418,9 @@ def prepared_meta(src: Source, target, end_ids: list[int], rows: dict, records: 
         "target": target.identity,
         "tokenizer": target.path,
         "chat_template_sha256": template_sha256(target.tokenizer),
-        "end_token_ids": end_ids,
+        "chat_template_kwargs": chat.kwargs,
+        "thinking": {"style": chat.style, "mode": chat.mode()},
+        "end_token_ids": chat.end_ids,
         "max_length": max_length,
         "min_assistant_tokens": min_assistant_tokens,
         "dedup": dedup,
@@ -400,18 +433,18 @@ def prepared_meta(src: Source, target, end_ids: list[int], rows: dict, records: 
     }
 
 
-def self_written(target, count: int, out: Path, end_ids: list[int], seed: int, batch_size: int,
+def self_written(target, count: int, out: Path, chat: Chat, seed: int, batch_size: int,
                  console) -> list[Conversation]:
     """`count` questions the target writes (self:N, a mixture's self part), as conversations."""
     from specdraft.data import self_prompts
 
-    questions = self_prompts.write_questions(target, count, out, end_ids, seed=seed, batch_size=batch_size,
+    questions = self_prompts.write_questions(target, count, out, chat, seed=seed, batch_size=batch_size,
                                              console=console)
     return [Conversation(messages=m, where=f"{self_prompts.SELF_WRITTEN} {i}") for i, m in enumerate(questions)]
 
 
 def second_turns(answer, target, conversations: list[Conversation], answered: list[list[dict]], share: float,
-                 out: Path, settings, end_ids: list[int], batch_size: int, console) -> tuple[list[list[dict]], dict]:
+                 out: Path, settings, chat: Chat, batch_size: int, console) -> tuple[list[list[dict]], dict]:
     """--follow-ups: `share` of the self-written conversations (drawn with --seed) get the user's
     next question, written by the target after its first answer, and the target's answer to it
     (the first answer kept). Returns the conversations and what prepare.json records."""
@@ -420,14 +453,14 @@ def second_turns(answer, target, conversations: list[Conversation], answered: li
 
     own = [i for i, c in enumerate(conversations) if c.where.startswith(self_prompts.SELF_WRITTEN)]
     chosen = [own[j] for j in self_prompts.follow_up_indices(len(own), share, settings.seed)]
-    questions = self_prompts.write_follow_ups(target, [answered[i] for i in chosen], out, end_ids,
+    questions = self_prompts.write_follow_ups(target, [answered[i] for i in chosen], out, chat,
                                               seed=settings.seed, console=console)
     asked = [(i, [*answered[i], {"role": "user", "content": q}]) for i, q in zip(chosen, questions) if q]
     answered = list(answered)
     record = {"share": share, "chosen": len(chosen), "written": len(asked),
               "file": str(Path(out) / self_prompts.FOLLOW_UPS_FILE)}
     if asked:
-        second, stats = regenerate_all(answer, [m for _, m in asked], out, settings, batch_size=batch_size,
+        second, stats = regenerate_all(answer, [m for _, m in asked], out, settings, chat, batch_size=batch_size,
                                        console=console, keep_answers=True)
         for (i, _), messages in zip(asked, second):
             answered[i] = messages
@@ -442,6 +475,18 @@ def summary_lines(meta: dict, out) -> list[str]:
     dropped = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in counts["dropped"].items() if n)
     lines = [f"prepared {counts['samples']} samples, {counts['tokens']} tokens ({counts['loss_tokens']} trained) "
              f"-> {out}" + (f" (dropped: {dropped})" if dropped else "")]
+    chosen = meta.get("defaults_by_thinking_mode") or {}
+    mode = (meta.get("thinking") or {}).get("mode")
+    if chosen and mode in ("on", "off"):
+        given = meta.get("chat_template_kwargs")
+        lines.append(f"note: thinking {mode} ({'--chat-template-kwargs ' + json.dumps(given) if given else 'the template default'}): "
+                     + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in chosen.items())
+                     + (" (a thinking target's reasoning runs long)" if mode == "on" else ""))
+    split_turns = counts.get("conversations_split_per_turn") or 0
+    if split_turns:
+        lines.append(f"note: {split_turns} conversation(s) gave one sample per assistant turn: the chat template renders "
+                     "earlier turns otherwise than the target wrote them (e.g. without their reasoning), so each turn "
+                     "is trained as the target saw it")
     regen = meta.get("regeneration") or {}
     budget = regen.get("budget")
     if budget:
@@ -467,32 +512,39 @@ def unique_conversations(conversations: list[Conversation]) -> list[Conversation
     return unique
 
 
-def render_and_filter(tok, conversations: list[Conversation], end_ids: list[int], max_length: int,
-                      min_assistant_tokens: int, dedup: bool, limit: int | None, dropped: dict) -> dict[str, list]:
-    """Rows for save_prepared; counts every dropped sample in `dropped` by reason."""
-    rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "messages": []}
+def render_and_filter(chat: Chat, conversations: list[Conversation], max_length: int, min_assistant_tokens: int,
+                      dedup: bool, limit: int | None, dropped: dict) -> tuple[dict[str, list], int]:
+    """Rows for save_prepared and the conversations given one sample per assistant turn (render.Chat.render);
+    counts every dropped sample in `dropped` by reason. `messages` holds each sample's conversation without
+    the answers' token ids (input_ids hold them), `turn` the index of its first trained assistant message."""
+    rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "messages": [], "turn": []}
     seen: set[tuple[int, ...]] = set()
+    split_turns = 0
     for i, conv in enumerate(conversations):
         if limit is not None and len(rows["input_ids"]) >= limit:
             dropped["over_limit"] += len(conversations) - i
             break
-        sample = render(tok, conv.messages, end_ids, where=conv.where)
-        if len(sample.input_ids) > max_length:
-            dropped["too_long"] += 1
-            continue
-        if sample.num_loss_tokens < min_assistant_tokens:
-            dropped["too_few_assistant_tokens"] += 1
-            continue
-        if dedup:  # by rendered token ids: catches conversations that differ only in ignored fields
-            ids = tuple(sample.input_ids)
-            if ids in seen:
-                dropped["duplicate"] += 1
+        rendered = chat.render(conv.messages, where=conv.where)
+        split_turns += len(rendered) > 1
+        for sample in rendered:
+            if len(sample.input_ids) > max_length:
+                dropped["too_long"] += 1
                 continue
-            seen.add(ids)
-        rows["input_ids"].append(sample.input_ids)
-        rows["loss_mask"].append(sample.loss_mask)
-        rows["messages"].append(json.dumps(conv.messages, ensure_ascii=False))
-    return rows
+            if sample.num_loss_tokens < min_assistant_tokens:
+                dropped["too_few_assistant_tokens"] += 1
+                continue
+            if dedup:  # by rendered token ids: catches conversations that differ only in ignored fields
+                ids = tuple(sample.input_ids)
+                if ids in seen:
+                    dropped["duplicate"] += 1
+                    continue
+                seen.add(ids)
+            rows["input_ids"].append(sample.input_ids)
+            rows["loss_mask"].append(sample.loss_mask)
+            rows["messages"].append(json.dumps([{k: v for k, v in m.items() if k != "token_ids"}
+                                                for m in sample.messages], ensure_ascii=False))
+            rows["turn"].append(sample.turn)
+    return rows, split_turns
 
 
 def describe_drops(dropped: dict, max_length: int, min_assistant_tokens: int) -> str:

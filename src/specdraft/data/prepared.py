@@ -2,8 +2,11 @@
 
     WS/data/dataset/      a `datasets` save_to_disk folder, one row per sample:
                           input_ids (list[int]), loss_mask (list[int], 1 on assistant tokens),
-                          messages (str, JSON of the rendered conversation)
-    WS/data/prepare.json  source, target identity, template hash, counts, tokens
+                          messages (str, JSON of the sample's conversation), turn (int, the index
+                          in messages of its first trained assistant turn; data of older versions
+                          lacks it)
+    WS/data/prepare.json  source, target identity, template hash and arguments, thinking mode,
+                          counts, tokens
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 learns the target's distribution rather than some other model's.
 
 Multi-turn conversations are answered turn by turn: turn k is generated from the conversation
-so far, which holds the target's own answers to turns < k. Generation is batched (left padding,
-`model.generate`, greedy unless a temperature is given) and resumable: every finished sample is
-appended to OUT/regen.jsonl, keyed by a hash of the input conversation and the generation
-settings, and fsync'ed per batch; a re-run skips what is there.
+so far, which holds the target's own answers to turns < k. An answer is kept as the ids the target
+generated (`token_ids` on its message, render.Chat.answer), with its reasoning and content parsed
+out for the prompts of later turns, which are rendered with the template arguments. Generation is
+batched (left padding, `model.generate`, greedy unless a temperature is given) and resumable: every
+finished sample is appended to OUT/regen.jsonl, keyed by a hash of the input conversation and the
+generation settings, and fsync'ed per batch; a re-run skips what is there.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from transformers import DynamicCache, StoppingCriteria
 from transformers.cache_utils import DynamicLayer
 
 from specdraft.data import vllm_engine as ve
-from specdraft.data.render import answer_from_ids, encode, render_text
+from specdraft.data.render import Chat
 from specdraft.progress import progress as progress_of
 
 PROGRESS_FILE = "regen.jsonl"
@@ -36,9 +38,13 @@ class RegenSettings:
     seed: int = 0
     target: str = ""          # target fingerprint: answers of another target are not reused
     compute_dtype: str = "float32"   # what the target computed in: answers of another dtype are not reused
+    template_kwargs: dict = field(default_factory=dict)   # --chat-template-kwargs: answers of others are not reused
 
     def as_dict(self) -> dict:
-        d = {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens, "target": self.target}
+        d = {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens, "target": self.target,
+             "answers": "token_ids"}          # answers kept as generated ids (text answers of older runs are redone)
+        if self.template_kwargs:
+            d["chat_template_kwargs"] = self.template_kwargs
         if self.temperature > 0:
             d["seed"] = self.seed
         if self.compute_dtype != "float32":   # float32 keys stay as they were before the dtype was a choice
@@ -75,15 +81,21 @@ class Pending:
             self.position += 1
         return list(self.done) if self.position < len(self.skeleton) else None
 
-    def answer(self, text: str, truncated: bool, new_tokens: int) -> None:
-        self.done.append({"role": "assistant", "content": text})
+    def answer(self, message: dict, truncated: bool, new_tokens: int) -> None:
+        self.done.append(message)
         self.position += 1
         self.truncated += int(truncated)
         self.new_tokens += new_tokens
 
 
 def is_slot(message: dict) -> bool:
-    return message["role"] == "assistant" and message["content"] == ""
+    """An assistant turn to write: no text, no reasoning, no generated ids (an answer that is all
+    reasoning, cut by --max-new-tokens, has an empty content but is written)."""
+    return message["role"] == "assistant" and not has_answer(message)
+
+
+def has_answer(message: dict) -> bool:
+    return bool(message["content"].strip() or message.get("reasoning_content") or message.get("token_ids"))
 
 
 def skeleton(messages: list[dict], keep_answers: bool = False) -> list[dict]:
@@ -99,7 +111,7 @@ def skeleton(messages: list[dict], keep_answers: bool = False) -> list[dict]:
         if m["role"] == "assistant":
             if not kept or kept[-1]["role"] == "assistant":
                 continue
-            kept.append(m if keep_answers and m["content"].strip() else {"role": "assistant", "content": ""})
+            kept.append(m if keep_answers and has_answer(m) else {"role": "assistant", "content": ""})
         else:
             kept.append(m)
     if kept and kept[-1]["role"] != "assistant":
@@ -141,13 +153,13 @@ def append_progress(path: Path, records: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def regenerate(answer, conversations: list[list[dict]], out: Path, settings: RegenSettings,
+def regenerate(answer, conversations: list[list[dict]], out: Path, settings: RegenSettings, chat: Chat,
                batch_size: int = 16, console=None, keep_answers: bool = False) -> tuple[list[list[dict]], RegenStats]:
     """Return the conversations with target-written assistant turns (same order) and stats.
 
-    `answer(prompts, seeds, on_step)` is the engine (see answer_engine): one (text, truncated,
-    new tokens) per prompt conversation. `keep_answers`: answers already written are kept and
-    only the empty slots are generated (see skeleton)."""
+    `answer(prompt_ids, seeds, on_step)` is the engine (see answer_engine): one (generated ids, hit
+    --max-new-tokens) per prompt; `chat` renders the prompts and keeps the answers. `keep_answers`:
+    answers already written are kept and only the empty slots are generated (see skeleton)."""
     out.mkdir(parents=True, exist_ok=True)
     progress_path = out / PROGRESS_FILE
     finished = load_progress(progress_path)
@@ -182,14 +194,15 @@ def regenerate(answer, conversations: list[list[dict]], out: Path, settings: Reg
                     break
                 seeds = [request_seed(settings, p.key, p.position) for p, _ in active]
                 before = tracker.tokens
-                answers = answer([prompt for _, prompt in active], seeds, on_step)
-                for (p, _), (text, truncated, n) in zip(active, answers):
-                    p.answer(text, truncated, n)
+                prompts = [chat.prompt_ids(prompt) for _, prompt in active]
+                answers = [chat.answer(ids, new, hit) for ids, (new, hit) in zip(prompts, answer(prompts, seeds, on_step))]
+                for (p, _), a in zip(active, answers):
+                    p.answer(a.message, a.truncated, a.new_tokens)
                     stats.turns += 1
-                    stats.truncated_turns += int(truncated)
-                    stats.new_tokens += n
+                    stats.truncated_turns += int(a.truncated)
+                    stats.new_tokens += a.new_tokens
                 if tracker.tokens == before:   # an engine without per-step calls (vLLM): count the answers' tokens
-                    tracker.set(tokens=sum(n for *_, n in answers))
+                    tracker.set(tokens=sum(a.new_tokens for a in answers))
             records = [{"key": p.key, "messages": p.done, "truncated_turns": p.truncated,
                         "new_tokens": p.new_tokens} for p in pending if p.key not in finished]
             append_progress(progress_path, records)
@@ -211,26 +224,20 @@ def request_seed(settings: RegenSettings, key: str, turn: int) -> int:
 def answer_engine(engine: str, target, settings: RegenSettings, end_ids: list[int], opts=None):
     """The `answer` function of regenerate() for engine 'hf' (target.model.generate in this
     process), 'vllm' (an offline vllm.LLM started here) or 'endpoint' (a running `vllm serve`).
-    Every engine gets the same prompt token ids, rendered here with the target's chat template."""
+    Every engine gets the same prompt token ids, rendered in regenerate() with the chat template and
+    its arguments (so a server's own chat_template_kwargs never apply), and returns generated ids."""
     if engine == "hf":
         yield lambda prompts, seeds, on_step=None: generate_batch(target, prompts, settings, end_ids, on_step)
         return
-
-    tok = target.tokenizer
-
-    def prompt_ids(prompts: list[list[dict]]) -> list[list[int]]:
-        return [encode(tok, render_text(tok, p, add_generation_prompt=True)) for p in prompts]
-
     if engine == "endpoint":
-        served = ve.check_endpoint(opts.endpoint, target, tok)
-        yield lambda prompts, seeds, on_step=None: ve.endpoint_answers(
-            opts.endpoint, served, tok, prompt_ids(prompts), settings, end_ids, seeds)
+        served = ve.check_endpoint(opts.endpoint, target, target.tokenizer)
+        yield lambda prompts, seeds, on_step=None: ve.endpoint_answers(opts.endpoint, served, prompts, settings,
+                                                                       end_ids, seeds)
         return
     llm = ve.start_llm(ve.llm_arguments(target.path, settings.compute_dtype, opts, seed=settings.seed,
                                         trust_remote_code=target.trust_remote_code))
     try:
-        yield lambda prompts, seeds, on_step=None: ve.vllm_answers(llm, tok, prompt_ids(prompts), settings,
-                                                                   end_ids, seeds)
+        yield lambda prompts, seeds, on_step=None: ve.vllm_answers(llm, prompts, settings, end_ids, seeds)
     finally:
         ve.stop_llm(llm)
 
@@ -254,15 +261,15 @@ class ReportEachStep(StoppingCriteria):
 
 
 @torch.no_grad()
-def generate_batch(target, prompts: list[list[dict]], settings: RegenSettings, end_ids: list[int],
-                   on_step=None) -> list[tuple[str, bool, int]]:
-    """(answer text, hit --max-new-tokens, new token count) for each prompt conversation."""
+def generate_batch(target, prompts: list[list[int]], settings: RegenSettings, end_ids: list[int],
+                   on_step=None) -> list[tuple[list[int], bool]]:
+    """(generated ids, hit --max-new-tokens) for each prompt's ids (a finished row's padding after its
+    end id is cut by Chat.answer)."""
     tok = target.tokenizer
-    encoded = [encode(tok, render_text(tok, p, add_generation_prompt=True)) for p in prompts]
-    new = padded_generate(target.model, encoded, settings.max_new_tokens, end_ids,
+    new = padded_generate(target.model, prompts, settings.max_new_tokens, end_ids,
                           tok.pad_token_id if tok.pad_token_id is not None else end_ids[0],
                           settings.temperature, on_step)
-    return [answer_from_ids(tok, ids, True, end_ids) for ids in new]
+    return [(ids, len(ids) >= settings.max_new_tokens) for ids in new]
 
 
 class GrowingLayer(DynamicLayer):

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from specdraft.data.regenerate import append_progress, load_progress
-from specdraft.data.render import answer_from_ids, encode, render_text
+from specdraft.data.render import Chat, decode_question, encode
 from specdraft.errors import SpecdraftError
 from specdraft.progress import progress as progress_of
 
@@ -37,11 +37,12 @@ MARK = "\u0000SPECDRAFT_QUESTION\u0000"
 MIN_WORDS = 3                  # shorter outputs are openings the target abandoned, not questions
 
 
-def user_turn_opening(tok, before: list[dict] | None = None) -> str:
+def user_turn_opening(chat: Chat, before: list[dict] | None = None) -> str:
     """The template's text up to where a user turn's content starts (system prompt included),
-    after the turns `before` (a follow-up's conversation so far) if given."""
-    text = render_text(tok, [*(before or []), {"role": "user", "content": MARK}], add_generation_prompt=False,
-                       where="--conversations self")
+    after the turns `before` (a follow-up's conversation so far, rendered as the template renders
+    history: earlier reasoning dropped where it drops it) if given."""
+    text = chat.text([*(before or []), {"role": "user", "content": MARK}], add_generation_prompt=False,
+                     where="--conversations self")
     if MARK not in text:
         raise SpecdraftError("--conversations self: the chat template does not render the user's text verbatim; "
                              "pass conversations (a file or dataset) instead")
@@ -60,15 +61,20 @@ def sample_questions(target, opening_ids: list[int], rows: int, seed: int, max_n
     output = target.model.generate(input_ids=opening, attention_mask=torch.ones_like(opening), do_sample=True,
                                    temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
                                    eos_token_id=list(end_ids), pad_token_id=pad_id)
-    texts = [answer_from_ids(tok, ids, True, end_ids) for ids in output[:, opening.shape[1]:].tolist()]
-    return [text for text, truncated, _ in texts if not truncated and len(text.split()) >= MIN_WORDS]
+    texts = [decode_question(tok, ids, True, end_ids) for ids in output[:, opening.shape[1]:].tolist()]
+    return [text for text, truncated in texts if not truncated and len(text.split()) >= MIN_WORDS]
+
+
+def template_setting(chat: Chat) -> dict:
+    """The template arguments as a setting of the questions written (none: the keys of older runs hold)."""
+    return {"chat_template_kwargs": chat.kwargs} if chat.kwargs else {}
 
 
 def batch_seed(seed: int, batch: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:questions:{batch}".encode()).digest()[:8], "big") % (2**63)
 
 
-def write_questions(target, count: int, out: Path, end_ids: list[int], seed: int = 0, batch_size: int = 64,
+def write_questions(target, count: int, out: Path, chat: Chat, seed: int = 0, batch_size: int = 64,
                     max_new_tokens: int = 96, temperature: float = 1.0, console=None) -> list[list[dict]]:
     """`count` distinct questions the target wrote, as one-user-turn conversations (resumable)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -76,16 +82,16 @@ def write_questions(target, count: int, out: Path, end_ids: list[int], seed: int
     batches = sorted(load_progress(path).values(), key=lambda r: r["batch"])
     written = list(dict.fromkeys(q for r in batches for q in r["questions"]))
     settings = {"seed": seed, "max_new_tokens": max_new_tokens, "temperature": temperature,
-                "target": target.identity["fingerprint"]}
+                "target": target.identity["fingerprint"], **template_setting(chat)}
     if batches and batches[0].get("settings") != settings:
         raise SpecdraftError(f"{path}: written with other settings ({batches[0].get('settings')}); "
                              "delete it or use another --out")
-    opening_ids = encode(target.tokenizer, user_turn_opening(target.tokenizer))   # rendered once, every batch starts here
+    opening_ids = encode(target.tokenizer, user_turn_opening(chat))   # rendered once, every batch starts here
     with progress_of("writing questions", count, min(len(written), count), "questions", console=console) as tracker:
         batch, empty_batches = len(batches), 0
         while len(written) < count:
             new = sample_questions(target, opening_ids, batch_size, batch_seed(seed, batch), max_new_tokens,
-                                   temperature, end_ids)
+                                   temperature, chat.end_ids)
             append_progress(path, [{"key": f"batch-{batch}", "batch": batch, "settings": settings,
                                     "questions": new}])
             before = len(written)
@@ -110,13 +116,13 @@ def follow_up_key(conversation: list[dict], settings: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def write_follow_ups(target, conversations: list[list[dict]], out: Path, end_ids: list[int], seed: int = 0,
+def write_follow_ups(target, conversations: list[list[dict]], out: Path, chat: Chat, seed: int = 0,
                      max_new_tokens: int = 96, temperature: float = 1.0, console=None) -> list[str | None]:
     """For each answered conversation, the user's next question written by the target after the
     answer (None where none of FOLLOW_UP_CANDIDATES rows gave a usable one); resumable."""
     path = out / FOLLOW_UPS_FILE
     settings = {"seed": seed, "max_new_tokens": max_new_tokens, "temperature": temperature,
-                "target": target.identity["fingerprint"]}
+                "target": target.identity["fingerprint"], **template_setting(chat)}
     written = load_progress(path)
     keys = [follow_up_key(c, settings) for c in conversations]
     with progress_of("writing follow-ups", len(keys), sum(k in written for k in keys), "questions",
@@ -124,10 +130,10 @@ def write_follow_ups(target, conversations: list[list[dict]], out: Path, end_ids
         for key, conversation in zip(keys, conversations):
             if key in written:
                 continue
-            opening_ids = encode(target.tokenizer, user_turn_opening(target.tokenizer, conversation))
+            opening_ids = encode(target.tokenizer, user_turn_opening(chat, conversation))
             seed_of = int.from_bytes(hashlib.sha256(f"{seed}:follow-up:{key}".encode()).digest()[:8], "big") % 2**63
             found = sample_questions(target, opening_ids, FOLLOW_UP_CANDIDATES, seed_of, max_new_tokens,
-                                     temperature, end_ids)
+                                     temperature, chat.end_ids)
             written[key] = {"key": key, "follow_up": found[0] if found else None}
             append_progress(path, [written[key]])
             tracker.advance(1)

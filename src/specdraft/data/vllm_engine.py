@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from specdraft.data.render import answer_from_ids
 from specdraft.errors import SpecdraftError
 
 ENGINES = ("auto", "hf", "vllm")
@@ -263,9 +262,10 @@ def sampling_fields(settings, end_ids: list[int], seed: int) -> dict:
     return fields
 
 
-def vllm_answers(llm, tok, prompt_ids: list[list[int]], settings, end_ids: list[int],
-                 seeds: list[int]) -> list[tuple[str, bool, int]]:
-    """Generate one answer per prompt (token ids) with the offline engine; vLLM schedules the batch."""
+def vllm_answers(llm, prompt_ids: list[list[int]], settings, end_ids: list[int],
+                 seeds: list[int]) -> list[tuple[list[int], bool]]:
+    """(generated ids, hit the length limit) per prompt (token ids) from the offline engine; vLLM
+    schedules the batch."""
     from vllm import SamplingParams
 
     params = [SamplingParams(**sampling_fields(settings, end_ids, s), detokenize=False) for s in seeds]
@@ -277,7 +277,7 @@ def vllm_answers(llm, tok, prompt_ids: list[list[int]], settings, end_ids: list[
     answers = []
     for out in outputs:
         gen = out.outputs[0]
-        answers.append(answer_from_ids(tok, list(gen.token_ids), gen.finish_reason == "length", end_ids))
+        answers.append((list(gen.token_ids), gen.finish_reason == "length"))
     return answers
 
 
@@ -318,10 +318,11 @@ def check_endpoint(endpoint: str, target, tok) -> str:
     return match["id"]
 
 
-def endpoint_answers(endpoint: str, served_model: str, tok, prompt_ids: list[list[int]], settings,
-                     end_ids: list[int], seeds: list[int]) -> list[tuple[str, bool, int]]:
-    """One completions request per prompt, all in flight at once so the server batches them."""
-    def ask(i: int) -> tuple[str, bool, int]:
+def endpoint_answers(endpoint: str, served_model: str, prompt_ids: list[list[int]], settings,
+                     end_ids: list[int], seeds: list[int]) -> list[tuple[list[int], bool]]:
+    """One completions request per prompt (token ids: the chat template and its arguments were applied
+    here), all in flight at once so the server batches them."""
+    def ask(i: int) -> tuple[list[int], bool]:
         body = {"model": served_model, "prompt": prompt_ids[i], "return_token_ids": True,
                 "skip_special_tokens": True, **sampling_fields(settings, end_ids, seeds[i])}
         choice = post_json(f"{endpoint}/completions", body)["choices"][0]
@@ -329,7 +330,7 @@ def endpoint_answers(endpoint: str, served_model: str, tok, prompt_ids: list[lis
         if ids is None:
             raise SpecdraftError(f"--endpoint {endpoint}: the server returned no token_ids; it needs a vLLM "
                                  "that supports return_token_ids (0.10 or newer)")
-        return answer_from_ids(tok, list(ids), choice.get("finish_reason") == "length", end_ids)
+        return list(ids), choice.get("finish_reason") == "length"
 
     with ThreadPoolExecutor(max_workers=min(64, len(prompt_ids))) as pool:
         return list(pool.map(ask, range(len(prompt_ids))))

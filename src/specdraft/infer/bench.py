@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 
 from specdraft.data.builtin_prompts import builtin_prompts
+from specdraft.data.render import Chat, end_of_turn_ids
+from specdraft.templates import check_template_kwargs, parse_template_kwargs
 from specdraft.defaults import DRAFT_LENGTH, check_compute_dtype
 from specdraft.adapter import text_config
 from specdraft.errors import SpecdraftError
@@ -127,12 +129,27 @@ def load_drafter_for(spec: str | Path, target, device: str = "cpu", dtype: torch
     return drafter.to(device=device, dtype=dtype).eval()
 
 
-def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Chat template with the generation prompt; plain text when the tokenizer has no template."""
+def prompt_ids(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
+    """Chat template (with its arguments, --chat-template-kwargs) and the generation prompt; plain text
+    when the tokenizer has no template."""
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return Chat(tokenizer, [], template_kwargs or {}).prompt_ids(messages)
     return tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
+
+
+def tau_by_part(chat: Chat, prompts: list[list[int]], gens: list[Generation]) -> dict | None:
+    """A thinking template's τ split: the verify rounds that draft reasoning (through </think>, or the
+    harmony analysis message) and those that draft the answer after it; None for other templates."""
+    if chat.style is None:
+        return None
+    parts = {"reasoning": [0, 0], "answer": [0, 0]}            # rounds, drafts accepted
+    for ids, g in zip(prompts, gens):
+        cut = chat.reasoning_length(ids, g.token_ids)
+        for context, accepted in zip(g.contexts, g.accepted):
+            part = parts["reasoning" if context - len(ids) < cut else "answer"]
+            part[0] += 1
+            part[1] += accepted
+    return {name: {"tau": (a + r) / r if r else None, "rounds": r} for name, (r, a) in parts.items()}
 
 
 NATURAL = "natural"
@@ -381,19 +398,21 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
           rounds: int = 3, draft_stop: float | None = None, ngram_k: int | None = None,
           rows: int | None = None, context_edges=CONTEXT_EDGES, datastore: Datastore | None = None,
           chain_rows: int | None = None, plain_rows: int | None = None, compile: bool = False,
-          hybrid_tree: bool = True) -> dict:
+          hybrid_tree: bool = True, chat: Chat | None = None) -> dict:
     """Same prompts for every method, batch 1, one warm-up generation per method first (which compiles, under
     `compile`); then `rounds` rounds, each running every method on every prompt, the order rotated per round.
     rows: every loop method at that row count; chain_rows, plain_rows: the drafter's chain's and plain
     decoding's (assign_rows). Plain decoding is the reference of every method at its R (the same tokens
     in any dtype: `identical_to_plain`), and is added to the methods when rows are given, or when
     chain_rows are and the target computes in a dtype other than float32 (where transformers' greedy
-    sums in other orders)."""
+    sums in other orders). `chat`: the template with its arguments (default: none), which renders the
+    prompts and splits τ into reasoning and answer (tau_by_part)."""
     if rounds < 1:
         raise SpecdraftError(f"--rounds {rounds}: must be >= 1 (3 or more to see the spread)")
     model, tok = target.model, target.tokenizer
     eos = eos_ids_of(model, tok)
-    prompts = [prompt_ids(tok, c) for c in conversations]
+    chat = chat or Chat(tok, sorted(eos))
+    prompts = [prompt_ids(tok, c, chat.kwargs) for c in conversations]
     names = ["greedy"] + [n for n in method_names if n != "greedy"]   # greedy is the reference
     not_fp32 = next(model.parameters()).dtype != torch.float32
     if (rows or (chain_rows and not_fp32)) and "plain" not in names:  # ... and plain, at the same rows
@@ -425,12 +444,10 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
         if r["identical_to_greedy"] is False:
             r["divergences"] = [divergence(model, ids, ref, g.token_ids)
                                 for ids, ref, g in zip(prompts, reference, runs[n][0]) if g.token_ids != ref]
-    for n, r in results.items():       # τ by context length: every verify round of round 1 in its bucket
+    for n, r in results.items():
         if n not in ("greedy", "plain"):
-            gens = runs[n][0]
             k_n = tree.total if n.endswith(TREE) and tree else (ngram_k or k) if n == "ngram" else k
-            r["by_context"] = rounds_by_context([c for g in gens for c in g.contexts],
-                                                [a for g in gens for a in g.accepted], context_edges, k_n)
+            r.update(round_sections(runs[n][0], prompts, chat, context_edges, k_n))
     if "plain" in results:             # what drafting adds over the same loop with no drafter
         plain = results["plain"]["tokens_per_s"]
         for r in results.values():
@@ -442,6 +459,14 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
                  "should be deterministic)" for n, r in results.items() if not r["same_in_every_round"]]
     return {"methods": results, "rounds": rounds, "order": order,
             "load": {"start": load_start, "end": load_end, "cores": os.cpu_count()}, "warnings": warnings}
+
+
+def round_sections(gens: list[Generation], prompts: list[list[int]], chat: Chat, context_edges, k) -> dict:
+    """A drafting method's τ by context length (every verify round of round 1 in its bucket) and, for a
+    thinking template, by part (tau_by_part)."""
+    return {"by_context": rounds_by_context([c for g in gens for c in g.contexts], [a for g in gens for a in g.accepted],
+                                            context_edges, k),
+            "tau_by_part": tau_by_part(chat, prompts, gens)}
 
 
 NEAR_TIE_STEPS = 4      # a divergence within this many representable steps of the logit is a rounding tie
@@ -581,8 +606,10 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
               k_option: int | str | None, stop: float | str | None, rounds: int, tree: str | None,
               ngram: tuple[int, int], limit: int | None, device: str, dtype: str, trust_remote_code: bool,
               rows: int | None = None, context_buckets: str | None = None, max_context: int | None = None,
-              datastore: str | None = None, compile: bool = False) -> dict:
+              datastore: str | None = None, compile: bool = False, template_kwargs: str | dict | None = None) -> dict:
     """`specdraft bench`: the options checked before the model loads, then bench() over the prompts.
+    `template_kwargs`: --chat-template-kwargs, the prompts rendered with them, τ reported for the thinking
+    mode they give (on, off; none for a template without reasoning) and split into reasoning and answer.
     `k_option`, `stop`: -k and --draft-stop as the CLI parsed them (defaults.draft_length_option,
     parse_draft_stop); -k unset is auto for a drafter's chain and DRAFT_LENGTH for n-gram and the tree."""
     from rich.console import Console
@@ -592,6 +619,7 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     from specdraft.progress import progress
     from specdraft.targets import DTYPES, load_target
 
+    kwargs = parse_template_kwargs(template_kwargs)
     names = [n.strip() for n in methods.split(",") if n.strip()]
     chains = [n for n in names if needs_drafter(n) and not n.endswith(TREE)]   # -k auto applies to these
     k = draft_length(k_option, default_auto=bool(chains))
@@ -607,13 +635,14 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     dev = resolve_device(device)
     asked, dtype = dtype, compute_dtype(dtype, model, dev, trust_remote_code)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
+    chat = target_chat(target, kwargs)
     if prompts == LONG:
         conversations = long_prompt_set(target, limit, max_context, max_new_tokens, rows or ROUND_ROOM)
     draft_model = (load_drafter_for(drafter, target, dev, DTYPES[dtype]) if any(map(needs_drafter, names)) else None)
     if draft_model is not None:
         check_drafter_methods(names, draft_model)      # --methods FAMILY for a drafter of that family
     answers = Datastore.from_prepared(datastore, target) if datastore else None
-    first = prompt_ids(target.tokenizer, conversations[0])           # -k auto and the hybrid's form time at its length
+    first = prompt_ids(target.tokenizer, conversations[0], kwargs)   # -k auto and the hybrid's form time at its length
     k, stop, choice = resolve(target, draft_model, drafter, first, k, stop)
     ngram_k = DRAFT_LENGTH if choice and choice.k_auto else None
     form = hybrid_form(target, names, choice, k, ngram_k or k, first)
@@ -622,7 +651,7 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
         report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
                        progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
                        ngram_k=ngram_k, rows=rows, context_edges=edges, datastore=answers, compile=compile,
-                       hybrid_tree=form != "switch", **shape_rows(choice, k, dtype))
+                       hybrid_tree=form != "switch", chat=chat, **shape_rows(choice, k, dtype))
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
@@ -632,8 +661,21 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
                         "tree": [shape.depth, shape.topk, shape.total] if any(n.endswith(TREE) for n in names)
                         else None,
                         "ngram": list(ngram), "datastore": answers and answers.describe(datastore),
+                        "chat_template_kwargs": kwargs, "thinking": {"style": chat.style, "mode": chat.mode()},
                         **environment(dev, dtype), "dtype_asked": asked}
     return report
+
+
+def target_chat(target, kwargs: dict) -> Chat:
+    """The target's chat format with --chat-template-kwargs (checked: each one its template reads)."""
+    from specdraft.adapter import architecture
+
+    tok = target.tokenizer
+    if kwargs and not getattr(tok, "chat_template", None):
+        raise SpecdraftError(f"--chat-template-kwargs: {target.name} has no chat template to take them; drop them")
+    check_template_kwargs(tok, kwargs, target.name)
+    ends = end_of_turn_ids(tok, getattr(target.model, "generation_config", None), architecture(target.config).end_tokens)
+    return Chat(tok, ends, kwargs)
 
 
 def hybrid_form(target, names: list[str], choice, k: int, ngram_k: int, ids: list[int],
@@ -723,9 +765,24 @@ def print_report(report: dict, as_json: bool) -> None:
         print(json.dumps(report, indent=2))
         return
     Console().print(bench_table(report))
-    line = context_line(report)
-    if line:
-        print(line)
+    for line in [context_line(report), *part_lines(report)]:
+        if line:
+            print(line)
+
+
+def part_lines(report: dict) -> list[str]:
+    """A thinking template's τ per part, per drafting method, with the mode it ran in."""
+    thinking = report["config"].get("thinking") or {}
+    kwargs = report["config"].get("chat_template_kwargs")
+    mode = f"thinking {thinking.get('mode')}" + (f" ({json.dumps(kwargs)})" if kwargs else "")
+    lines = []
+    for name, r in report["methods"].items():
+        parts = r.get("tau_by_part")
+        if parts:
+            shown = " · ".join(f"{p} {v['tau']:.2f} ({v['rounds']} rounds)" if v["tau"] is not None
+                               else f"{p} - (0 rounds)" for p, v in parts.items())
+            lines.append(f"{name}: τ at K={method_k(name, report['config'])} by part, {mode}: {shown}")
+    return lines
 
 
 def context_line(report: dict) -> str | None:

@@ -14,7 +14,8 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
                  stop: float | str | None,
                  tree: str | None, sampling, max_new_tokens: int, ngram: tuple[int, int], device: str, dtype: str,
                  trust_remote_code: bool, stream: bool, rows: int | None = None,
-                 datastore: str | None = None, compile: bool = False) -> tuple[dict, str]:
+                 datastore: str | None = None, compile: bool = False,
+                 template_kwargs: str | dict | None = None) -> tuple[dict, str]:
     """-> ({text, token_ids, tokens_per_s, accept_len, new_tokens}, the method's name). `k_option`,
     `stop`: -k and --draft-stop as the CLI parsed them (defaults.py); -k unset is auto for a drafter's
     chain and DRAFT_LENGTH otherwise; options are checked before the model loads."""
@@ -24,6 +25,7 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
     from specdraft.infer.tree import TreeShape
     from specdraft.targets import DTYPES, load_target
 
+    kwargs = B.parse_template_kwargs(template_kwargs)                # --chat-template-kwargs: before any load
     chain = B.needs_drafter(method) and not tree                   # a drafter's chain: -k auto applies
     k = draft_length(k_option, default_auto=chain)
     choices = ["greedy", "ngram", *(n for n in B.all_methods() if B.needs_drafter(n) and not n.endswith(B.TREE))]
@@ -49,7 +51,7 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
     if draft_model is not None:
         B.check_drafter_methods([name], draft_model, "--method")
     tok = target.tokenizer
-    ids = B.prompt_ids(tok, [{"role": "user", "content": prompt}])
+    chat, ids = B.target_chat(target, kwargs), B.prompt_ids(tok, [{"role": "user", "content": prompt}], kwargs)
     k, stop, choice = resolve(target, draft_model, drafter, ids, k, stop)
     if choice is not None and B.is_chain(method) and rows is None:
         rows = choice.rows                                    # the R -k auto measured cheapest for its K
@@ -71,5 +73,6 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
                       compile=compile)
     return ({"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
              "tokens_per_s": result.tokens_per_s, "accept_len": result.accept_len,
-             "new_tokens": len(result.token_ids), "k": k if B.needs_drafter(method) or method == "ngram" else 0},
+             "new_tokens": len(result.token_ids), "k": k if B.needs_drafter(method) or method == "ngram" else 0,
+             "chat_template_kwargs": kwargs, "thinking": chat.mode()},
             m.name)
