@@ -275,3 +275,43 @@ def test_the_card_leads_with_tau_on_natural_prompts_at_the_served_k(made, tmp_pa
                        dtype="bfloat16", embeddings=True, speculative_tokens=3, weight_bytes=1000)
     assert "| τ at K=3 (what it serves) | τ 1.87 at K=3 on 6 natural prompts" in text
     assert "| 2.35 | 3 | 8 builtin hold-out prompts | bench eagle3 (bench.json) |" in text
+
+
+def test_an_export_serves_the_drafters_own_k_not_a_machines(made, tmp_path, monkeypatch, capsys):
+    """Issue 56: the export's num_speculative_tokens is the drafter's own, the draft positions its run trained
+    (ttt_steps), unless -k asks; never a bench's -k auto choice for the CPU that ran it. Outside a run: 3."""
+    run = tmp_path / "run"
+    shutil.copytree(made["run"], run)
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("ttt_steps: 3", "ttt_steps: 5") if "ttt_steps: 3" in config.read_text()
+                      else config.read_text() + "ttt_steps: 5\n")
+    bench = json.loads((run / "bench.json").read_text())
+    (run / "bench.json").write_text(json.dumps({**bench, "config": {**bench.get("config", {}), "k": 1}}))
+    for source, want in ((run, 5), (made["ckpt"], 3)):
+        out = tmp_path / f"out-{want}"
+        code, err = run_main(monkeypatch, capsys, "export", source, "--out", out)
+        assert code == 0, err
+        assert json.loads((out / "config.json").read_text())["speculators_config"]["proposal_methods"][0][
+            "speculative_tokens"] == want
+    assert json.loads((run / "exports.json").read_text())["exports"][-1]["num_speculative_tokens"] == 5
+
+
+def test_the_embedded_defaults_verifier_is_the_gguf_it_was_trained_against(tmp_path, monkeypatch):
+    """Issue 56: a drafter of the embedded default names the hub id as its verifier, but was trained on the
+    Q4_1 GGUF dequantized into the cache: the speculators config gets that folder's architectures (was []),
+    and the card says what the drafter was trained against and which folder to serve for it."""
+    from specdraft.formats import card
+    from specdraft.formats.checkpoints import verifier_architectures
+    from specdraft.targets import DEFAULT_FOLDER, DEFAULT_HUB_ID
+
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
+    assert verifier_architectures(DEFAULT_HUB_ID) == [] and card.trained_against(DEFAULT_HUB_ID) is None
+    folder = tmp_path / DEFAULT_FOLDER
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (folder / "specdraft-source.json").write_text(json.dumps({"gguf": "/x/SmolLM2-135M-Instruct.Q4_1.gguf",
+                                                              "hub_id": DEFAULT_HUB_ID}))
+    assert verifier_architectures(DEFAULT_HUB_ID) == ["LlamaForCausalLM"]
+    line = card.trained_against(DEFAULT_HUB_ID)
+    assert "`SmolLM2-135M-Instruct.Q4_1.gguf` (a GGUF) dequantized into" in line and str(folder) in line
+    assert card.trained_against("org/other") is None and verifier_architectures("org/other") == []

@@ -309,11 +309,11 @@ def test_the_recipe_and_the_readers_of_bench_json_use_the_runs_family(toy_family
     recipe = load_recipe(path)
     assert recipe.family == "toy"
     assert bench_methods(recipe.family, tree=True) == ["greedy", "plain", "ngram", "toy"]  # no toy tree
-    assert natural_methods(recipe.family, tree=True) == ["ngram", "toy", "hybrid"]         # nor hybrid-tree
+    assert natural_methods(recipe.family, tree=True) == ["plain", "ngram", "toy", "hybrid"]         # nor hybrid-tree
     monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(TOY, tree=True))
     assert bench_methods("toy", tree=True)[-1] == "toy-tree" and "toy-tree" not in bench_methods("toy", tree=False)
-    assert natural_methods("toy", tree=True) == ["ngram", "toy", "hybrid", "hybrid-tree"]
-    assert natural_methods("toy", tree=False) == ["ngram", "toy", "hybrid"]
+    assert natural_methods("toy", tree=True) == ["plain", "ngram", "toy", "hybrid", "hybrid-tree"]
+    assert natural_methods("toy", tree=False) == ["plain", "ngram", "toy", "hybrid"]
 
     chain = {"accept_len": 1.5, "per_position_accept": [0.5]}
     other = {"accept_len": 2.5, "per_position_accept": [0.9, 0.6]}

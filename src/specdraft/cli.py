@@ -330,8 +330,8 @@ def export_cmd(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP + " Here: to check --no-embeddings "
                                         "against."),
     num_speculative_tokens: Optional[int] = typer.Option(None, NUM_SPEC, "-k", help=draft_length_help(
-        "Here: written into the speculators config (at most what a block drafter was trained to draft); the "
-        "model card quotes τ at it.")),
+        "Here: written into the speculators config; default the drafter's own, the draft positions it was trained on "
+        "(its run's TTT steps; at most a block's slots), never a machine's measured choice.")),
     as_json: bool = AS_JSON,
 ):
     """Write the drafter for a serving engine. In the layout vLLM or SGLang loads, with a model card

