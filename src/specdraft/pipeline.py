@@ -294,7 +294,8 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     summary = summarize(bench, time.perf_counter() - started)
     summary.update(why_not_faster=why_not_faster(bench), doctor=doctor_line, k=k,
                    stages_seconds=stages_total(json.loads((ws / STAGES_FILE).read_text())),
-                   **closing(model, recipe, run, export, natural, k, doctor_line))
+                   **closing(model, recipe, run, export, natural, k, doctor_line,
+                             auto=bool(((bench.get("config") or {}).get("k_auto") or {}).get("k_auto"))))
     print_summary(console, summary, run / "report.html")
     return summary
 
@@ -454,7 +455,7 @@ def diagnose_low_tau(model: str, ws: Path, run: Path, bench: dict, log: Path | N
 
 
 def closing(model: str, recipe: Recipe, run: Path, export: Path, natural: dict, k: int | None,
-            doctor_line: str | None) -> dict:
+            doctor_line: str | None, auto: bool = False) -> dict:
     """What the person at the end of the recipe is told, all read from one measurement, the natural bench:
     the headline τ, a verdict for this machine against plain decoding in the same loop (the drafter's own
     gain; transformers' greedy is the table's second reference), the one next step (a command), the
@@ -485,7 +486,7 @@ def closing(model: str, recipe: Recipe, run: Path, export: Path, natural: dict, 
     engines = card.engines_line(card.export_config(export), run, export.parent / "sglang")
     return {"headline": headline, "hybrid": hybrid_line(run), "verdict": verdict, "next_step": step,
             "export": str(export.resolve()), "serve": serve, "engines": engines,
-            "served_k": served_k_line(k, served, bool((cfg.get("k_auto") or {}).get("k_auto")))}
+            "served_k": served_k_line(k, served, auto)}     # `auto`: the hold-out bench's K was -k auto's
 
 
 def serve_line(export: Path) -> str:
