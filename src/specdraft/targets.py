@@ -655,9 +655,9 @@ def thinking_line(tok, arch) -> str:
     whether it reasons by default), else what the architecture's models are known to use."""
     from specdraft import templates
 
-    if getattr(tok, "chat_template", None) and templates.thinking_style(tok):
-        return (f"{templates.thinking_style(tok)}, {templates.thinking_mode(tok)} by default (prepare/bench "
-                "--chat-template-kwargs to choose)")
+    style = templates.thinking_style(tok) if getattr(tok, "chat_template", None) else None
+    if style:
+        return f"{style}, {templates.thinking_mode(tok)} by default (prepare/bench --chat-template-kwargs to choose)"
     return f"{arch.thinking} (this architecture's templates; this template writes none)" if arch.thinking else "none"
 
 

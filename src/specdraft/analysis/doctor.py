@@ -27,7 +27,7 @@ from specdraft.adapter import architecture
 from specdraft.analysis.evaluate import chain_accept_lengths
 from specdraft.analysis.plan import store_sample_batch
 from specdraft.analysis.probe import drafter_metrics, sample_batch, target_hidden
-from specdraft.data.prepared import load_prepared
+from specdraft.data.prepared import load_prepared, prepared_meta_of
 from specdraft.data.regenerate import padded_generate
 from specdraft.data.render import Chat, end_of_turn_ids
 from specdraft.templates import template_sha256
@@ -463,15 +463,14 @@ def check_thinking_mode(d: Doctor) -> Finding:
     drafts answers, and a reasoning effort or a template argument changes what the target writes. Where the
     run holds benches in both settings, the loss is τ in the training setting minus τ in the other, and the
     cause holds only beyond TAU_GAP; with no bench in the training setting it holds, loss unknown."""
-    data = (d.store.manifest.get("data") or {}).get("path")
-    meta = read_json(Path(data) / "prepare.json", "prepare record") if data and (Path(data) / "prepare.json").is_file() else None
-    trained = ((meta or {}).get("thinking") or {}).get("mode") if isinstance(meta, dict) else None
+    meta = prepared_meta_of(d.store.manifest)
+    trained = (meta.get("thinking") or {}).get("mode")
     benches = bench_modes(d.run)
     if trained is None or not benches:
         return Finding("thinking_mode", False, {"skipped": "no thinking mode recorded in " + (
             "the prepared data" if trained is None else f"a bench of the run; measure it: specdraft bench --drafter "
             f"{d.run} --chat-template-kwargs JSON --out {d.run}/bench.json")})
-    trained_kwargs = (meta or {}).get("chat_template_kwargs") or {}
+    trained_kwargs = meta.get("chat_template_kwargs") or {}
     other = [b for b in benches if (b[1], b[2]) != (trained, trained_kwargs)]
     same = [b for b in benches if (b[1], b[2]) == (trained, trained_kwargs)]
     evidence = {"trained_mode": trained, "trained_kwargs": trained_kwargs,

@@ -17,7 +17,6 @@ from specdraft.data.store_parts import open_stores
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
-from specdraft.io import read_json
 from specdraft.infer.bench import load_drafter_for
 from specdraft.metrics import by_context_section, by_context_text, parse_context_buckets, tau_text
 from specdraft.progress import track
@@ -201,11 +200,10 @@ def evaluate(drafter: str | Path, store: str | Path | list, model: str = "defaul
 def data_chat(hidden, target):
     """The target's chat format with the template arguments of the store's prepared data (its prepare.json),
     and the thinking mode the data was prepared in (None where the data does not record one)."""
+    from specdraft.data.prepared import prepared_meta_of
     from specdraft.data.render import Chat
 
-    path = ((getattr(hidden, "manifest", None) or {}).get("data") or {}).get("path")
-    meta = read_json(Path(path) / "prepare.json", "prepare record") if path and (Path(path) / "prepare.json").is_file() else {}
-    meta = meta if isinstance(meta, dict) else {}
+    meta = prepared_meta_of(getattr(hidden, "manifest", None))
     kwargs = meta.get("chat_template_kwargs") if isinstance(meta.get("chat_template_kwargs"), dict) else {}
     thinking = meta.get("thinking") if isinstance(meta.get("thinking"), dict) else None
     return Chat(target.tokenizer, [], kwargs), {**(thinking or {}), "chat_template_kwargs": kwargs} if thinking else None

@@ -76,6 +76,14 @@ def load_prepared(path: str | Path):
     return ds, meta
 
 
+def prepared_meta_of(manifest: dict | None) -> dict:
+    """The prepare.json of the data a store was captured from (its manifest's data.path); {} where the store
+    names none, the folder is gone, or the file holds no object (eval and doctor read its template settings)."""
+    path = ((manifest or {}).get("data") or {}).get("path")
+    meta = read_json(Path(path) / META, "prepare record") if path and (Path(path) / META).is_file() else {}
+    return meta if isinstance(meta, dict) else {}
+
+
 def check_prepared_for(meta: dict, target, data, use: str) -> None:
     """Refuse data whose prepare.json names another target: its tokens mean other things there."""
     from specdraft.targets import same_target   # here: this module stays torch-free (prepare refuses bad data first)

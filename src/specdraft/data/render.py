@@ -136,8 +136,7 @@ class Chat:
     def answer(self, prompt_ids: list[int], ids: list[int], hit_length: bool) -> Answer:
         """The generated ids of one answer, whatever engine made them: kept through the first end-of-turn
         id (engines may or may not return it), split into reasoning and content for later turns' prompts."""
-        ends = set(self.end_ids)
-        stop = next((i for i, t in enumerate(ids) if t in ends), None)
+        stop = first_end(ids, self.end_ids)
         kept = list(ids) if stop is None else list(ids[:stop + 1])
         body = kept if stop is None else kept[:-1]
         reasoning, content = self.parse(prompt_ids, body)
@@ -182,23 +181,19 @@ class Chat:
         """Messages `<|channel|>NAME<|message|>TEXT` separated by <|end|><|start|>assistant: analysis is
         reasoning, any other channel content. Ids outside that shape are content."""
         start, channel, message, end = (self.vocab[t] for t in HARMONY)
+        if channel not in body:
+            return 0, [], list(body)
         reasoning, content, length, i = [], [], None, 0
-        found = False
         while channel in body[i:]:
             c = body.index(channel, i)
             m = body.index(message, c) if message in body[c:] else len(body)
-            stop = next((j for j in range(m + 1, len(body)) if body[j] in (end, start, channel)), len(body))
-            name = self.decode(body[c + 1:m]).split(" ")[0] if m > c else ""
-            found = True
-            if name == "analysis":
-                reasoning += body[m + 1:stop]
-            else:
-                if length is None:                       # the reasoning part ends where this message opens
-                    length = max((j + 1 for j in range(c) if body[j] in (end,)), default=0)
-                content += body[m + 1:stop]
-            i = stop if stop > c else c + 1
-        if not found:
-            return 0, [], list(body)
+            i = next((j for j in range(m + 1, len(body)) if body[j] in (end, start, channel)), len(body))
+            if self.decode(body[c + 1:m]).split(" ")[0] == "analysis":
+                reasoning += body[m + 1:i]
+                continue
+            if length is None:                           # the reasoning part ends where this message opens
+                length = max((j + 1 for j in range(c) if body[j] == end), default=0)
+            content += body[m + 1:i]
         return (len(body) if length is None else length), reasoning, content
 
     # ------------------------------------------------------------------ samples
@@ -211,11 +206,12 @@ class Chat:
         for i, m in enumerate(messages):
             if m["role"] != "assistant" or i == 0:
                 continue
-            prompt = self.prompt_ids(messages[:i], where)
+            prompt_text = self.text(messages[:i], True, where)
+            prompt = encode(self.tokenizer, prompt_text)
             if m.get("token_ids") is not None:
                 turns.append((i, prompt, [int(t) for t in m["token_ids"]]))
             else:
-                turns.append((i, *self.written_turn(messages, i, prompt, where)))
+                turns.append((i, *self.written_turn(messages, i, prompt_text, prompt, where)))
         if not turns:                                # prompts only: nothing to train (counted by prepare)
             ids = encode(self.tokenizer, self.text(messages, False, where))
             return [Rendered(ids, [0] * len(ids), 0, list(messages))]
@@ -229,11 +225,11 @@ class Chat:
             mask[len(p):len(p) + len(a)] = [1] * len(a)
         return [Rendered(ids, mask, turns[0][0], list(messages[:turns[-1][0] + 1]))]
 
-    def written_turn(self, messages: list[dict], i: int, prompt_ids: list[int], where: str) -> tuple[list[int], list[int]]:
+    def written_turn(self, messages: list[dict], i: int, prompt_text: str, prompt_ids: list[int],
+                     where: str) -> tuple[list[int], list[int]]:
         """(prompt ids, answer ids) of assistant turn i given as text: the template's rendering of the
-        turn beyond its generation prompt, through its last end-of-turn token (template whitespace after
-        it, like the "\\n" after <|im_end|>, is never generated)."""
-        prompt_text = self.text(messages[:i], True, where)
+        turn beyond its generation prompt (`prompt_text`, tokenized `prompt_ids`), through its last
+        end-of-turn token (template whitespace after it, like the "\\n" after <|im_end|>, is never generated)."""
         turn_text = self.text(messages[:i + 1], False, where)
         if not turn_text.startswith(prompt_text):
             raise SpecdraftError(f"{where or 'conversation'}: the chat template renders assistant turn {i} so that it "
@@ -257,8 +253,13 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
     return n
 
 
+def first_end(ids: list[int], end_ids) -> int | None:
+    """Index of the first end-of-turn id in generated `ids` (engines may or may not return it), None if none."""
+    ends = set(end_ids)
+    return next((i for i, t in enumerate(ids) if t in ends), None)
+
+
 def decode_question(tok, ids: list[int], hit_length: bool, end_ids: list[int]) -> tuple[str, bool]:
     """(text, cut by the length limit) of a question the target wrote: text up to its first end id."""
-    ends = set(end_ids)
-    stop = next((i for i, t in enumerate(ids) if t in ends), None)
+    stop = first_end(ids, end_ids)
     return tok.decode(ids if stop is None else ids[:stop], skip_special_tokens=True).strip(), stop is None and hit_length
