@@ -455,9 +455,10 @@ def test_thinking_mode_trained_in_one_mode_benched_in_the_other(tmp_path):
                                                    "chat_template_kwargs": {}}))
     d = SimpleNamespace(store=SimpleNamespace(manifest={"data": {"path": str(data)}}), run=run, model="M", config={})
 
-    def bench(name, mode, kwargs, tau):
+    def bench(name, mode, kwargs, tau, prompts="builtin-holdout"):
         (run / name).write_text(json.dumps({"config": {"thinking": {"style": "think-tags", "mode": mode},
-                                                       "chat_template_kwargs": kwargs, "family": "eagle3", "k": 3},
+                                                       "chat_template_kwargs": kwargs, "family": "eagle3", "k": 3,
+                                                       "prompts": prompts},
                                             "methods": {"greedy": {"accept_len": 1.0}, "eagle3": {"accept_len": tau}}}))
 
     bench("bench.json", "on", {}, 2.4)
@@ -472,6 +473,9 @@ def test_thinking_mode_trained_in_one_mode_benched_in_the_other(tmp_path):
     bench("bench_off.json", "off", {"enable_thinking": False}, 2.3)        # measured: within the noise
     finding = doctor.check_thinking_mode(d)
     assert not finding.holds and finding.evidence["benches"]["bench_off.json"]["tau"] == 2.3
+    bench("bench_natural.json", "on", {}, 3.8, prompts="natural")          # another prompt set: not compared
+    assert not doctor.check_thinking_mode(d).holds
+    (run / "bench_natural.json").unlink()
     (run / "bench.json").unlink()                                           # no bench in the training setting
     assert doctor.check_thinking_mode(d).holds and doctor.check_thinking_mode(d).estimated_tau_loss is None
     (data / "prepare.json").write_text(json.dumps({"counts": {}}))          # data of before the mode was recorded

@@ -442,9 +442,9 @@ def check_template(d: Doctor) -> Finding:
                    f"(template {evidence['data_template'][:8]} in the data, {evidence['target_template'][:8]} served)")
 
 
-def bench_modes(run: Path) -> list[tuple[str, str, dict, float | None]]:
-    """(file, thinking mode, template arguments, the drafter chain's τ) of each bench*.json in the run
-    that records its mode (bench --chat-template-kwargs)."""
+def bench_modes(run: Path) -> list[tuple[str, str, dict, float | None, str | None]]:
+    """(file, thinking mode, template arguments, the drafter chain's τ, its prompt set) of each bench*.json in
+    the run that records its mode (bench --chat-template-kwargs)."""
     found = []
     for path in sorted(run.glob("bench*.json")):
         data = read_json(path, "bench result")
@@ -453,7 +453,7 @@ def bench_modes(run: Path) -> list[tuple[str, str, dict, float | None]]:
         if isinstance(mode, str):
             tau = drafter_method(data)[1].get("accept_len")
             found.append((path.name, mode, config.get("chat_template_kwargs") or {},
-                          tau if isinstance(tau, (int, float)) else None))
+                          tau if isinstance(tau, (int, float)) else None, config.get("prompts")))
     return found
 
 
@@ -461,8 +461,8 @@ def check_thinking_mode(d: Doctor) -> Finding:
     """The thinking mode and template arguments the drafter was trained with (prepare.json) against those
     each bench of the run ran with: a drafter trained on reasoning drafts reasoning, one trained without it
     drafts answers, and a reasoning effort or a template argument changes what the target writes. Where the
-    run holds benches in both settings, the loss is τ in the training setting minus τ in the other, and the
-    cause holds only beyond TAU_GAP; with no bench in the training setting it holds, loss unknown."""
+    run holds benches in both settings on one prompt set, the loss is τ in the training setting minus τ in the
+    other there, and the cause holds only beyond TAU_GAP; with no such pair it holds, loss unknown."""
     meta = prepared_meta_of(d.store.manifest)
     trained = (meta.get("thinking") or {}).get("mode")
     benches = bench_modes(d.run)
@@ -474,12 +474,15 @@ def check_thinking_mode(d: Doctor) -> Finding:
     other = [b for b in benches if (b[1], b[2]) != (trained, trained_kwargs)]
     same = [b for b in benches if (b[1], b[2]) == (trained, trained_kwargs)]
     evidence = {"trained_mode": trained, "trained_kwargs": trained_kwargs,
-                "benches": {name: {"mode": mode, "kwargs": kwargs, "tau": fmt(tau) if tau is not None else None}
-                            for name, mode, kwargs, tau in benches}, "threshold": TAU_GAP}
-    taus = [b[3] for b in same if b[3] is not None], [b[3] for b in other if b[3] is not None]
-    loss = max(taus[0]) - min(taus[1]) if all(taus) else None
+                "benches": {name: {"mode": mode, "kwargs": kwargs, "tau": fmt(tau) if tau is not None else None,
+                                   "prompts": prompts} for name, mode, kwargs, tau, prompts in benches},
+                "threshold": TAU_GAP}
+    # τ in the two settings compared on one prompt set only: another set's prompts move τ by themselves
+    losses = [max(a[3] for a in same if a[4] == p and a[3] is not None) - b[3] for b in other
+              for p in [b[4]] if b[3] is not None and any(a[4] == p and a[3] is not None for a in same)]
+    loss = max(losses) if losses else None
     holds = bool(other) and (loss is None or loss > TAU_GAP)
-    name, mode, kwargs, _ = other[0] if other else benches[0]
+    name, mode, kwargs = (other[0] if other else benches[0])[:3]
     served = f"thinking {mode}" + (f" {json.dumps(kwargs)}" if kwargs else "")
     return Finding("thinking_mode", holds, evidence, loss if holds else None,
                    f"specdraft prepare --model {command_model(d)} --conversations SOURCE --regenerate "
