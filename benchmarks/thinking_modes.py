@@ -5,7 +5,8 @@
 Per template style (Qwen3-style think tags on a tiny Qwen3, Kimi-style on a tiny Kimi-K2.5, harmony on a tiny
 gpt-oss; testing.QWEN3_THINK, KIMI_THINK, HARMONY): prepare --samples builtin prompts regenerated in one setting of
 the template's arguments, capture, vocab, train, eval on the held-out store, then bench (greedy and eagle3 at K=3,
-6 builtin-holdout prompts x 64 tokens, one round) in that setting and in another, and doctor. Each is the CLI as a
+6 builtin-holdout prompts x 64 tokens, one round) in that setting and in another, and on 6 natural prompts in the
+training setting, and doctor. Each is the CLI as a
 user runs it, in process. Recorded: eval's τ by part, each bench's mode, τ and τ by part (reasoning, answer) with
 their rounds, and whether doctor's thinking_mode holds.
 
@@ -57,13 +58,16 @@ def one_case(arch: str, template: str, trained: dict, other: dict, samples: int,
                   "ws/runs/a/eval.json"]):
         run(argv, work)
     benches = []
-    for setting, name in ((trained, "bench.json"), (other, "bench_other.json")):
+    for setting, name, prompts in ((trained, "bench.json", "builtin-holdout"), (other, "bench_other.json",
+                                                                                 "builtin-holdout"),
+                                   (trained, "bench_natural.json", "natural")):
         run(["bench", "--model", target, "--drafter", "ws/runs/a", "--methods", "greedy,eagle3", "--limit", "6",
-             "--max-new-tokens", "64", "--rounds", "1", "-k", "3", "--out", f"ws/runs/a/{name}",
+             "--prompts", prompts, "--max-new-tokens", "64", "--rounds", "1", "-k", "3", "--out", f"ws/runs/a/{name}",
              "--chat-template-kwargs", json.dumps(setting)], work)
         report = json.loads((work / "ws/runs/a" / name).read_text())
         eagle = report["methods"]["eagle3"]
-        benches.append({"chat_template_kwargs": setting, "mode": report["config"]["thinking"]["mode"],
+        benches.append({"prompts_set": prompts, "chat_template_kwargs": setting,
+                        "mode": report["config"]["thinking"]["mode"],
                         "tau": eagle["accept_len"], "k": report["config"]["k"],
                         "prompts": report["config"]["num_prompts"], "identical_to_greedy": eagle["identical_to_greedy"],
                         "tau_by_part": eagle["tau_by_part"]})
@@ -84,12 +88,13 @@ def part_text(parts: dict, unit: str) -> str:
 def table(results: list[dict], cpu: str) -> str:
     lines = [f"# τ per thinking mode (tiny random targets, {cpu})", "",
              "| target / template | trained with | eval τ at K=3 by part (held-out store) | bench with (mode) | "
-             "bench τ at K=3, 6 builtin-holdout prompts | by part | = greedy |", "|---|---|---|---|---|---|---|"]
+             "bench τ at K=3 on 6 prompts of | by part | = greedy |", "|---|---|---|---|---|---|---|"]
     for r in results:
         for i, b in enumerate(r["benches"]):
             head = (f"| {r['arch']} / {r['template']} | `{json.dumps(r['trained_kwargs'])}` ({r['trained_mode']}) | "
                     f"{part_text(r['eval']['tau_by_part'] or {}, 'positions')} |") if i == 0 else "| | | |"
-            lines.append(f"{head} `{json.dumps(b['chat_template_kwargs'])}` ({b['mode']}) | {b['tau']:.2f} | "
+            lines.append(f"{head} `{json.dumps(b['chat_template_kwargs'])}` ({b['mode']}) | {b['tau']:.2f} "
+                         f"({b['prompts_set']}) | "
                          f"{part_text(b['tau_by_part'] or {}, 'rounds')} | {'yes' if b['identical_to_greedy'] else 'NO'} |")
     lines += ["", "doctor's thinking_mode holds: " + ", ".join(
         f"{r['template']} {'yes' if r['doctor_thinking_mode_holds'] else 'no'}" for r in results), ""]
