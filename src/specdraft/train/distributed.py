@@ -29,6 +29,7 @@ torch.distributed.run`.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from datetime import timedelta
@@ -96,8 +97,11 @@ def shutdown(wait_for_peers: bool = True) -> None:
     """Leave the process group. On the success path every rank first meets the others at a barrier
     (which also waits out its own pending gloo work): a rank that tears the group down while a peer
     still communicates makes gloo abort that peer ("terminate called without an active exception",
-    seen at the end of 2-rank FSDP runs). Not on the error path, where a dead peer never arrives."""
+    seen at the end of 2-rank FSDP runs). Not on the error path, where a dead peer never arrives.
+    Callers drop their model first and the collection below frees what reference cycles still hold
+    (FSDP2 state and its gloo work): freed later, at interpreter exit, gloo's threads abort the rank."""
     if dist.is_initialized():
+        gc.collect()
         if wait_for_peers:
             dist.barrier()
         dist.destroy_process_group()
