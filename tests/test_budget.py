@@ -1,6 +1,6 @@
 """prepare --budget-minutes M: regenerate in rounds of 2 x --batch-size conversations more (each
-round the first `size` of the same seeded order, up to --limit) while the next round, as long as
-the last, ends within M minutes; prepare.json records the rounds. On the tiny target."""
+round the first `size` of the same seeded order, up to --limit) while the time left fits a batch at the last
+round's pace (the last round may be smaller); prepare.json records the rounds. On the tiny target."""
 
 import json
 import subprocess
@@ -65,7 +65,27 @@ def test_rounds_stop_where_the_next_would_end_past_the_budget(tiny_target, tmp_p
     assert (budget["rounds"], budget["reached"], budget["stopped"]) == (3, 12, "budget")
     assert budget["round_seconds"] == [10, 10, 10]
     assert meta["counts"]["samples"] == 12 == meta["regeneration"]["generated"]
-    assert "the next round would have ended past the budget" in summary_lines(meta, tmp_path)[1]
+    assert "one more batch would have ended past the budget" in summary_lines(meta, tmp_path)[1]
+
+
+def test_the_budget_ends_with_a_last_smaller_round(tiny_target, tmp_path, monkeypatch):
+    """Issue 56: 5 s per batch of 2 and a 25 s budget: rounds of 2 batches end at 10 and 20 s, and the 5 s
+    left fit one batch more (a last round of 2 conversations), where whole rounds stopped at 8 conversations."""
+    clock = [0.0]
+    answer_all = prepare_module.answer_all
+
+    def five_seconds_a_batch(job, answer, new):
+        clock[0] += 5 * -(-len(new) // 2)
+        return answer_all(job, answer, new)
+
+    monkeypatch.setattr(prepare_module.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(prepare_module, "answer_all", five_seconds_a_batch)
+    meta = prepare(str(tiny_target), "builtin", tmp_path / "out", limit=20, budget_minutes=25 / 60, **KW)
+    budget = meta["regeneration"]["budget"]
+    assert (budget["rounds"], budget["reached"], budget["stopped"]) == (3, 10, "budget")
+    assert budget["round_seconds"] == [10, 10, 5] and meta["counts"]["samples"] == 10
+    assert prepare_module.next_round_size(10, 4, 20, (5.0, 2), 4.9, 2) is None      # less than a batch left
+    assert prepare_module.next_round_size(10, 4, 12, (5.0, 2), 60, 2) == 12          # never past --limit
 
 
 def test_the_first_round_always_runs(tiny_target, tmp_path):

@@ -323,21 +323,40 @@ def check_budget(minutes: float | None, regenerate: bool, limit: int | None, par
             raise SpecdraftError(f"--budget-minutes {minutes}: {fix}")
 
 
+def next_round_size(size: int, step: int, limit: int, last: tuple[float, int] | None, left_s: float,
+                    batch_size: int) -> int | None:
+    """How many conversations (a prefix of --limit) the next budget round reaches, None to stop. The first
+    round reaches `step`; then as many whole --batch-size batches more (at most `step`'s) as the time left
+    fits at the last round's seconds per batch (`last`: its seconds and its conversations answered), so the
+    budget ends with a last, smaller round rather than an idle remainder."""
+    if last is None:
+        return min(step, limit)
+    seconds, answered = last
+    per_batch = seconds / max(1, -(-answered // batch_size))
+    batches = min(step // batch_size, int(left_s // per_batch)) if per_batch > 0 else step // batch_size
+    return min(size + batches * batch_size, limit) if batches >= 1 else None
+
+
 def regenerate_in_rounds(job: Answering, source: str, split: str, dedup: bool, limit: int, dropped: dict,
                          minutes: float, started: float) -> tuple[list[Conversation], int, Source, dict]:
     """--budget-minutes: the first `size` conversations of --conversations for size = R, 2R, ... up to
     --limit (R = ROUND_BATCHES x --batch-size), each round answering only those the last did not
     hold (every part draws a prefix of one seeded order, so a round's conversations hold the last
-    round's), until the next round, as long as the last, would end past the budget counted from
-    `started`. Returns the last round's (conversations answered, records read, source read) and the
+    round's), while the time left of the budget counted from `started` fits one more batch at the last
+    round's pace (next_round_size: the last round may be smaller). Returns the last round's (conversations answered, records read, source read) and the
     regeneration record."""
     from specdraft.data.regenerate import answer_engine
 
     answered: dict[str, Conversation] = {}
-    totals, follow, seconds = {}, {}, []
-    step = ROUND_BATCHES * job.batch_size
+    totals, follow, seconds, last = {}, {}, [], None
+    step, size = ROUND_BATCHES * job.batch_size, 0
     with answer_engine(job.engine_name, job.target, job.settings, job.chat.end_ids, job.opts) as answer:
-        for size in [*range(step, limit, step), limit]:
+        while size < limit:
+            reach = next_round_size(size, step, limit, last, minutes * 60 - (time.perf_counter() - started),
+                                    job.batch_size)
+            if reach is None:
+                break
+            size = reach
             round_started = time.perf_counter()
             src = read_source(source, split, job.settings.seed, size, True, job.follow_ups)
             read = with_self_written(src, job.target, job.out, job.chat, job.settings.seed, job.batch_size,
@@ -350,8 +369,7 @@ def regenerate_in_rounds(job: Answering, source: str, split: str, dedup: bool, l
             add_counts(totals, vars(stats))
             add_counts(follow, second or {})
             seconds.append(round(time.perf_counter() - round_started, 1))
-            if time.perf_counter() - started + seconds[-1] > minutes * 60:
-                break
+            last = (seconds[-1], len(new))
     record = regeneration_record(job, totals, follow)
     record["budget"] = {"minutes": minutes, "limit": limit, "reached": size, "rounds": len(seconds),
                         "round_seconds": seconds, "stopped": "limit" if size == limit else "budget"}
@@ -492,7 +510,7 @@ def summary_lines(meta: dict, out) -> list[str]:
     if budget:
         lines.append(f"--budget-minutes {budget['minutes']:g}: {budget['reached']} of --limit {budget['limit']} "
                      f"conversations regenerated in {budget['rounds']} round(s), {meta['seconds'] / 60:.1f} min "
-                     + ("(the next round would have ended past the budget)" if budget["stopped"] == "budget"
+                     + ("(one more batch would have ended past the budget)" if budget["stopped"] == "budget"
                         else "(all of --limit within the budget)"))
     cut = regen.get("truncated_turns") or 0
     if cut:
