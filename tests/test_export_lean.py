@@ -149,7 +149,7 @@ def test_model_card_and_re_export_over_it(made, tmp_path, monkeypatch, capsys):
     assert "| draft vocab size | 16 " in text
     assert "| TTT steps | 3 |" in text and "123 samples, 4567 tokens" in text and "9134 tokens trained" in text
     assert ("| τ at K=3 (what it serves) | τ 2.35 at K=3 on 8 builtin hold-out prompts (bench eagle3 (bench.json), "
-            "1.90x vs greedy) |") in text
+            "1.90x transformers' greedy) |") in text
     fingerprint = json.loads((made["ckpt"] / "inputs.json").read_text())["target"]["fingerprint"]
     assert fingerprint in text
     spec = json.dumps({"method": "eagle3", "model": str(out.resolve()), "num_speculative_tokens": 3})
@@ -262,14 +262,15 @@ def test_the_card_leads_with_tau_on_natural_prompts_at_the_served_k(made, tmp_pa
 
     run = tmp_path / "run"
     shutil.copytree(made["run"], run)
-    natural = {"methods": {"greedy": {"tokens_per_s": 10.0, "speedup": 1.0},
-                           "eagle3": {"accept_len": 1.87, "tokens_per_s": 15.0, "speedup": 1.5}},
+    natural = {"methods": {"plain": {"tokens_per_s": 12.0, "speedup": 1.2},
+                           "eagle3": {"accept_len": 1.87, "tokens_per_s": 15.0, "speedup": 1.5,
+                                      "speedup_over_plain": 1.25}},
                "config": {"k": 3, "num_prompts": 6, "prompts": "natural"}}
     (run / "bench_natural.json").write_text(json.dumps(natural))
     taus = card.tau_measurements(run)
     assert [(t["k"], t["prompts"]) for t in taus[:2]] == [(3, "natural"), (3, "builtin-holdout")]
     assert card.headline_text(taus, 3) == ("τ 1.87 at K=3 on 6 natural prompts (bench eagle3 "
-                                           "(bench_natural.json), 1.50x vs greedy)")
+                                           "(bench_natural.json), 1.25x plain decoding in specdraft's loop)")
     assert card.headline_text(taus, 2).endswith("; served at K=2, which no measurement here ran")
     text = card.render(card.facts(run / "best", made["cfg"]), made["cfg"], out=tmp_path / "e", layout="speculators",
                        dtype="bfloat16", embeddings=True, speculative_tokens=3, weight_bytes=1000)

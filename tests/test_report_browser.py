@@ -125,9 +125,10 @@ def test_report_in_chromium_leads_with_the_answer(run):
     eagle = BENCH["methods"]["eagle3"]
     head = text[:text.index("Run quick")]                    # the headline comes before every section
     assert (f"τ (tokens per target forward, at most K+1) τ {eagle['accept_len']:.2f} at K=4 on 8 builtin hold-out "
-            "prompts (bench eagle3 (bench.json), 1.87x vs greedy)") in head
+            "prompts (bench eagle3 (bench.json), 1.87x transformers' greedy)") in head
     assert "Every τ measured (ceiling K+1) τ K prompts from 2.44 4 8 builtin hold-out prompts" in head
-    assert f"speedup vs greedy {eagle['speedup']:.2f}x" in head
+    assert f"speed in specdraft's loop {eagle['speedup']:.2f}x transformers' greedy this bench ran no plain" in head
+    assert "served by vLLM unknown no bench_vllm.json" in head
     assert "identical to greedy yes 8/8 prompts" in head
     assert "training data 1,234 samples, 456,789 tokens" in head
     assert "training time 3.5 min (metrics.jsonl timestamps)" in head
@@ -158,5 +159,5 @@ def test_headline_falls_back_to_eval_and_recipe_timings(run):
     text = rendered_text(report.build([run], run.parent / "other.html"))
     assert ("τ (tokens per target forward, at most K+1) τ 2.44 at K=3 on held-out store samples (eval, simulated "
             "(eval.json)); served at K=4, which no measurement here ran") in text
-    assert "speedup vs greedy unknown" in text and "identical to greedy unknown" in text
+    assert "speed in specdraft's loop unknown" in text and "identical to greedy unknown" in text
     assert "training time 4.2 min (recipe's train stage)" in text

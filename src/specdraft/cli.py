@@ -20,6 +20,7 @@ from specdraft.flags import (AS_JSON, BUDGET_MINUTES, CHAT_TEMPLATE_KWARGS, PREP
                              TRUST, VERIFY_ROWS, VERSION, WORKSPACE_HELP, PlainCommand, check_out, command, draft_length_help,
                              numbers_checked_first, out_option, parse_layers, plain_app, run_cli, say)
 from specdraft import cli_analysis as analysis_commands
+from specdraft import cli_infer as infer_commands
 from specdraft.train.command import train as train_command
 
 app = plain_app("Train, evaluate and ship speculative-decoding drafters (EAGLE-3 and its kin).")
@@ -241,81 +242,7 @@ def eval_cmd(
         say(f"eval -> {out}")
 
 
-@command(app)
-def bench(
-    model: str = MODEL,
-    drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
-    prompts: str = typer.Option("builtin-holdout", "--prompts", help=PROMPTS_HELP + " Here: or long (summarize, "
-                                "answer, continue over long documents from the Python standard library and licences)."),
-    methods: str = typer.Option(f"greedy,plain,ngram,{DEFAULT_FAMILY}", "--methods", help="Comma list of greedy "
-                                "(transformers generate), plain (specdraft's loop, no drafter), ngram, a drafter "
-                                "family (its chain; `specdraft info` lists them), FAMILY-tree (where the family "
-                                "drafts trees), hybrid (the drafter and n-gram in one verify), hybrid-tree (over its tree)."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", help=MAX_NEW_TOKENS_HELP + " Here: per prompt."),
-    num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO, draft_stop: Optional[str] = DRAFT_STOP,
-    rounds: int = typer.Option(3, "--rounds", help="Timing rounds, the order rotated per round; the medians count. "
-                               "Here: each runs every method on every prompt."),
-    tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: for FAMILY-tree, hybrid-tree (default 4,4,16)."),
-    ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN, datastore: Optional[Path] = DATASTORE,
-    limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N. Here: prompts (builtin-holdout: 32)."),
-    out: Optional[Path] = out_option("the results JSON and a .png chart."), as_json: bool = AS_JSON,
-    time_split: bool = typer.Option(False, "--time-split", help="Print the draft / verify / other time split."),
-    compiled: bool = COMPILE, verify_rows: Optional[int] = VERIFY_ROWS, context_buckets: Optional[str] = CONTEXT_BUCKETS, device: str = DEVICE,
-    max_context: Optional[int] = MAX_CONTEXT, compute_dtype: str = COMPUTE_DTYPE, trust_remote_code: bool = TRUST,
-    chat_template_kwargs: Optional[str] = CHAT_TEMPLATE_KWARGS):
-    """Wall-clock speed of every method on the same prompts. greedy, plain (specdraft's loop, no
-    drafter), n-gram and drafters, in interleaved rounds (median and spread per method)."""
-    from specdraft.infer import bench as B
-    from specdraft.io import write_json
-
-    check_out(out, [prompts, drafter, datastore], ".json")
-    check_out(out and out.with_suffix(".png"), [prompts, drafter, datastore], ".png")
-    k, stop = draft_length_option(num_speculative_tokens), parse_draft_stop(draft_stop)   # parsed here, once
-    report = B.run_bench(model, drafter, prompts, methods, max_new_tokens, k, stop, rounds, tree, (ngram_min, ngram_max),
-                         limit, device, compute_dtype, trust_remote_code, verify_rows, context_buckets, max_context,
-                         datastore, compiled, chat_template_kwargs)
-    say(report["warnings"])
-    B.print_report(report, as_json)
-    say(B.time_split_lines(report) if time_split else [])
-    if out is not None:
-        write_json(out, report)
-        B.plot(report, out.with_suffix(".png"))
-        say(f"bench -> {out}, {out.with_suffix('.png')}")
-
-
-@command(app)
-def generate(
-    prompt: str = typer.Option(..., "--prompt", "-p", help="User message (the chat template is applied)."),
-    model: str = MODEL, drafter: Optional[str] = DRAFTER_OR_UNTRAINED,
-    method: str = typer.Option(DEFAULT_FAMILY, "--method", help="greedy (no drafting), ngram, the drafter's family "
-                               "(`specdraft info` lists them), or hybrid (drafter + n-gram; with --tree, over its tree)."),
-    num_speculative_tokens: Optional[str] = DRAFT_LENGTH_OR_AUTO, draft_stop: Optional[str] = DRAFT_STOP,
-    tree: Optional[str] = typer.Option(None, "--tree", help=TREE_HELP + " Here: greedy only."),
-    temperature: float = typer.Option(0.0, help=TEMPERATURE_HELP + " Here: >0 samples; rejection sampling keeps the "
-                                      "target's distribution."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
-    seed: int = typer.Option(0, help=SEED_HELP + " Here: sampling."),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help=MAX_NEW_TOKENS_HELP),
-    ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN, datastore: Optional[Path] = DATASTORE,
-    device: str = DEVICE, compute_dtype: str = COMPUTE_DTYPE, verify_rows: Optional[int] = VERIFY_ROWS,
-    as_json: bool = AS_JSON, trust_remote_code: bool = TRUST, compiled: bool = COMPILE,
-    chat_template_kwargs: Optional[str] = CHAT_TEMPLATE_KWARGS):
-    """Speculative generation for one prompt. Streams the answer, then tokens/s and τ."""
-    from specdraft.infer.generate import generate_one
-    from specdraft.infer.sampling import Sampling
-    from specdraft.metrics import tau_text
-
-    sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
-    k, stop = draft_length_option(num_speculative_tokens), parse_draft_stop(draft_stop)   # parsed here, once
-    result, name = generate_one(prompt, model, drafter, method, k, stop, tree, sampling, max_new_tokens,
-                                (ngram_min, ngram_max), device, compute_dtype, trust_remote_code,
-                                stream=not as_json, rows=verify_rows, datastore=datastore, compile=compiled,
-                                template_kwargs=chat_template_kwargs)
-    if as_json:
-        return print(json.dumps(result))
-    sys.stdout.write("\n")
-    say(f"{result['new_tokens']} tokens, {result['tokens_per_s']:.1f} tokens/s, "
-        f"{tau_text(result['accept_len'], result.get('k'), 'prompt')} ({name})")
+infer_commands.register(app)       # bench, generate: after eval, before export
 
 
 @command(app, "export")

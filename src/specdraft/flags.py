@@ -24,7 +24,7 @@ from typer.core import TyperCommand, TyperGroup
 from specdraft.defaults import DRAFT_LENGTH, K_MAX, NUM_SPEC
 from specdraft.errors import SpecdraftError
 from specdraft.io import os_error_line
-from specdraft.train.command import ENGINE_ARGS_HELP, ENGINE_HELP, STORE_FORMAT_HELP, TP_HELP
+from specdraft.train.command import ENGINE_ARGS_HELP, ENGINE_HELP, ENGINE_MEANING, STORE_FORMAT_HELP, TP_HELP
 from specdraft.train.config import MAX_TTT_STEPS, RunConfig
 
 MODEL_HELP = "The target: hub id, local folder, .gguf file, or 'default' (SmolLM2-135M-Instruct)."
@@ -147,7 +147,7 @@ NUMBER_BOUNDS = {
     "margin": ((lambda v: v >= 0), "must be >= 0"),
     "draft_ms": ((lambda v: v > 0), "must be > 0"),
     "budget_minutes": ((lambda v: v > 0), "must be > 0 (minutes of regeneration)"),
-    "verify_rows": between(1, 1024), "max_context": between(512, COUNT_MAX),
+    "verify_rows": between(1, 1024), "max_context": between(512, COUNT_MAX), "batch": between(1, COUNT_MAX),
 }
 
 

@@ -86,6 +86,8 @@ class Recipe:
                                  # `specdraft info` prints them; distinct on any depth)
     extra: str = ""              # SOURCE:N, e.g. pydoc:800: N conversations kept as written (no regeneration) in a
                                  # second store the drafter also trains on (the data lever of docs/recipes.md, issue 33)
+    bench_vllm: bool = True      # bench --engine vllm at the export's K (batch 1 and batch bench_prompts) where vLLM is
+                                 # installed: the speed in the engine users serve with, against its plain decoding
     chat_template_kwargs: str = ""   # prepare's and bench's --chat-template-kwargs, a JSON object such as
                                  # '{"enable_thinking": false}': the thinking mode the drafter is trained and measured in
 
@@ -144,9 +146,9 @@ def load_recipe(path: str | Path) -> Recipe:
                 raise SpecdraftError(f"{path}: recipe: prepare_minutes is {value!r}; expected a number of minutes > 0 "
                                      "(the regeneration budget), or leave it out to regenerate all of samples")
             continue
-        if name == "bench_tree":
+        if name in ("bench_tree", "bench_vllm"):
             if not isinstance(value, bool):
-                raise SpecdraftError(f"{path}: recipe: bench_tree is {value!r}; expected true or false")
+                raise SpecdraftError(f"{path}: recipe: {name} is {value!r}; expected true or false")
             continue
         if name == "draft_stop":
             raise SpecdraftError(f"{path}: recipe: draft_stop is {value!r}; expected off, auto or a probability in [0, 1]")
@@ -283,8 +285,10 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     k = served_k(bench)                        # this machine's K (-k auto), said beside the export's
     export = ws / "export" / "speculators"     # at the drafter's own K (its TTT steps), not this machine's choice
     run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(export)], log)
-    bench_natural(console, model, drafter, run, recipe, exported_k(run, export), log, ws / "data")
+    bench_natural(console, model, drafter, run, recipe, exported_k(run, export), log, ws / "data",
+                  tree=recipe.bench_tree or verify_is_flat(bench))
     natural = json.loads((run / run_layout.BENCH_NATURAL).read_text())
+    served = bench_vllm(console, model, export, run, recipe, log) if recipe.bench_vllm else None
     doctor_line = diagnose_low_tau(model, ws, run, natural, log)     # before the report, which shows it
     run_stage(console, ["report", str(run)], log)     # -> RUN/report.html
 
@@ -295,7 +299,8 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     summary.update(why_not_faster=why_not_faster(bench), doctor=doctor_line, k=k,
                    stages_seconds=stages_total(json.loads((ws / STAGES_FILE).read_text())),
                    **closing(model, recipe, run, export, natural, k, doctor_line,
-                             auto=bool(((bench.get("config") or {}).get("k_auto") or {}).get("k_auto"))))
+                             auto=bool(((bench.get("config") or {}).get("k_auto") or {}).get("k_auto")),
+                             served_report=served))
     print_summary(console, summary, run / "report.html")
     return summary
 
@@ -409,19 +414,51 @@ def exported_k(run: Path, export: Path) -> int | None:
     return next((e.get("num_speculative_tokens") for e in exports if e.get("out") == str(export.resolve())), None)
 
 
+FLAT_VERIFY = 1.25     # a verify of the most rows -k auto timed within this of one row's: trees pay for their rows
+
+
+def verify_is_flat(bench: dict) -> bool:
+    """Whether the hold-out bench's -k auto measured a flat verify curve (bf16, --compile, a GPU): the
+    longest verify it timed (9 rows at K_MAX 8) costs at most FLAT_VERIFY x a 1-row forward."""
+    verify = (((bench.get("config") or {}).get("k_auto") or {}).get("verify_ms")) or []
+    return len(verify) >= 4 and all(isinstance(v, (int, float)) and v > 0 for v in verify) \
+        and verify[-1] <= FLAT_VERIFY * verify[0]
+
+
 def bench_natural(console: Console, model: str, drafter: Path, run: Path, recipe: Recipe, k: int | None,
-                  log: Path, data: Path) -> None:
+                  log: Path, data: Path, tree: bool = False) -> None:
     """τ and speed on the natural prompt set at the K the export serves (RUN/bench_natural.json), against
     plain decoding in the same loop: the one measurement the report's, the card's and the summary's
     headline and the verdict read. One round: τ is deterministic under greedy. n-gram and hybrid also
-    draft from the datastore of `data`'s answers (the target's own, to training prompts)."""
+    draft from the datastore of `data`'s answers (the target's own, to training prompts). `tree`: hybrid-tree
+    too (the recipe's bench_tree, or a flat verify curve, where it is our loop's fastest method)."""
     run_stage(console, ["bench", "--model", model, "--drafter", str(drafter), "--prompts", "natural",
-                        "--methods", ",".join(natural_methods(recipe.family, recipe.bench_tree)),
+                        "--methods", ",".join(natural_methods(recipe.family, tree)),
                         "--limit", str(recipe.bench_prompts),
                         "--max-new-tokens", str(recipe.bench_tokens), "--num-speculative-tokens", str(k or "auto"),
                         "--rounds", "1", "--datastore", str(data), "--out", str(run / run_layout.BENCH_NATURAL),
                         *template_args(recipe)], log,
               name="bench-natural")
+
+
+def bench_vllm(console: Console, model: str, export: Path, run: Path, recipe: Recipe, log: Path) -> dict | str:
+    """The export served by vLLM on the natural prompts at its own K, at batch 1 and at batch bench_prompts,
+    against vLLM's plain decoding in the same run (RUN/bench_vllm.json); its verdict line for the closing.
+    Returns the report; where vLLM is not installed, or cannot serve the export, the line that says so, and
+    the recipe goes on: the export and the report do not depend on it."""
+    from specdraft.data.vllm_engine import vllm_version     # no vLLM import: its metadata only
+
+    if vllm_version() is None:
+        return "not measured: vLLM is not installed here (pip install vllm, then specdraft bench --engine vllm)"
+    out = run / run_layout.BENCH_VLLM
+    try:
+        run_stage(console, ["bench", "--engine", "vllm", "--model", model, "--drafter", str(export),
+                            "--prompts", "natural", "--limit", str(recipe.bench_prompts), "--max-new-tokens",
+                            str(recipe.bench_tokens), "--rounds", "1", "--batch", str(recipe.bench_prompts),
+                            "--out", str(out), *template_args(recipe)], log, name="bench-vllm")
+    except SpecdraftError:
+        return f"not measured: vLLM could not serve the export ({log} has why)"
+    return json.loads(out.read_text())
 
 
 LOW_ACCEPT = 1 / 3   # τ below 1 + K/3 (a third of the K drafts accepted per round): the drafter barely pays
@@ -455,12 +492,14 @@ def diagnose_low_tau(model: str, ws: Path, run: Path, bench: dict, log: Path | N
 
 
 def closing(model: str, recipe: Recipe, run: Path, export: Path, natural: dict, k: int | None,
-            doctor_line: str | None, auto: bool = False) -> dict:
-    """What the person at the end of the recipe is told, all read from one measurement, the natural bench:
-    the headline τ, a verdict for this machine against plain decoding in the same loop (the drafter's own
-    gain; transformers' greedy is the table's second reference), the one next step (a command), the
-    export folder, the command that serves it, and the K this machine measured beside the K it serves."""
+            doctor_line: str | None, auto: bool = False, served_report: dict | str | None = None) -> dict:
+    """What the person at the end of the recipe is told: the headline τ (the natural bench), a verdict
+    against plain decoding (in vLLM, the engine users serve with, where `served_report` measured it: ratios
+    to vLLM's own plain decoding; otherwise in specdraft's loop), the one next step (a command), the export
+    folder, the command that serves it, and the K this machine measured beside the K it serves.
+    `served_report`: RUN/bench_vllm.json's report, or the line saying why vLLM was not measured."""
     from specdraft.formats import card
+    from specdraft.infer.served import drafter_row, verdict as served_verdict
 
     name, chain = drafter_method(natural)
     over_plain, tau = chain.get("speedup_over_plain"), chain.get("accept_len")
@@ -470,10 +509,24 @@ def closing(model: str, recipe: Recipe, run: Path, export: Path, natural: dict, 
     threshold = low_tau_threshold(cfg.get("k"))
     serve = serve_line(export.resolve())
     measured = tau_text(tau, cfg.get("k"), cfg.get("prompts"), cfg.get("num_prompts"))
+    ours = (f"specdraft's loop: {over_plain:.2f}x its plain decoding at {measured}"
+            if isinstance(over_plain, (int, float)) else f"specdraft's loop: {measured}")
+    row = drafter_row(served_report, served) if isinstance(served_report, dict) else None
+    x1 = row["batches"]["1"].get("x_plain") if row else None
     if isinstance(tau, (int, float)) and threshold is not None and tau < threshold:
         verdict = f"low: {measured} is under {threshold:.2f} (ceiling {cfg['k'] + 1}); the drafter barely pays for its step"
         fix = doctor_line.split("; fix: ", 1)[1] if doctor_line and "; fix: " in doctor_line else None
         step = fix or f"specdraft recipe {model} --profile full (more data and training)"
+    elif isinstance(x1, (int, float)):
+        if x1 >= 1.05:
+            verdict = (f"good: served by vLLM on this machine, {row['method']} K={row['k']} is {x1:.2f}x vLLM's plain "
+                       f"decoding at batch 1; {ours}")
+            step = serve if recipe.name != "quick" else f"specdraft recipe {model} --profile full (a stronger drafter)"
+        else:
+            verdict = (f"{measured} is fine, but vLLM on this machine does not turn it into speed ({x1:.2f}x its plain "
+                       "decoding at batch 1): serve without speculation here; on a GPU, where a verify of K+1 tokens "
+                       f"costs about one, it pays; {ours}")
+            step = serve
     elif isinstance(over_plain, (int, float)) and over_plain >= 1.05:
         verdict = (f"good: {name} is {over_plain:.2f}x plain decoding (specdraft's loop without drafts) on this "
                    f"machine at {measured}, output identical to greedy")
@@ -483,8 +536,9 @@ def closing(model: str, recipe: Recipe, run: Path, export: Path, natural: dict, 
                    + (f"{over_plain:.2f}x" if isinstance(over_plain, (int, float)) else "not measured against")
                    + " plain decoding); a GPU serving engine, where a verify of K+1 tokens costs about one, does")
         step = serve
+    vllm = served_verdict(served_report) if isinstance(served_report, dict) else served_report
     engines = card.engines_line(card.export_config(export), run, export.parent / "sglang")
-    return {"headline": headline, "hybrid": hybrid_line(run), "verdict": verdict, "next_step": step,
+    return {"headline": headline, "hybrid": hybrid_line(run), "verdict": verdict, "vllm": vllm, "next_step": step,
             "export": str(export.resolve()), "serve": serve, "engines": engines,
             "served_k": served_k_line(k, served, auto)}     # `auto`: the hold-out bench's K was -k auto's
 
@@ -523,12 +577,20 @@ def hybrid_line(run: Path) -> str | None:
     methods, cfg = report.get("methods") or {}, report.get("config") or {}
     if "hybrid" not in methods:
         return None
-    parts = [f"{name} {tau_text(methods[name].get('accept_len'), cfg.get('k'), cfg.get('prompts'), cfg.get('num_prompts'))}"
-             for name in ("hybrid", "ngram") if name in methods]
+    from specdraft.infer.bench import method_k     # torch: not at the CLI's start
+
+    def speed(name: str) -> str:
+        x = methods[name].get("speedup_over_plain")
+        return f", {x:.2f}x plain decoding" if isinstance(x, (int, float)) else ""
+
+    names = ["hybrid-tree", "hybrid", cfg.get("family") or "", "ngram"]     # the fastest method first
+    parts = [f"{name} {tau_text(methods[name].get('accept_len'), method_k(name, cfg), cfg.get('prompts'), cfg.get('num_prompts'))}"
+             f"{speed(name)}" for name in names if name in methods]
     form = cfg.get("hybrid_form")     # the switch consults no datastore (infer/hybrid.py): n-gram alone does
     store = (f"; {'n-gram' if form == 'switch' else 'both'} with the datastore of the training answers"
              if cfg.get("datastore") else "")
     return "; ".join(parts) + f" (hybrid{' as the ' + form if form else ''}: our loop only, no serving engine has it yet{store})"
+
 
 
 def summarize(bench: dict, seconds: float) -> dict:
@@ -550,21 +612,21 @@ def print_summary(console: Console, summary: dict, report: Path) -> None:
     table = Table(title="specdraft: lossless speculative decoding on this machine, "
                         f"{summary.get('prompts', 'bench prompts')}")
     over_plain = summary.get("speedup_over_plain") or {}
-    for col in ("method", "tokens/s", "speedup", "x plain", "τ (K)", "identical to greedy"):
+    for col in ("method", "tokens/s", "x plain (our loop)", "x greedy (transformers)", "τ (K)", "identical to greedy"):
         table.add_column(col)
     for name, tps in summary["tokens_per_s"].items():
         accept_len = summary["accept_lens"].get(name)
         k = (summary.get("k_by_method") or {}).get(name, "?")
         accept = f"{accept_len:.2f} (K={k})" if accept_len and name not in ("greedy", "plain") else "-"
         plain = f"{over_plain[name]:.2f}x" if over_plain.get(name) is not None else "-"
-        table.add_row(name, f"{tps:.1f}", f"{summary['speedup'][name]:.2f}x", plain, accept,
+        table.add_row(name, f"{tps:.1f}", plain, f"{summary['speedup'][name]:.2f}x", accept,
                       "yes" if summary["identical_to_greedy"][name] else "NO")
     Console().print(table)
     if summary.get("why_not_faster"):
         console.print(summary["why_not_faster"], highlight=False, soft_wrap=True, markup=False)
     if summary.get("doctor"):
         console.print(summary["doctor"], highlight=False, soft_wrap=True, markup=False)
-    for label in ("headline", "hybrid", "verdict", "next_step", "export", "serve", "served_k", "engines"):
+    for label in ("headline", "hybrid", "verdict", "vllm", "next_step", "export", "serve", "served_k", "engines"):
         if summary.get(label):
             console.print(Text.assemble((f"{label.replace('_', ' ') + ':':11s}", "bold"), f" {summary[label]}"),
                           highlight=False, soft_wrap=True)
@@ -601,7 +663,16 @@ def recipe_choice(model: str, profile: str | None, config: Path | None, workspac
         raise SpecdraftError("--profile and --config: pick one (a shipped recipe's name, or your recipe file)")
     chosen = config or profile or "quick"
     name = config.stem if config else chosen
-    return chosen, workspace or Path("ws") / f"{model.replace('/', '--')}-{name}"
+    return chosen, workspace or Path("ws") / f"{model_name(model)}-{name}"
+
+
+def model_name(model: str) -> str:
+    """A workspace's name for `model`: a hub id as org--name, a folder or GGUF file by its own name (never its
+    path: `../models/qwen3/` is qwen3, not `..--models--qwen3--`)."""
+    path = Path(model)
+    local = path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1
+    name = (path.stem if path.suffix == ".gguf" else path.resolve().name) if local else model.replace("/", "--")
+    return name or "model"
 
 
 def run_demo(workspace: str | Path, recipe: str | Path = "quick", engine: str = "auto") -> dict:

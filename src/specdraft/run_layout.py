@@ -7,6 +7,7 @@
     RUN/journal.md, remap.json, provenance.json, tensorboard/, wandb/
     RUN/bench.json            bench on the builtin hold-out prompts (the recipe's bench stage)
     RUN/bench_natural.json    bench on the natural prompt set at the served K (the report's headline τ)
+    RUN/bench_vllm.json       bench --engine vllm: the export served by vLLM against vLLM's plain decoding
     RUN/eval.json             eval: simulated τ on the run's held-out store samples
 
 train writes it (train/loop.py, train/run_folder.py); eval, bench, export, report, compare and the
@@ -31,6 +32,7 @@ PROVENANCE = "provenance.json"
 RUN_FILES = (METRICS, CONFIG, CHECKPOINTS, BEST, REMAP, JOURNAL, "tensorboard", "wandb", PROVENANCE)
 BENCH = "bench.json"
 BENCH_NATURAL = "bench_natural.json"
+BENCH_VLLM = "bench_vllm.json"
 EVAL = "eval.json"
 CHECKPOINT_NAME = re.compile(r"^(epoch|step)-(\d+)$")
 

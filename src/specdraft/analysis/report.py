@@ -191,37 +191,56 @@ def duration(seconds: float) -> str:
 # ----------------------------------------------------------------------------- sections
 
 def headline_html(run: Path) -> str:
-    """The answer first: τ, speedup, lossless or not, how much data, how long."""
-    bench = read_json(run / run_layout.BENCH, BENCH_FIELDS)
-    for name in (run_layout.BENCH_NATURAL, run_layout.EVAL):
-        read_json(run / name, BENCH_FIELDS if name == run_layout.BENCH_NATURAL else EVAL_FIELDS)   # types checked
+    """The answer first: τ, speed against plain decoding (the natural bench, as the headline; served in vLLM
+    where bench --engine vllm ran), lossless or not, how much data, how long."""
+    natural = read_json(run / run_layout.BENCH_NATURAL, BENCH_FIELDS)
+    read_json(run / run_layout.EVAL, EVAL_FIELDS)                               # types checked
+    held_out = read_json(run / run_layout.BENCH, BENCH_FIELDS)
+    bench = natural if metrics.drafter_method(natural)[1] else held_out
     drafter = metrics.drafter_method(bench)[1]          # the drafter's chain, whatever its family
     cfg = (bench.get("config") or {}) if isinstance(bench, dict) else {}
     taus, served = card.tau_measurements(run), served_k(run)
     tau = (card.headline_text(taus, served), "the headline: the natural prompt set at the K the export serves "
            "where measured; every τ is in the table below") if taus else \
         ("unknown", "no bench.json, eval.json or validation in the run folder")
-    if isinstance(drafter.get("speedup"), (int, float)):
-        greedy = (bench.get("methods") or {}).get("greedy") or {}
-        over_plain = drafter.get("speedup_over_plain")
-        speedup = (f"{drafter['speedup']:.2f}x", f"{number(drafter.get('tokens_per_s'), '.1f')} vs "
-                   f"{number(greedy.get('tokens_per_s'), '.1f')} tok/s, {cfg.get('device', '?')}, batch 1"
-                   + (f"; {over_plain:.2f}x over specdraft's loop without drafts (the rest is its kernel paths)"
-                      if isinstance(over_plain, (int, float)) else ""))
+    over_plain = drafter.get("speedup_over_plain")
+    if isinstance(over_plain, (int, float)):
+        plain = (bench.get("methods") or {}).get("plain") or {}
+        greedy = drafter.get("speedup")
+        speedup = (f"{over_plain:.2f}x plain decoding", f"{number(drafter.get('tokens_per_s'), '.1f')} vs "
+                   f"{number(plain.get('tokens_per_s'), '.1f')} tok/s in specdraft's loop, {cfg.get('device', '?')}, "
+                   f"batch 1, {metrics.tau_source(cfg.get('prompts'), cfg.get('num_prompts'))}"
+                   + (f"; {greedy:.2f}x transformers' generate" if isinstance(greedy, (int, float)) else ""))
+    elif isinstance(drafter.get("speedup"), (int, float)):     # a bench without plain decoding: greedy alone
+        speedup = (f"{drafter['speedup']:.2f}x transformers' greedy", "this bench ran no plain decoding")
     else:
-        speedup = ("unknown", "no bench of the drafter's chain")
+        speedup = ("unknown", "no bench of the drafter's chain beside plain decoding")
+    same = drafter.get("identical_to_greedy")
     same = drafter.get("identical_to_greedy")
     identical = (("yes" if same else "NO") if isinstance(same, bool) else "unknown",
                  f"{drafter.get('prompts_identical', '?')}/{cfg.get('num_prompts', '?')} prompts" if isinstance(same, bool)
                  else "")
-    rows = [["τ (tokens per target forward, at most K+1)", *tau], ["speedup vs greedy", *speedup],
+    rows = [["τ (tokens per target forward, at most K+1)", *tau], ["speed in specdraft's loop", *speedup],
+            ["served by vLLM", *served_row(run)],
             ["identical to greedy", *identical], ["training data", data_size(run), ""],
             ["training time", training_time(run), ""]]
-    why = why_not_faster(bench) if isinstance(bench, dict) and isinstance(bench.get("methods"), dict) else None
+    why = why_not_faster(held_out) if isinstance(held_out, dict) and isinstance(held_out.get("methods"), dict) else None
     if why:
         rows.insert(2, ["why not faster", why, ""])
     return (f"<div class=headline><h2>{esc(run.name)}</h2>{table_html([], rows)}{tau_table_html(taus)}"
             f"{doctor_html(run)}</div>")
+
+
+def served_row(run: Path) -> tuple[str, str]:
+    """The export in vLLM against vLLM's plain decoding (RUN/bench_vllm.json), or why it is unknown."""
+    from specdraft.infer import served
+
+    report = served.read_report(run / run_layout.BENCH_VLLM)
+    row = served.drafter_row(report, served_k(run)) if report else None
+    if row is None:
+        return "unknown", f"no {run_layout.BENCH_VLLM} (specdraft bench --engine vllm --drafter EXPORT --out ...)"
+    x1 = row["batches"]["1"].get("x_plain")
+    return (f"{x1:.2f}x vLLM's plain decoding" if isinstance(x1, (int, float)) else "unknown"), served.verdict(report)
 
 
 def served_k(run: Path) -> int | None:

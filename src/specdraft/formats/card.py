@@ -160,7 +160,8 @@ def tau_measurements(run: Path) -> list[dict]:
         if _number(m.get("accept_len")) and isinstance(cfg.get("k"), int):
             out.append({"tau": m["accept_len"], "k": cfg["k"], "prompts": cfg.get("prompts"),
                         "count": cfg.get("num_prompts"), "source": f"bench {method} ({name})",
-                        "speedup": m.get("speedup") if _number(m.get("speedup")) else None})
+                        "speedup": m.get("speedup") if _number(m.get("speedup")) else None,
+                        "over_plain": m.get("speedup_over_plain") if _number(m.get("speedup_over_plain")) else None})
     ev = _json(run / run_layout.EVAL)
     by_k = ev.get("accept_len_by_k") if isinstance(ev.get("accept_len_by_k"), list) else []
     split = "all" if str(ev.get("split", "")).startswith("all") else "held-out"
@@ -203,7 +204,8 @@ def headline_text(taus: list[dict], k: int | None) -> str:
     best = headline_tau(taus, k)
     if best is None:
         return UNKNOWN
-    speed = f", {best['speedup']:.2f}x vs greedy" if best.get("speedup") is not None else ""
+    speed = (f", {best['over_plain']:.2f}x plain decoding in specdraft's loop" if best.get("over_plain") is not None
+             else f", {best['speedup']:.2f}x transformers' greedy" if best.get("speedup") is not None else "")
     text = f"{tau_text(best['tau'], best['k'], best['prompts'], best['count'])} ({best['source']}{speed})"
     if k is not None and best["k"] != k:
         text += f"; served at K={k}, which no measurement here ran"

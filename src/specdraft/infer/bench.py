@@ -596,6 +596,13 @@ def compute_dtype(dtype: str, model: str, device: str, trust_remote_code: bool) 
     return auto_dtype(dtype, target_config(model, trust_remote_code), AUTO_DTYPE_ROWS, gpu=device.startswith("cuda"))
 
 
+def check_served_only(options: dict) -> None:
+    """Options of `bench --engine vllm` alone: refused by name in specdraft's own loop."""
+    for flag, value in options.items():
+        if value not in (None, False):
+            raise SpecdraftError(f"{flag}: applies to --engine vllm only; add --engine vllm or drop {flag}")
+
+
 def check_datastore_methods(datastore, names: list[str], option: str) -> None:
     if datastore is not None and not {"ngram", HYBRID, HYBRID_TREE} & set(names):
         raise SpecdraftError(f"--datastore {datastore}: only ngram and hybrid draft from it; add one to {option} "

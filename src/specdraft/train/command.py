@@ -25,7 +25,8 @@ from specdraft.metrics import tau_text
 from specdraft.train.config import RunConfig, choices, flag, resolve_config
 
 # the same meanings as the other commands' (specdraft/flags.py; kept light: no import of it here)
-ENGINE_HELP = ("What runs the target over data: hf (transformers, in this process), vllm, or auto (vLLM when "
+ENGINE_MEANING = "What runs the target."     # bench's --engine: whose decoding loop (specdraft's or vLLM's)
+ENGINE_HELP = (ENGINE_MEANING + " Here: over data, hf (transformers, in this process), vllm, or auto (vLLM when "
                "installed and a CUDA device is present).")
 TP_HELP = "GPUs per vLLM engine (tensor parallelism)."
 ENGINE_ARGS_HELP = """JSON object passed to vllm.LLM(...), e.g. '{"max_model_len": 4096}'."""
@@ -49,7 +50,7 @@ def train(
                                 help="Compute hidden states with --model inside the loop (no store)."),
     prepared: Optional[str] = typer.Option(None, "--prepared", rich_help_panel=LAUNCH_PANEL,
                                            help="Prepared data (WS/data, from `specdraft prepare`). Here: for --online."),
-    engine: str = typer.Option("auto", "--engine", rich_help_panel=LAUNCH_PANEL, help=ENGINE_HELP + " Here: with --online."),
+    engine: str = typer.Option("auto", "--engine", rich_help_panel=LAUNCH_PANEL, help=ENGINE_HELP + " With --online."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "-tp", rich_help_panel=LAUNCH_PANEL,
                                              help=TP_HELP + " Here: with --online --engine vllm."),
     engine_args: Optional[str] = typer.Option(None, "--engine-args", rich_help_panel=LAUNCH_PANEL,
