@@ -153,7 +153,7 @@ def test_model_card_and_re_export_over_it(made, tmp_path, monkeypatch, capsys):
     fingerprint = json.loads((made["ckpt"] / "inputs.json").read_text())["target"]["fingerprint"]
     assert fingerprint in text
     spec = json.dumps({"method": "eagle3", "model": str(out.resolve()), "num_speculative_tokens": 3})
-    assert f"vllm serve {made['target']} \\\n  --speculative-config '{spec}'" in text
+    assert f"vllm serve {made['target']} \\\n  --tensor-parallel-size 1 \\\n  --speculative-config '{spec}'" in text
     assert f"vllm serve {out.resolve()}\n" in text                    # speculators' short form: the folder names its target
     assert "--speculative-algorithm EAGLE3" in text
     # a previous export that holds README.md is replaced (sglang layout: the SGLang command is its own)

@@ -181,3 +181,26 @@ def test_the_whole_forward_picks_its_path_per_row_count_and_the_runner_runs_it(m
     monkeypatch.setenv("SPECDRAFT_KERNEL_PATH", "linear")                # the suite's setting: nothing measured
     assert kernels.whole_forward_flags(linears, table) == table
     assert auto.measure_costs(model, None, 2, 8, rounds=1, repeats=1)["whole_forward"] is None
+
+
+def test_kernel_timing_stops_at_its_budget_and_the_next_process_times_the_rest(monkeypatch, capsys):
+    """Issue 56: a new target's first generate spent minutes timing kernels without a word. The largest shapes
+    are timed first, for at most budget_s; the others run F.linear now and are timed by the next process."""
+    clock = [0.0]
+    monkeypatch.setattr(kernels.time, "perf_counter", lambda: clock[0])
+    shapes = [(24, 40), (24, 96), (64, 160)]
+    calls = []
+
+    def slow(shape, rows):                     # 1 s per row count: 13 s per shape
+        clock[0] += 1.0
+        return faked({s: {2} for s in shapes}, calls)(shape, rows)
+
+    table = kernels.kernel_table(shapes, timer=slow, budget_s=20)
+    assert list(table.timings) == ["64x160", "24x96"]                      # largest first, two within 20 s
+    assert not any(table.use_mm((24, 40)))                                 # the third: F.linear for now
+    assert "2 of 3 shape(s) timed in 26 s; the other 1 run F.linear in this process and are timed by the next" \
+        in capsys.readouterr().err
+    monkeypatch.setattr(kernels, "_TABLES", {})                            # the next process
+    calls.clear()
+    assert kernels.kernel_table(shapes, timer=slow, budget_s=20).use_mm((24, 40))[2]
+    assert {shape for shape, _ in calls} == {(24, 40)}

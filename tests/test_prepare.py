@@ -89,7 +89,8 @@ def test_prepare_jsonl_filters_and_counts(tiny_target, tmp_path):
     assert set(ds.column_names) == {"input_ids", "loss_mask", "messages", "turn"}
     counts = meta["counts"]
     assert counts["records"] == 4 and counts["samples"] == 2 == len(ds)
-    assert counts["dropped"] == {"duplicate": 1, "too_long": 1, "too_few_assistant_tokens": 0, "over_limit": 0}
+    assert counts["dropped"] == {"duplicate": 1, "too_long": 1, "too_few_assistant_tokens": 0, "empty_answer": 0,
+                                 "over_limit": 0}
     assert counts["tokens"] == sum(len(x) for x in ds["input_ids"])
     assert counts["loss_tokens"] == sum(sum(m) for m in ds["loss_mask"])
     assert meta["target"]["fingerprint"] and len(meta["chat_template_sha256"]) == 64

@@ -136,7 +136,7 @@ def test_report_in_chromium_leads_with_the_answer(run):
     assert "eagle3 40.1 1.87x 2.44 0.71 0.48 0.33 0.21 yes" in text
     assert "1 0.702 0.702 1.70" in text and "τ 2.44 at K=3 on held-out store samples (simulated)" in text
     export = str(run.parent.parent / "export" / "speculators")
-    assert f"vllm serve HuggingFaceTB/SmolLM2-135M-Instruct \\ --speculative-config" in text
+    assert f"vllm serve HuggingFaceTB/SmolLM2-135M-Instruct \\ --tensor-parallel-size 1 \\ --speculative-config" in text
     assert f'"model": "{export}", "num_speculative_tokens": 4' in text
     assert f"--speculative-draft-model-path {export}-sglang" in text
     assert "kill it: see https://example.com/" in text

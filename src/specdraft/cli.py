@@ -232,7 +232,7 @@ def eval_cmd(
     from specdraft.analysis.evaluate import evaluate, format_result
     from specdraft.io import write_json
 
-    check_out(out, [drafter, *store], ".json")
+    check_out(out, [drafter, *store], ".json", "eval")
     result = evaluate(drafter, store[0] if len(store) == 1 else store, model=model, split=split, steps=draft_length,
                       trust_remote_code=trust_remote_code, context_buckets=context_buckets)
     say(result["warnings"])

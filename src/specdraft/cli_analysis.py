@@ -42,7 +42,7 @@ def plan_cmd(
     """Choose the draft length. From acceptance per position and the measured draft/verify costs."""
     from specdraft.analysis import plan
 
-    check_out(out, [accept, drafter, store], ".json")
+    check_out(out, [accept, drafter, store], ".json", "plan")
     result = plan.run(drafter=drafter, model=model, accept=accept, data=store,
                       verify_ms=parse_floats(verify_ms, "--verify-ms"), draft_ms=draft_ms, k_max=max_k,
                       context=context, run=run, out=out, trust_remote_code=trust_remote_code, rounds=rounds)
@@ -69,7 +69,7 @@ def probe_cmd(
     targets, the drafter as it is."""
     from specdraft.analysis import probe
 
-    check_out(out, [*(vocab or []), prepared, drafter], ".json")
+    check_out(out, [*(vocab or []), prepared, drafter], ".json", "probe")
     results = probe.run(vocabs=vocab or [], models=model or [], data=prepared, drafter=drafter, samples=samples,
                         max_tokens=tokens_per_sample, steps=draft_length, run=run, out=out,
                         trust_remote_code=trust_remote_code)
@@ -102,7 +102,7 @@ def report_cmd(
     the export's serve commands, stage timings, curves, journal and config."""
     from specdraft.analysis import report
 
-    check_out(out, runs, ".html")
+    check_out(out, runs, ".html", "report")
     say(f"report -> {report.build(runs, out)}")
 
 

@@ -61,8 +61,8 @@ def bench(
     from specdraft.infer import bench as B
     from specdraft.io import write_json
 
-    check_out(out, [prompts, drafter, datastore], ".json")
-    check_out(out and out.with_suffix(".png"), [prompts, drafter, datastore], ".png")
+    check_out(out, [prompts, drafter, datastore], ".json", "bench")
+    check_out(out and out.with_suffix(".png"), [prompts, drafter, datastore], ".png", "bench")
     if engine != "specdraft":
         return bench_served(engine, model, drafter, prompts, methods, max_new_tokens, num_speculative_tokens, batch,
                             rounds, limit, out, (ngram_min, ngram_max), chat_template_kwargs, compute_dtype, breakdown,

@@ -14,6 +14,7 @@ import functools
 import math
 import sys
 import typing
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -203,11 +204,17 @@ def parse_floats(text: Optional[str], option: str) -> Optional[list[float]]:
     return numbers
 
 
-def check_out(out, inputs: list, suffix: str):
-    """--out for a results file: checked before minutes of work, not after."""
+def check_out(out, inputs: list, suffix: str, command: str | None = None):
+    """--out for a results file: checked before minutes of work, not after; never another command's
+    result in a run folder (`command`: the one writing it)."""
     if out is not None:
         from specdraft.io import check_file_target, check_output_file
+        from specdraft.run_layout import foreign_result
 
+        owner = foreign_result(out, command) if command else None
+        if owner:
+            raise SpecdraftError(f"--out {out}: is `specdraft {owner}`'s result in the run {Path(out).parent}; "
+                                 f"write {command}'s elsewhere (another name)")
         check_file_target(out)
         check_output_file(out, inputs, suffix)
     return out

@@ -177,15 +177,17 @@ def linear_shapes(linears: list[torch.nn.Linear]) -> list[Shape]:
 _TABLES: dict[str, KernelTable] = {}     # this process's tables, by machine key
 
 
+def positive_ms(x) -> bool:
+    """A timing a cache may hold: a finite number of ms above 0 (not a bool, not a string)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
 def usable_timings(raw) -> dict:
     """The cache file's shapes whose every entry `pick` can read (row count -> finite linear and mm
     times); anything else (hand-edited, another version's layout) is measured again, never an error."""
-    def number(x):
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
     def usable(rows):
         return isinstance(rows, dict) and bool(rows) and all(
-            str(n).isdigit() and isinstance(t, dict) and number(t.get("linear")) and number(t.get("mm"))
+            str(n).isdigit() and isinstance(t, dict) and positive_ms(t.get("linear")) and positive_ms(t.get("mm"))
             for n, t in rows.items())
 
     return {shape: rows for shape, rows in raw.items() if usable(rows)} if isinstance(raw, dict) else {}
@@ -197,10 +199,14 @@ def cache_file(key: str) -> Path:
     return cache_dir() / "kernels" / f"{key}.json"
 
 
+KERNEL_BUDGET_S = 20.0          # kernel timing per process at most: a new target's first forward waits no longer
+
+
 def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer: Timer | None = None,
-                 rows: tuple[int, ...] = ROWS) -> KernelTable:
+                 rows: tuple[int, ...] = ROWS, budget_s: float = KERNEL_BUDGET_S) -> KernelTable:
     """The table for this machine and dtype covering `shapes`: from this process, else from the cache
-    file, measuring (and saving) only the shapes neither holds."""
+    file, measuring (and saving) only the shapes neither holds, the largest first, for at most `budget_s`
+    seconds: shapes left over run F.linear in this process and are timed by the next one (a line says so)."""
     if timer is None and not measuring():
         return KernelTable("linear", cpu_identity(), str(dtype), {})      # F.linear at every row count
     key = machine_key(dtype)
@@ -216,8 +222,17 @@ def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer:
             print(f"kernel paths: timing F.linear vs mm(W, x^T) for {len(missing)} Linear shape(s) on this machine "
                   f"({dtype}; once, cached in {cache_file(key)})", file=sys.stderr, flush=True)
         measure = timer or (lambda shape, n: time_paths(shape, n, dtype))
-        for shape in missing:
+        started = time.perf_counter()
+        for i, shape in enumerate(sorted(missing, key=lambda s: -s[0] * s[1])):
+            spent = time.perf_counter() - started
+            if i and spent > budget_s:
+                print(f"kernel paths: {i} of {len(missing)} shape(s) timed in {spent:.0f} s; the other {len(missing) - i} "
+                      "run F.linear in this process and are timed by the next", file=sys.stderr, flush=True)
+                break
             table.timings[shape_name(shape)] = {str(n): measure(shape, n) for n in rows}
+            if timer is None:
+                print(f"kernel paths: {i + 1}/{len(missing)} shape(s) timed, {time.perf_counter() - started:.0f} s",
+                      file=sys.stderr, flush=True)
         write_cache(cache_file(key), table.to_dict())
     return table
 
@@ -311,7 +326,7 @@ def faster_dtype(shapes: dict[Shape, int], rows: int, candidates: tuple[str, ...
     path = cache_file(f"dtype-{key}")
     saved = read_cache(path, "dtype timing") if timer is None else None
     ms = saved.get("ms") if isinstance(saved, dict) else None
-    if not (isinstance(ms, dict) and all(isinstance(ms.get(c), (int, float)) for c in candidates)):
+    if not (isinstance(ms, dict) and all(positive_ms(ms.get(c)) for c in candidates)):   # damaged: measured again
         if timer is None:
             print(f"compute dtype: timing {' vs '.join(candidates)} matmuls at {rows} rows on this machine (once, "
                   f"cached in {path})", file=sys.stderr, flush=True)

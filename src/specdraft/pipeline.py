@@ -129,6 +129,9 @@ def load_recipe(path: str | Path) -> Recipe:
             if not (isinstance(value, str) and sep and source and count.isdigit() and int(count) >= 1):
                 raise SpecdraftError(f"{path}: recipe: extra is {value!r}; expected SOURCE:N, e.g. pydoc:800 "
                                      "(N conversations kept as written, in a second store)")
+            if source_kind(source) == "file" and not Path(source).expanduser().is_file():
+                raise SpecdraftError(f"{path}: recipe: extra is {value!r}; {source} is not a file (checked before any "
+                                     "stage: its stage runs after training); give an existing file or pydoc:N")
             continue
         if name == "chat_template_kwargs":
             if not isinstance(value, str):

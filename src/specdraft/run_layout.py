@@ -35,6 +35,17 @@ BENCH_NATURAL = "bench_natural.json"
 BENCH_VLLM = "bench_vllm.json"
 EVAL = "eval.json"
 CHECKPOINT_NAME = re.compile(r"^(epoch|step)-(\d+)$")
+# RUN's files and the command that writes each: another command's --out never lands on one
+OWNERS = {EVAL: "eval", BENCH: "bench", BENCH_NATURAL: "bench", BENCH_VLLM: "bench",
+          **{name: "train" for name in RUN_FILES}}
+
+
+def foreign_result(out: Path, command: str) -> str | None:
+    """The command whose result `out` is, when it names a file of a run folder that another command writes."""
+    out = Path(out)
+    owner = OWNERS.get(out.name)
+    is_run = (out.parent / METRICS).is_file() or (out.parent / CONFIG).is_file()
+    return owner if owner is not None and owner != command and is_run else None
 
 
 def config_file(run: Path) -> Path:

@@ -109,8 +109,9 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     out = ensure_writable_dir(out)
     target, engine_name, chat, dtype = open_target(model, src, regenerate, opts, trust_remote_code, compute_dtype,
                                                    batch_size, template_kwargs)
+    check_context(max_length, target)
     max_new_tokens, max_length, defaults = thinking_defaults(chat, max_new_tokens, max_length)
-    dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "over_limit": 0}
+    dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "empty_answer": 0, "over_limit": 0}
     job = answering(target, engine_name, opts, chat, dtype, out, temperature, max_new_tokens, seed, batch_size,
                     follow_ups, console) if regenerate else None
     regeneration = None
@@ -134,6 +135,18 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     meta["seconds"] = round(time.perf_counter() - started, 2)
     save_prepared(out, rows, meta)
     return meta
+
+
+def check_context(max_length: int | None, target) -> None:
+    """--max-length past the target's context (max_position_embeddings): samples the target never reads."""
+    try:
+        config = target.text_config          # a vision-language wrapper keeps it there
+    except AttributeError:
+        config = getattr(target, "config", None)
+    context = getattr(config, "max_position_embeddings", None)
+    if max_length is not None and isinstance(context, int) and max_length > context:
+        raise SpecdraftError(f"--max-length {max_length}: past {target.name}'s context of {context} tokens "
+                             f"(max_position_embeddings); use at most {context}")
 
 
 def thinking_defaults(chat: Chat, max_new_tokens: int | None, max_length: int | None) -> tuple[int, int, dict]:
@@ -551,6 +564,9 @@ def render_and_filter(chat: Chat, conversations: list[Conversation], max_length:
             if sample.num_loss_tokens < min_assistant_tokens:
                 dropped["too_few_assistant_tokens"] += 1
                 continue
+            if empty_answer(sample):       # the end of turn alone would be trained (a target that answered nothing)
+                dropped["empty_answer"] += 1
+                continue
             if dedup:  # by rendered token ids: catches conversations that differ only in ignored fields
                 ids = tuple(sample.input_ids)
                 if ids in seen:
@@ -565,8 +581,19 @@ def render_and_filter(chat: Chat, conversations: list[Conversation], max_length:
     return rows, split_turns
 
 
+def empty_answer(sample) -> bool:
+    """Whether every assistant turn a sample trains holds no text, no reasoning and no tool call."""
+    from specdraft.data.render import REASONING_FIELDS
+
+    answers = [m for m in sample.messages[sample.turn:] if isinstance(m, dict) and m.get("role") == "assistant"]
+    return bool(answers) and not any(str(m.get(f) or "").strip() for m in answers
+                                     for f in ("content", "tool_calls", *REASONING_FIELDS))
+
+
 def describe_drops(dropped: dict, max_length: int, min_assistant_tokens: int) -> str:
     parts = []
+    if dropped.get("empty_answer"):
+        parts.append(f"{dropped['empty_answer']} whose answer is empty (the target ended its turn at once)")
     if dropped["too_long"]:
         parts.append(f"{dropped['too_long']} longer than --max-length {max_length}")
     if dropped["too_few_assistant_tokens"]:

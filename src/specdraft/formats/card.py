@@ -312,7 +312,7 @@ def engines_line(cfg, run: str | Path, sglang_out: str | Path) -> str:
 
 def serve_commands(target: str, export: str | Path, speculative_tokens: int, layout_name: str,
                    sglang_missing: str | None = None, fam: Family | None = None,
-                   sglang_needs: str | None = None) -> list[tuple[str, str, str]]:
+                   sglang_needs: str | None = None, tensor_parallel: int = 1) -> list[tuple[str, str, str]]:
     """(engine, note, command) to paste for an export folder: the model card and `specdraft report`
     both show these, so the two never disagree. vLLM selects the drafter by its family's keys of the
     speculative config (`fam`, the default family when None). SGLang reads only the family's SGLang
@@ -323,9 +323,11 @@ def serve_commands(target: str, export: str | Path, speculative_tokens: int, lay
     serve_target = target if target and target != UNKNOWN else "TARGET"
     export, k = str(export), int(speculative_tokens)
     spec = json.dumps({**dict(fam.vllm_speculative), "model": export, "num_speculative_tokens": k})
-    vllm = f"vllm serve {serve_target} \\\n  --speculative-config '{spec}'"
+    vllm = (f"vllm serve {serve_target} \\\n  --tensor-parallel-size {tensor_parallel} \\\n"
+            f"  --speculative-config '{spec}'")
     if layout_name == "speculators":   # a speculators folder names its target: vLLM's short form
-        vllm = f"vllm serve {export}\n# or, with the draft length chosen here:\n" + vllm
+        vllm = (f"vllm serve {export}\n# or, with the draft length and the GPUs per replica (tensor parallel: the "
+                "drafter runs beside the target on each) chosen here:\n" + vllm)
     sglang_layout = layout(fam, "sglang")
     if sglang_layout is None or sglang_layout.serve is None:
         sglang_missing = sglang_missing or f"{fam.model_type} drafters"

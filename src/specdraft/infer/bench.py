@@ -577,9 +577,10 @@ def check_bench_options(names: list[str], methods: str, chains: list[str], k, k_
         trees = [n for n in all_methods() if n.endswith(TREE)]
         raise SpecdraftError(f"--tree {tree}: no method in --methods {methods} drafts a tree; add "
                              f"{' or '.join(trees) or 'a tree method'} or drop --tree")
-    if k_option is not None and all(n in ("greedy", "plain") for n in names):
-        raise SpecdraftError(f"-k {k_option}: no method in --methods {methods} drafts (greedy and plain decode one "
-                             "token a step); add ngram or a drafter family, or drop -k")
+    if k_option is not None and all(n in ("greedy", "plain") or n.endswith(TREE) for n in names):
+        raise SpecdraftError(f"-k {k_option}: no method in --methods {methods} drafts a chain (greedy and plain decode "
+                             "one token a step; a tree's size is --tree's); add ngram, hybrid or a drafter family, "
+                             "or drop -k")
     check_datastore_methods(datastore, names, "--methods")
 
 
@@ -594,6 +595,20 @@ def compute_dtype(dtype: str, model: str, device: str, trust_remote_code: bool) 
     from specdraft.targets import target_config
 
     return auto_dtype(dtype, target_config(model, trust_remote_code), AUTO_DTYPE_ROWS, gpu=device.startswith("cuda"))
+
+
+def datastore_readers(names: list[str], form: str | None) -> list[str]:
+    """The methods that draft from --datastore: n-gram and the hybrid tree (hybrid-tree, or hybrid in its
+    tree form); hybrid as the switch drafts from the context alone (infer/hybrid.py)."""
+    return [n for n in names if n in ("ngram", HYBRID_TREE) or n == HYBRID and form != "switch"]
+
+
+def unused_datastore_line(names: list[str], form: str | None) -> str | None:
+    """The line said where hybrid runs as the switch with --datastore: nothing it runs reads the datastore."""
+    if HYBRID in names and form == "switch" and not datastore_readers(names, form):
+        return ("--datastore: hybrid runs as the switch on this machine (its verify curve), which drafts from the "
+                "context alone: the datastore is unused; --tree runs the tree form, which reads it")
+    return None
 
 
 def check_served_only(options: dict) -> None:
@@ -659,6 +674,8 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
                        progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
                        ngram_k=ngram_k, rows=rows, context_edges=edges, datastore=answers, compile=compile,
                        hybrid_tree=form != "switch", chat=chat, **shape_rows(choice, k, dtype))
+    unused = unused_datastore_line(names, form) if answers else None
+    report["warnings"] = [*report.get("warnings", []), *([unused] if unused else [])]
     report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
@@ -667,7 +684,8 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
                         "family": family_of(draft_model).model_type if draft_model is not None else None,
                         "tree": [shape.depth, shape.topk, shape.total] if any(n.endswith(TREE) for n in names)
                         else None,
-                        "ngram": list(ngram), "datastore": answers and answers.describe(datastore),
+                        "ngram": list(ngram), "datastore": answers and {**answers.describe(datastore),
+                                                                        "read_by": datastore_readers(names, form)},
                         "chat_template_kwargs": kwargs, "thinking": {"style": chat.style, "mode": chat.mode()},
                         **environment(dev, dtype), "dtype_asked": asked}
     return report

@@ -57,6 +57,9 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
         rows = choice.rows                                    # the R -k auto measured cheapest for its K
     answers = B.Datastore.from_prepared(datastore, target) if datastore else None
     form = B.hybrid_form(target, [name], choice, k, k, ids, sampling.greedy)
+    unused = B.unused_datastore_line([name], form) if answers else None
+    if unused:
+        print(f"warning: {unused}", file=sys.stderr, flush=True)
     m = B.build_methods([name], draft_model, k, shape, ngram[1], ngram[0], stop, datastore=answers,
                         hybrid_tree=form != "switch")[0]
     shown = {"ids": [], "text": ""}
@@ -74,5 +77,6 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
     return ({"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
              "tokens_per_s": result.tokens_per_s, "accept_len": result.accept_len,
              "new_tokens": len(result.token_ids), "k": k if B.needs_drafter(method) or method == "ngram" else 0,
-             "chat_template_kwargs": kwargs, "thinking": chat.mode()},
+             "chat_template_kwargs": kwargs, "thinking": chat.mode(),
+             "datastore": answers and {**answers.describe(datastore), "read_by": B.datastore_readers([name], form)}},
             m.name)

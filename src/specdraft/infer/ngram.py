@@ -72,6 +72,11 @@ class Datastore:
         if not answers:
             raise SpecdraftError(f"--datastore {path}: no assistant tokens in its loss mask; pass data prepared "
                                  "with answers (WS/data after prepare --regenerate)")
+        vocab = getattr(target, "vocab_size", None)
+        bad = next(((i, t) for i, ans in enumerate(answers) for t in ans if not 0 <= t < (vocab or t + 1)), None)
+        if bad is not None:     # a drafted id past the vocabulary would reach the verify forward
+            raise SpecdraftError(f"--datastore {path}: answer {bad[0]} holds token id {bad[1]}, outside {target.name}'s "
+                                 f"vocabulary (0..{vocab - 1}); re-run `specdraft prepare` for this target")
         return cls(answers)
 
     def describe(self, path) -> dict:

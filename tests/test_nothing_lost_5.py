@@ -1,0 +1,149 @@
+"""Nothing lost, round 5 (issue 57): settings a method does not use are refused or recorded as unused, and no
+command's --out lands on another command's result in a run folder."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from specdraft.errors import SpecdraftError
+from specdraft.infer import bench as B
+
+
+def test_k_with_tree_methods_only_is_refused_before_any_load():
+    """-k was recorded in bench.json as the K of a bench that ran only trees (whose size is --tree's)."""
+    with pytest.raises(SpecdraftError, match="-k 3: no method in --methods eagle3-tree,greedy drafts a chain"):
+        B.check_bench_options(["eagle3-tree", "greedy"], "eagle3-tree,greedy", [], 3, 3, None, None, "float32")
+    B.check_bench_options(["eagle3-tree", "ngram"], "eagle3-tree,ngram", [], 3, 3, None, None, "float32")
+
+
+def test_hybrid_as_the_switch_is_never_recorded_as_reading_the_datastore():
+    """generate/bench --method hybrid --datastore on a machine where hybrid runs as the switch: the switch drafts
+    from the context alone, so the datastore is said unused and recorded with the methods that read it."""
+    assert B.datastore_readers(["plain", "ngram", "hybrid"], "switch") == ["ngram"]
+    assert B.datastore_readers(["hybrid"], "tree") == ["hybrid"] and B.datastore_readers(["hybrid-tree"], None) == \
+        ["hybrid-tree"]
+    assert "the datastore is unused" in B.unused_datastore_line(["hybrid"], "switch")
+    assert B.unused_datastore_line(["hybrid", "ngram"], "switch") is None     # n-gram reads it
+    assert B.unused_datastore_line(["hybrid"], "tree") is None
+
+
+def run_cli(monkeypatch, capsys, *args) -> tuple[int, str]:
+    from specdraft import cli
+
+    monkeypatch.setattr(sys, "argv", ["specdraft", *map(str, args)])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    return e.value.code or 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, name", [("bench", "eval.json"), ("eval", "bench.json"), ("plan", "eval.json"),
+                                           ("bench", "metrics.jsonl")])
+def test_an_out_on_another_commands_result_in_a_run_is_refused(tmp_path, monkeypatch, capsys, command, name):
+    """`bench --out RUN/eval.json` replaced eval's result with a bench report, and `report` ran without eval's τ."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    (run / "eval.json").write_text('{"accept_len": 2.0}')
+    args = {"bench": ["--model", "default"], "eval": ["--drafter", run, "--store", tmp_path / "nostore"],
+            "plan": ["--accept", "0.5,0.3"]}[command]
+    code, err = run_cli(monkeypatch, capsys, command, *args, "--out", run / name)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"--out {run / name}: is `specdraft " in err and f"write {command}'s elsewhere" in err
+    assert (run / "eval.json").read_text() == '{"accept_len": 2.0}'               # nothing already written lost
+    own = tmp_path / "elsewhere.json"                                              # the same name outside a run: fine
+    from specdraft.run_layout import foreign_result
+    assert foreign_result(own, command) is None and foreign_result(run / "bench.json", "bench") is None
+
+
+def test_a_recipe_extra_source_that_is_no_file_fails_before_any_stage(tmp_path):
+    """A recipe with `extra: nosuch.jsonl:5` passed the up-front check and failed minutes later at its stage."""
+    from specdraft.pipeline import load_recipe
+
+    path = tmp_path / "r.yaml"
+    base = "epochs: 1\nrecipe: {samples: 6, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64, extra: '%s'}\n"
+    path.write_text(base % "nosuch.jsonl:5")
+    with pytest.raises(SpecdraftError, match="extra is 'nosuch.jsonl:5'; nosuch.jsonl is not a file"):
+        load_recipe(path)
+    data = tmp_path / "extra.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    path.write_text(base % f"{data}:5")
+    assert load_recipe(path).extra == f"{data}:5"
+    path.write_text(base % "pydoc:800")
+    assert load_recipe(path).extra == "pydoc:800"
+
+
+def test_datastore_token_ids_past_the_vocabulary_never_reach_a_forward(tmp_path):
+    """A datastore whose answers hold an id outside the target's vocabulary (data of another tokenizer without a
+    fingerprint, or a hand-edited file) drafted that id into the verify forward; it is refused in one line."""
+    from types import SimpleNamespace
+
+    from specdraft.data.prepared import save_prepared
+    from specdraft.infer.ngram import Datastore
+
+    rows = {"input_ids": [[1, 2, 3, 4, 999]], "loss_mask": [[0, 1, 1, 1, 1]], "messages": ["[]"]}
+    save_prepared(tmp_path / "data", rows, {"source": "test"})
+    target = SimpleNamespace(vocab_size=100, name="tiny", identity={"fingerprint": "x"})
+    with pytest.raises(SpecdraftError, match=r"answer 0 holds token id 999, outside tiny's vocabulary \(0..99\)"):
+        Datastore.from_prepared(tmp_path / "data", target)
+    assert Datastore.from_prepared(tmp_path / "data", SimpleNamespace(**{**vars(target), "vocab_size": 1000})).answers \
+        == [[2, 3, 4, 999]]
+
+
+def test_an_empty_answer_is_dropped_and_counted_never_trained(tiny_target, tmp_path):
+    """`prepare --conversations long --limit 4 --max-length 8192` kept a sample whose regenerated answer was ''
+    (the target ended its turn at once): only the end of turn was trained. Empty answers are dropped and counted."""
+    from specdraft.data.conversations import Conversation
+    from specdraft.data.prepare import render_and_filter
+    from specdraft.infer.bench import target_chat
+    from specdraft.targets import load_target
+
+    chat = target_chat(load_target(str(tiny_target)), {})
+    end = sorted(chat.end_ids)[0]
+    convs = []
+    for i, body in enumerate(["an answer", "", "more"]):
+        prompt = chat.prompt_ids([{"role": "user", "content": f"q{i}"}])
+        answer = chat.answer(prompt, chat.tokenizer(body, add_special_tokens=False)["input_ids"] + [end], False)
+        convs.append(Conversation(messages=[{"role": "user", "content": f"q{i}"}, answer.message], where=f"c{i}"))
+    dropped = {"duplicate": 0, "too_long": 0, "too_few_assistant_tokens": 0, "empty_answer": 0, "over_limit": 0}
+    rows, _ = render_and_filter(chat, convs, 4096, 1, True, None, dropped)
+    assert len(rows["input_ids"]) == 2 and dropped["empty_answer"] == 1
+
+
+def test_max_length_past_the_targets_context_is_refused(tiny_target, tmp_path):
+    import json
+
+    from specdraft.data.prepare import prepare
+
+    context = json.loads((tiny_target / "config.json").read_text())["max_position_embeddings"]
+    with pytest.raises(SpecdraftError, match=f"--max-length {context + 1}: past .*context of {context} tokens"):
+        prepare(str(tiny_target), "builtin", tmp_path / "out", limit=2, max_length=context + 1, regenerate=True)
+    assert not (tmp_path / "out" / "prepare.json").exists()
+
+
+@pytest.mark.parametrize("damaged", [{"float32": 1.0, "bfloat16": 0}, {"float32": 1.0, "bfloat16": -5.0},
+                                     {"float32": True, "bfloat16": 0.5}, {"float32": "1", "bfloat16": 0.5}])
+def test_a_damaged_dtype_cache_is_measured_again(tmp_path, monkeypatch, damaged):
+    """The per-machine dtype choice trusted a cache holding 0 or negative ms (bf16 "faster" for free), where its
+    code says a damaged cache is measured again; so does the kernel table for a 0 ms entry."""
+    import json
+
+    import torch
+
+    from specdraft import kernels
+
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernels, "_TABLES", {})
+    shapes, calls = {(24, 40): 2}, []
+
+    def timer(shape, rows, dtype):
+        calls.append(dtype)
+        return 1.0 if dtype == torch.float32 else 2.0          # bf16 slower: float32 is the honest choice
+    assert kernels.faster_dtype(shapes, 4, timer=timer)[0] == "float32"   # measured: the cache file is written
+    path = next((tmp_path / "cache" / "kernels").glob("dtype-*.json"))
+    path.write_text(json.dumps({"ms": damaged}))
+    calls.clear()
+    monkeypatch.setattr(kernels, "time_paths", lambda shape, n, dtype, paths=None: {"linear": timer(shape, n, dtype)})
+    assert kernels.faster_dtype(shapes, 4)[0] == "float32" and calls          # measured again, not trusted
+    assert kernels.usable_timings({"24x40": {"2": {"linear": 0, "mm": 1.0}}}) == {}
