@@ -397,7 +397,8 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout.strip().splitlines()[-1])
     assert set(data) == {"text", "token_ids", "tokens_per_s", "accept_len", "new_tokens", "k",   # τ with its K
-                         "chat_template_kwargs", "thinking"}                                 # and its mode
+                         "chat_template_kwargs", "thinking", "datastore"}                    # and its mode
+    assert data["datastore"] is None                                   # none given (issue 57: read_by where given)
     assert isinstance(data["k"], int) and data["accept_len"] <= data["k"] + 1
     res = runner.invoke(app, ["generate", "--model", str(tiny_target), "--drafter", "untrained:64", "--method",
                               "eagle3", "-k", "2", "--prompt", "hello there", "--max-new-tokens", "6"])

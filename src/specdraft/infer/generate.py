@@ -10,22 +10,11 @@ from specdraft.targets import resolve_device
 from specdraft.infer import bench as B
 
 
-def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_option: int | str | None,
-                 stop: float | str | None,
-                 tree: str | None, sampling, max_new_tokens: int, ngram: tuple[int, int], device: str, dtype: str,
-                 trust_remote_code: bool, stream: bool, rows: int | None = None,
-                 datastore: str | None = None, compile: bool = False,
-                 template_kwargs: str | dict | None = None) -> tuple[dict, str]:
-    """-> ({text, token_ids, tokens_per_s, accept_len, new_tokens}, the method's name). `k_option`,
-    `stop`: -k and --draft-stop as the CLI parsed them (defaults.py); -k unset is auto for a drafter's
-    chain and DRAFT_LENGTH otherwise; options are checked before the model loads."""
+def check_options(method: str, k_option, stop, tree: str | None, sampling, dtype: str, datastore, drafter):
+    """generate's options checked before any load -> (K or None for -k auto, the tree shape, the method's name)."""
     from specdraft.defaults import draft_length
-    from specdraft.infer.auto import resolve
-    from specdraft.infer.speculative import eos_ids_of, generate
     from specdraft.infer.tree import TreeShape
-    from specdraft.targets import DTYPES, load_target
 
-    kwargs = B.parse_template_kwargs(template_kwargs)                # --chat-template-kwargs: before any load
     chain = B.needs_drafter(method) and not tree                   # a drafter's chain: -k auto applies
     k = draft_length(k_option, default_auto=chain)
     choices = ["greedy", "ngram", *(n for n in B.all_methods() if B.needs_drafter(n) and not n.endswith(B.TREE))]
@@ -44,6 +33,24 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
     B.check_datastore_methods(datastore, [name], "--method")
     if drafter is None:
         B.check_drafter_methods([name], None, "--method")
+    return k, shape, name
+
+
+def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_option: int | str | None,
+                 stop: float | str | None,
+                 tree: str | None, sampling, max_new_tokens: int, ngram: tuple[int, int], device: str, dtype: str,
+                 trust_remote_code: bool, stream: bool, rows: int | None = None,
+                 datastore: str | None = None, compile: bool = False,
+                 template_kwargs: str | dict | None = None) -> tuple[dict, str]:
+    """-> ({text, token_ids, tokens_per_s, accept_len, new_tokens}, the method's name). `k_option`,
+    `stop`: -k and --draft-stop as the CLI parsed them (defaults.py); -k unset is auto for a drafter's
+    chain and DRAFT_LENGTH otherwise; options are checked before the model loads."""
+    from specdraft.infer.auto import resolve
+    from specdraft.infer.speculative import eos_ids_of, generate
+    from specdraft.targets import DTYPES, load_target
+
+    kwargs = B.parse_template_kwargs(template_kwargs)                # --chat-template-kwargs: before any load
+    k, shape, name = check_options(method, k_option, stop, tree, sampling, dtype, datastore, drafter)
     dev = resolve_device(device)
     dtype = B.compute_dtype(dtype, model, dev, trust_remote_code)
     target = load_target(model, dtype=dtype, device=dev, trust_remote_code=trust_remote_code)
