@@ -210,13 +210,14 @@ def test_build_from_hidden_store(tmp_path):
 def test_build_counts_several_stores_together_and_refuses_two_targets(tmp_path, monkeypatch):
     """`vocab build --store A --store B`: the tokens of both stores counted as one (a second store of
     long documents brings tokens the first never has); stores of two targets are refused in one line."""
-    def store(name, ids, mask, target="t"):
+    def store(name, ids, mask, target="t", fingerprint=None):
         folder = tmp_path / name
         folder.mkdir()
         save_file({"input_ids": torch.tensor(ids), "loss_mask": torch.tensor(mask, dtype=torch.uint8)},
                   str(folder / "shard-00000.safetensors"))
+        recorded = {"id": target, "vocab_size": 16, **({"fingerprint": fingerprint} if fingerprint else {})}
         (folder / "manifest.json").write_text(json.dumps(
-            {"target": {"id": target, "vocab_size": 16}, "shards": [{"file": "shard-00000.safetensors"}]}))
+            {"target": recorded, "shards": [{"file": "shard-00000.safetensors"}]}))
         return folder
 
     a, b = store("a", [3, 3, 3, 5], [1, 1, 1, 1]), store("b", [7, 7, 7, 7, 5], [1, 1, 1, 1, 1])
@@ -226,9 +227,15 @@ def test_build_counts_several_stores_together_and_refuses_two_targets(tmp_path, 
     assert vocab.load(tmp_path / "ab.safetensors").draft_to_target.tolist() == [3, 7]      # 7 only in b
     assert summary["loss_tokens"] == 9 and summary["distinct_tokens"] == 3
     other = store("other", [1, 2], [1, 1], target="another-model")
-    with pytest.raises(SpecdraftError, match=r"other: holds another-model's tokens, but .*a holds t's"):
+    with pytest.raises(SpecdraftError, match=r"other: holds the tokens of another-model .*, but .*a holds t's"):
         vocab.build_from_data([a, other], 2, tmp_path / "x.safetensors")
     assert not (tmp_path / "x.safetensors").exists()
+    # issue 57 class 3: two models saved under one folder name share an id, not a fingerprint
+    c, d = store("c", [3, 3], [1, 1], "ws/model", "fp-one"), store("d", [7, 7], [1, 1], "ws/model", "fp-two")
+    with pytest.raises(SpecdraftError, match=r"d: holds the tokens of ws/model \(fingerprint fp-two\), but .*fp-one"):
+        vocab.build_from_data([c, d], 2, tmp_path / "y.safetensors")
+    e = store("e", [5, 5], [1, 1], "elsewhere/same-model", "fp-one")          # the same weights under another name
+    vocab.build_from_data([c, e], 2, tmp_path / "ce.safetensors")
     from typer.testing import CliRunner
 
     from specdraft.cli import app

@@ -120,13 +120,20 @@ def _load_token_counts_source(data: Path):
 
 def _counted_together(folders: list[Path]) -> tuple[np.ndarray, np.ndarray, dict]:
     """(input_ids, loss_mask, the first folder's meta) over every folder, all of one target."""
+    from specdraft.targets import same_target
+
     loaded = [_load_token_counts_source(f) for f in folders]
-    first = (loaded[0][2].get("target") or {}).get("id")
+    first = loaded[0][2].get("target") or {}
     for folder, (_, _, meta) in zip(folders[1:], loaded[1:]):
-        other = (meta.get("target") or {}).get("id")
-        if other != first:
-            raise SpecdraftError(f"{folder}: holds {other}'s tokens, but {folders[0]} holds {first}'s; a draft vocab "
-                                 "counts one target's tokens: pass stores of the same target")
+        other = meta.get("target") or {}
+        # by fingerprint where both record one (two models saved under one folder name share an id), else by id
+        both = other.get("fingerprint") and first.get("fingerprint")
+        same = same_target(other.get("fingerprint"), first) or same_target(first.get("fingerprint"), other) \
+            if both else other.get("id") == first.get("id")
+        if not same:
+            raise SpecdraftError(f"{folder}: holds the tokens of {other.get('id')} (fingerprint {other.get('fingerprint')}), "
+                                 f"but {folders[0]} holds {first.get('id')}'s (fingerprint {first.get('fingerprint')}); "
+                                 "a draft vocab counts one target's tokens: pass stores of the same target")
     return (np.concatenate([x[0] for x in loaded]), np.concatenate([x[1] for x in loaded]), loaded[0][2])
 
 
