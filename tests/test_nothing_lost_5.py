@@ -147,3 +147,27 @@ def test_a_damaged_dtype_cache_is_measured_again(tmp_path, monkeypatch, damaged)
     monkeypatch.setattr(kernels, "time_paths", lambda shape, n, dtype, paths=None: {"linear": timer(shape, n, dtype)})
     assert kernels.faster_dtype(shapes, 4)[0] == "float32" and calls          # measured again, not trusted
     assert kernels.usable_timings({"24x40": {"2": {"linear": 0, "mm": 1.0}}}) == {}
+
+
+@pytest.mark.parametrize("field, value", [("num_attention_heads", 0), ("draft_vocab_size", -1), ("num_key_value_heads", 0)])
+def test_a_drafter_config_size_below_its_minimum_is_one_line(tmp_path, field, value):
+    """Round 4's leftover: a family config value of 0 exported a negative speculative_tokens. Every size of a
+    drafter config is checked when a checkpoint is read, by every command that reads one."""
+    import json
+
+    from specdraft.formats.checkpoints import load_checkpoint, save_drafter
+    from specdraft.model.eagle3.config import DrafterConfig
+    from specdraft.model.eagle3.module import Eagle3Drafter
+
+    cfg = DrafterConfig(hidden_size=16, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=4, vocab_size=50, draft_vocab_size=10, aux_layer_ids=[1, 2, 3])
+    drafter = Eagle3Drafter(cfg)
+    drafter.t2d[:10] = True                                  # draft ids 0..9 are target ids 0..9 (d2t offsets 0)
+    save_drafter(drafter, tmp_path / "d")
+    load_checkpoint(tmp_path / "d")
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    config["specdraft"]["drafter_config"][field] = value
+    (tmp_path / "d" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecdraftError, match=f"config.json: {field} is {value!r}; a eagle3 drafter needs a whole "
+                                             "number >= 1"):
+        load_checkpoint(tmp_path / "d")

@@ -225,9 +225,24 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, torch.Tensor], object
         elif tensors["d2t"].numel() != cfg.vocab_size:
             check_mapping(tensors["d2t"], None, where, cfg.vocab_size)
             tensors["t2d"] = t2d_from_d2t(tensors["d2t"], cfg.vocab_size)
+    check_counts(cfg, folder / "config.json")
     family_of(cfg).validate(tensors, cfg, where)
     check_finite(tensors, weights_file(folder))
     return tensors, cfg, layout
+
+
+COUNTS = {"hidden_size": 1, "intermediate_size": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
+          "head_dim": 1, "vocab_size": 1, "draft_vocab_size": 1, "num_layers": 1, "block_size": 2}
+
+
+def check_counts(cfg, config_json: Path) -> None:
+    """Every size a drafter config holds is a whole number at least its minimum (a block holds the anchor and a
+    draft slot): a 0 exported a negative speculative_tokens and drafted nothing."""
+    for name, least in COUNTS.items():
+        value = getattr(cfg, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise SpecdraftError(f"{config_json}: {name} is {value!r}; a {family_of(cfg).model_type} drafter needs a "
+                                 f"whole number >= {least}: fix config.json or re-export the drafter")
 
 
 def check_finite(tensors: dict[str, torch.Tensor], weights: Path) -> None:
