@@ -171,3 +171,17 @@ def test_a_drafter_config_size_below_its_minimum_is_one_line(tmp_path, field, va
     with pytest.raises(SpecdraftError, match=f"config.json: {field} is {value!r}; a eagle3 drafter needs a whole "
                                              "number >= 1"):
         load_checkpoint(tmp_path / "d")
+
+
+def test_a_typod_run_path_is_never_made_silently(tmp_path, monkeypatch, capsys):
+    """Round 4's leftover: `plan --run TYPO` made the folder, wrote plan.json and a journal there, exit 0. --run
+    must exist; `journal add` (a journal may come before training) makes it, and says so."""
+    typo = tmp_path / "runs" / "qiuck"
+    (tmp_path / "runs").mkdir()
+    code, err = run_cli(monkeypatch, capsys, "plan", "--run", typo, "--accept", "0.5,0.3", "--draft-ms", "5",
+                        "--verify-ms", "10,11,12")
+    assert code == 2 and f"--run {typo}: no such run folder" in err and not typo.exists()
+    code, err = run_cli(monkeypatch, capsys, "journal", "add", typo, "a note", "--kind", "result")
+    assert code == 0 and f"note: {typo} did not exist: made it" in err and (typo / "journal.md").is_file()
+    code, err = run_cli(monkeypatch, capsys, "journal", "add", typo, "another", "--kind", "result")
+    assert code == 0 and "did not exist" not in err

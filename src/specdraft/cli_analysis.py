@@ -12,7 +12,7 @@ import typer
 from specdraft.defaults import DRAFT_LENGTH, LONGEST_CHAIN
 from specdraft.flags import (AS_JSON, BASELINE_HELP, DRAFTER_HELP, MODEL, MODEL_HELP, NUM_SPEC, PREPARED_HELP,
                              PROMPTS_HELP, RUN_RECORD, STORE_HELP, TRUST, VOCAB_HELP, check_out, command, draft_length_help,
-                             out_option, parse_floats, plain_app, say)
+                             check_run_record, out_option, parse_floats, plain_app, say)
 
 journal_app = plain_app("Decision journal beside a run (RUN/journal.md).")
 APP = typer.Typer()   # collects the commands until register() copies them onto the specdraft app
@@ -43,6 +43,7 @@ def plan_cmd(
     from specdraft.analysis import plan
 
     check_out(out, [accept, drafter, store], ".json", "plan")
+    check_run_record(run)
     result = plan.run(drafter=drafter, model=model, accept=accept, data=store,
                       verify_ms=parse_floats(verify_ms, "--verify-ms"), draft_ms=draft_ms, k_max=max_k,
                       context=context, run=run, out=out, trust_remote_code=trust_remote_code, rounds=rounds)
@@ -70,6 +71,7 @@ def probe_cmd(
     from specdraft.analysis import probe
 
     check_out(out, [*(vocab or []), prepared, drafter], ".json", "probe")
+    check_run_record(run)
     results = probe.run(vocabs=vocab or [], models=model or [], data=prepared, drafter=drafter, samples=samples,
                         max_tokens=tokens_per_sample, steps=draft_length, run=run, out=out,
                         trust_remote_code=trust_remote_code)
@@ -132,5 +134,7 @@ def journal_add(
     """Append a timestamped entry to RUN/journal.md."""
     from specdraft import journal
 
+    new = not run.exists()
     entry = journal.add(run, kind, text)
-    say(f"journal {entry.time} {entry.kind} -> {journal.journal_path(run)}")
+    say(([f"note: {run} did not exist: made it, a new run folder holding only this journal (a typo? then delete "
+           "it)"] if new else []) + [f"journal {entry.time} {entry.kind} -> {journal.journal_path(run)}"])

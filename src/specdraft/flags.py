@@ -98,6 +98,14 @@ CONTEXT_BUCKETS = typer.Option(None, "--context-buckets", help=(
 RUN_RECORD = typer.Option(None, "--run", help="Run folder: the result and a journal entry go there.")
 
 
+def check_run_record(run) -> None:
+    """--run of plan and probe (the result and a journal entry go there): an existing folder, never one a typo
+    makes (it was created, written into, exit 0)."""
+    if run is not None and not Path(run).is_dir():
+        raise SpecdraftError(f"--run {run}: no such run folder; pass the run (WS/runs/NAME) this result belongs to, "
+                             "or drop --run")
+
+
 def out_option(here: str, required: bool = False):
     """--out: where this command writes, `here` saying what."""
     return typer.Option(... if required else None, "--out", help=f"{OUT_HELP} Here: {here}")
