@@ -70,6 +70,7 @@ def test_cli_plan_with_given_latencies_writes_json_and_journal(tmp_path):
     from specdraft.cli import app
 
     run = tmp_path / "run"
+    run.mkdir()                                 # --run names an existing run (issue 57: a typo made one)
     res = CliRunner().invoke(app, ["plan", "--accept", "0.8,0.7,0.6", "--verify-ms", "30", "--draft-ms", "2",
                                    "--max-k", "6", "--run", str(run)])
     assert res.exit_code == 0, res.output

@@ -54,7 +54,7 @@ def test_cli_probe_vocab_writes_json_and_journal(tmp_path):
 
     a = write_mapping(tmp_path / "a.safetensors", range(100))
     b = write_mapping(tmp_path / "b.safetensors", [0, 1, 2] + list(range(4, 101)))
-    run = tmp_path / "run"
+    run = tmp_path / "run"                      # probe comes before fine-tuning: its run is made (with a note)
     res = CliRunner().invoke(app, ["probe", "--vocab", str(a), "--vocab", str(b), "--run", str(run)])
     assert res.exit_code == 0, res.output
     assert "positional matches:   3/100" in res.output

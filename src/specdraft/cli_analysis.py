@@ -71,7 +71,7 @@ def probe_cmd(
     from specdraft.analysis import probe
 
     check_out(out, [*(vocab or []), prepared, drafter], ".json", "probe")
-    check_run_record(run)
+    check_run_record(run, before_training=True)
     results = probe.run(vocabs=vocab or [], models=model or [], data=prepared, drafter=drafter, samples=samples,
                         max_tokens=tokens_per_sample, steps=draft_length, run=run, out=out,
                         trust_remote_code=trust_remote_code)

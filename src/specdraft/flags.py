@@ -98,12 +98,16 @@ CONTEXT_BUCKETS = typer.Option(None, "--context-buckets", help=(
 RUN_RECORD = typer.Option(None, "--run", help="Run folder: the result and a journal entry go there.")
 
 
-def check_run_record(run) -> None:
+def check_run_record(run, before_training: bool = False) -> None:
     """--run of plan and probe (the result and a journal entry go there): an existing folder, never one a typo
-    makes (it was created, written into, exit 0)."""
-    if run is not None and not Path(run).is_dir():
+    makes silently (it was created, written into, exit 0). probe runs before fine-tuning (`before_training`):
+    its run may not exist yet, and a note says it is made."""
+    if run is None or Path(run).is_dir():
+        return
+    if not before_training or not Path(run).parent.is_dir():
         raise SpecdraftError(f"--run {run}: no such run folder; pass the run (WS/runs/NAME) this result belongs to, "
                              "or drop --run")
+    say(f"note: --run {run} did not exist: it is made, a new run folder for this result (a typo? then delete it)")
 
 
 def out_option(here: str, required: bool = False):
