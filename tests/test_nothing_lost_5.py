@@ -185,3 +185,11 @@ def test_a_typod_run_path_is_never_made_silently(tmp_path, monkeypatch, capsys):
     assert code == 0 and f"note: {typo} did not exist: made it" in err and (typo / "journal.md").is_file()
     code, err = run_cli(monkeypatch, capsys, "journal", "add", typo, "another", "--kind", "result")
     assert code == 0 and "did not exist" not in err
+
+
+def test_export_refuses_a_model_it_would_not_read(tmp_path, monkeypatch, capsys):
+    """Round 4's leftover: `export --model M` without --no-embeddings accepted M and ignored it."""
+    code, err = run_cli(monkeypatch, capsys, "export", tmp_path / "nosuch", "--out", tmp_path / "e", "--model",
+                        "default")
+    assert code == 2 and "--model default: export reads it only to check --no-embeddings" in err
+    assert not (tmp_path / "e").exists()

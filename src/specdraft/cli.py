@@ -266,6 +266,9 @@ def export_cmd(
     from specdraft.formats.checkpoints import export, export_line
     from specdraft.io import own_folder
 
+    if model is not None and not no_embeddings:      # read only to check --no-embeddings: never taken as applied
+        raise SpecdraftError(f"--model {model}: export reads it only to check --no-embeddings against; add "
+                             "--no-embeddings or drop --model (the drafter names its target itself)")
     with own_folder(out, "export"):
         summary = export(run_or_ckpt, out, fmt, speculative_tokens=num_speculative_tokens, dtype=weights_dtype,
                          embeddings=not no_embeddings, model=model)
