@@ -413,8 +413,7 @@ def exported_k(run: Path, export: Path) -> int | None:
     """The num_speculative_tokens the export at `export` serves (RUN/exports.json), None when unrecorded."""
     from specdraft.formats import card
 
-    exports = read_json(run / card.EXPORTS_FILE, "exports record").get("exports") or []
-    return next((e.get("num_speculative_tokens") for e in exports if e.get("out") == str(export.resolve())), None)
+    return next((e.num_speculative_tokens for e in card.read_exports(run) if e.out == str(export.resolve())), None)
 
 
 FLAT_VERIFY = 1.25     # a verify of the most rows -k auto timed within this of one row's: trees pay for their rows

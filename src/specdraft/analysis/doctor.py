@@ -724,30 +724,11 @@ class PlanTiming(BaseModel):
     draft_ms: float = Field(ge=0)
 
 
-class ExportEntry(BaseModel):
-    """One entry of RUN/exports.json (formats.card.record_export)."""
-    model_config = ConfigDict(strict=True)
-    out: str = ""
-    num_speculative_tokens: int | None = Field(None, ge=1)
-
-
-class ExportsFile(BaseModel):
-    exports: list[ExportEntry] = []
-
-
-def read_exports(run: Path) -> list[ExportEntry]:
-    path = run / card.EXPORTS_FILE
-    if not path.is_file():
-        return []
-    return read_model(path, ExportsFile, "exports", f"fix or delete {path}, then re-export "
-                      f"(`specdraft export {run} --out EXPORT` records it again)").exports
-
-
 def check_round_cost(d: Doctor) -> Finding:
     """plan's cost model with the measured latencies (RUN/plan.json) and the measured acceptance: does
     the K the run was exported with lose to another K? The loss is the τ the chosen K would need on
     top of its own to match the best K's tokens/s."""
-    exports = read_exports(d.run)
+    exports = card.read_exports(d.run)
     chosen = [e.num_speculative_tokens for e in exports if e.num_speculative_tokens]
     plan_file = d.run / "plan.json"
     if not chosen or not plan_file.is_file():
@@ -774,7 +755,7 @@ def check_export_mismatch(d: Doctor) -> Finding:
     checkpoint's "specdraft" block): vLLM serves the top-level fields, so a config.json whose
     top-level fields disagree with its own block is served differently from how it trained. The loss
     is τ as served minus the run's τ, where the differences are ones the store can measure."""
-    folders = [d.checkpoint] + [Path(e.out) for e in read_exports(d.run) if e.out and Path(e.out).is_dir()]
+    folders = [d.checkpoint] + [Path(e.out) for e in card.read_exports(d.run) if e.out and Path(e.out).is_dir()]
     trained = d.drafter.config
     d2t, _ = mapping_of(d.checkpoint)
     differ, worst, unread = {}, None, []
@@ -862,7 +843,7 @@ def check_typed_inputs(d: Doctor) -> None:
     """Read the run's small typed files (config.yaml, exports.json, plan.json) up front: a wrong type
     in any is refused in one line naming the file and the field, before any check runs."""
     d.config
-    read_exports(d.run)
+    card.read_exports(d.run)
     plan_file = d.run / "plan.json"
     if plan_file.is_file():
         read_model(plan_file, PlanTiming, "plan", f"re-run `specdraft plan --run {d.run}` (it rewrites the file)")

@@ -81,8 +81,6 @@ PLAN_FIELDS = {"best": dict, "best.k": int, "best.tokens_per_s": NUMBER, "best.s
                "timing.floor.weight_mb": NUMBER, "timing.floor.bandwidth_gbs": NUMBER,
                "timing.floor.floor_ms": NUMBER, "warnings": list, "warnings.*": str}
 INPUTS_FIELDS = {"num_samples": int, "num_tokens": int, "target": dict, "target.id": str}
-EXPORTS_FIELDS = {"exports": list, "exports.*": dict, "exports.*.out": str, "exports.*.layout": str,
-                  "exports.*.dtype": str, "exports.*.num_speculative_tokens": int}
 STAGES_FIELDS = {"*": dict, "*.seconds": NUMBER, "*.command": str}
 CONFIG_FIELDS = {"store": (str, list), "data": str, "model": str}   # store: a list for a run over parts
 MANIFEST_FIELDS = {"num_samples": int, "num_tokens": int}
@@ -245,9 +243,8 @@ def served_row(run: Path) -> tuple[str, str]:
 
 def served_k(run: Path) -> int | None:
     """The K the run's latest export serves (RUN/exports.json), None when not exported."""
-    data = read_json(run / card.EXPORTS_FILE, EXPORTS_FIELDS)
-    exports = [e for e in (data.get("exports") or []) if isinstance(e, dict)] if isinstance(data, dict) else []
-    return exports[-1].get("num_speculative_tokens") if exports else None
+    exports = card.read_exports(run)
+    return exports[-1].num_speculative_tokens if exports else None
 
 
 def tau_table_html(taus: list[dict]) -> str:
@@ -378,8 +375,7 @@ def eval_tau(ev: dict) -> str:
 def export_html(run: Path) -> str:
     """Where the drafter was exported (RUN/exports.json, written by `specdraft export`) and the
     commands that serve it, the same ones as the export's model card."""
-    data = read_json(run / card.EXPORTS_FILE, EXPORTS_FIELDS)
-    exports = data.get("exports") if isinstance(data, dict) else None
+    exports = [e.model_dump() for e in card.read_exports(run)]
     if not exports:
         return ("<h3>Export</h3><p class=meta>not exported yet: specdraft export "
                 f"{esc(run)} --out EXPORT_DIR</p>")
@@ -392,7 +388,7 @@ def export_html(run: Path) -> str:
         parts.append(f"<p><b>{esc(e['out'])}</b> <span class=meta>{esc(e.get('layout'))} layout, "
                      f"{esc(e.get('dtype'))}</span></p>")
         fam, sglang_lacks, sglang_needs = served_as(e["out"])
-        for engine, note, command in card.serve_commands(target, e["out"], e.get("num_speculative_tokens", DRAFT_LENGTH),
+        for engine, note, command in card.serve_commands(target, e["out"], e.get("num_speculative_tokens") or DRAFT_LENGTH,
                                                          e.get("layout", "speculators"), sglang_lacks, fam,
                                                          sglang_needs):
             parts.append(f"<p>Serve with {esc(engine)}{': ' + esc(note) if note else ''}</p>"

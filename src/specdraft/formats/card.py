@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from filelock import FileLock
+from pydantic import BaseModel, ConfigDict, Field
 
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
@@ -255,6 +256,31 @@ def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: 
 
 
 EXPORTS_FILE = "exports.json"   # in the run folder: where its drafter was exported (read by `specdraft report`)
+
+
+class ExportEntry(BaseModel):
+    """One entry of RUN/exports.json (record_export): the one schema its readers (report, doctor, recipe) share."""
+    model_config = ConfigDict(strict=True)
+    out: str = ""
+    layout: str | None = None
+    dtype: str | None = None
+    num_speculative_tokens: int | None = Field(None, ge=1)
+    checkpoint: str | None = None
+
+
+class ExportsFile(BaseModel):
+    exports: list[ExportEntry] = []
+
+
+def read_exports(run: Path) -> list[ExportEntry]:
+    """RUN/exports.json's entries, typed ([] where the run was never exported); a bad field is one line."""
+    from specdraft.io import read_model
+
+    path = Path(run) / EXPORTS_FILE
+    if not path.is_file():
+        return []
+    return read_model(path, ExportsFile, "exports", f"fix or delete {path}, then re-export "
+                      f"(`specdraft export {run} --out EXPORT` records it again)").exports
 EXPORTS_LOCK = ".exports.lock"  # held while an export updates exports.json
 
 
