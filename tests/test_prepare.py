@@ -144,7 +144,8 @@ def test_left_padded_batch_matches_single_generation(tiny_target):
 def test_regeneration_cache_grows_in_place_and_gives_transformers_own_answers(tiny_target):
     """padded_generate's GrowingLayer cache writes into preallocated buffers instead of concatenating, and
     the batched answers are the ones transformers' own DynamicCache gives."""
-    from specdraft.data.regenerate import GrowingLayer, growing_cache, padded_generate
+    from specdraft.data.regenerate import padded_generate
+    from specdraft.kvcache import GrowingLayer, growing_cache
 
     target = load_target(str(tiny_target))
     model, tok = target.model, target.tokenizer

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache, StoppingCriteria
-from transformers.cache_utils import DynamicLayer
+from transformers import StoppingCriteria
 
 from specdraft.data import vllm_engine as ve
+from specdraft.kvcache import growing_cache
 from specdraft.data.render import Chat
 from specdraft.progress import progress as progress_of
 
@@ -270,41 +270,6 @@ def generate_batch(target, prompts: list[list[int]], settings: RegenSettings, en
                           tok.pad_token_id if tok.pad_token_id is not None else end_ids[0],
                           settings.temperature, on_step)
     return [(ids, len(ids) >= settings.max_new_tokens) for ids in new]
-
-
-class GrowingLayer(DynamicLayer):
-    """transformers' DynamicLayer with its keys/values in preallocated buffers written in place (capacity
-    doubles when full). DynamicLayer concatenates the whole cache at every decode step; a batch of 64 rows
-    copies far more cache than weights (SmolLM2 bf16 on an AMX Xeon: 557 vs 496 tok/s, the same tokens)."""
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        length = self.get_seq_length()
-        if self.buffers is not None and length and self.keys.data_ptr() != self.buffers[0].data_ptr():
-            self.buffers = None          # keys replaced outside update (beam reorder): start new buffers
-        need = length + key_states.shape[-2]
-        if self.buffers is None or need > self.buffers[0].shape[-2]:
-            capacity = max(need, 256, 2 * (self.buffers[0].shape[-2] if self.buffers is not None else 0))
-            grown = tuple(x.new_empty(*x.shape[:-2], capacity, x.shape[-1]) for x in (key_states, value_states))
-            if length:
-                grown[0][..., :length, :], grown[1][..., :length, :] = self.keys, self.values
-            self.buffers = grown
-        self.buffers[0][..., length:need, :] = key_states
-        self.buffers[1][..., length:need, :] = value_states
-        self.keys, self.values = self.buffers[0][..., :need, :], self.buffers[1][..., :need, :]
-        return self.keys, self.values
-
-
-def growing_cache(config) -> DynamicCache:
-    """A DynamicCache for `config` whose full-attention layers are GrowingLayers (sliding ones as they were)."""
-    cache = DynamicCache(config=config)
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    return cache
 
 
 @torch.no_grad()
