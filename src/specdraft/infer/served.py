@@ -369,7 +369,7 @@ def read_report(path: Path) -> dict | None:
 
     if not Path(path).is_file():
         return None
-    read_model(path, Report, "vLLM bench", f"re-run `specdraft bench --engine vllm ... --out {path}`")
+    read_model(path, Report, "vLLM bench", f"re-run `specdraft bench --engine vllm --drafter EXPORT --out {path}`")
     return json.loads(Path(path).read_text())
 
 
