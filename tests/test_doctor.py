@@ -153,6 +153,15 @@ def test_prompt_shift_prompts_from_another_domain(ws, tmp_path):
     assert ids(result)[0] == "prompt_shift", doctor.format_result(result)
     ev = result["causes"][0]["evidence"]
     assert ev["tau_store_held_out"] - ev["tau_prompts"] > doctor.TAU_GAP
+    assert f"--conversations {ws / 'other.jsonl'} --regenerate" in result["causes"][0]["fix"]   # the user's own prompts
+
+
+def test_prompt_shift_never_suggests_training_on_the_natural_set(ws, tmp_path, monkeypatch):
+    """The natural set stands for prompts nobody tuned to: the fix names prompts like the served ones, not it."""
+    monkeypatch.setattr(doctor, "TAU_GAP", -100.0)                  # the cause holds whatever the tiny τ
+    result = doctor.diagnose(copy_run(ws, tmp_path), prompts="natural")
+    fix = next(c["fix"] for c in result["causes"] if c["id"] == "prompt_shift")
+    assert "--conversations natural" not in fix and "--conversations SOURCE" in fix and "never the natural set" in fix
 
 
 def test_vocab_coverage_a_draft_vocab_too_small(ws, tmp_path):

@@ -492,6 +492,9 @@ def check_thinking_mode(d: Doctor) -> Finding:
                    + f", benched with {served} ({name})")
 
 
+HELD_OUT_SETS = ("natural", "builtin-holdout")   # bench's evaluation sets: a fix never trains on them
+
+
 def check_prompt_shift(d: Doctor) -> Finding:
     """τ on the held-out store samples against τ on --prompts (the target's own greedy continuation
     of each, PROMPT_TOKENS long): far lower on the prompts means they are not what the drafter saw.
@@ -511,9 +514,13 @@ def check_prompt_shift(d: Doctor) -> Finding:
     gap = d.tau - on_prompts
     evidence = {"tau_store_held_out": fmt(d.tau), "tau_prompts": fmt(on_prompts), "prompts": len(ids),
                 "threshold": TAU_GAP}
+    held_out = d.prompts in HELD_OUT_SETS     # the sets that stand for unseen prompts are never trained on
+    source = "SOURCE" if held_out else d.prompts
     return Finding("prompt_shift", gap > TAU_GAP, evidence, gap if gap > TAU_GAP else None,
-                   f"specdraft prepare --model {command_model(d)} --conversations {d.prompts} --regenerate --out "
-                   "WS/data-prompts (then capture it and train on data like both)",
+                   f"specdraft prepare --model {command_model(d)} --conversations {source} --regenerate --out "
+                   "WS/data-prompts (then capture it and train on data like both)"
+                   + (f"; SOURCE: prompts like the ones you serve (a file of yours, more self:N), never the {d.prompts} "
+                      "set itself: it measures prompts the drafter has not seen" if held_out else ""),
                    f"{tau_text(on_prompts, d.steps, d.prompts, len(ids))} vs "
                    f"{tau_text(d.tau, d.steps, 'held-out', len(d.held_out))}")
 
