@@ -26,6 +26,11 @@ def mixture(tmp_path) -> str:
     return f"builtin:0.5,{path}:0.5"
 
 
+def kept(meta: dict) -> int:
+    """Samples kept plus the answers dropped as empty (the tiny random target may end its turn at once)."""
+    return meta["counts"]["samples"] + meta["counts"]["dropped"]["empty_answer"]
+
+
 def first_turns(out) -> set[str]:
     return {json.loads(m)[0]["content"] for m in load_prepared(out)[0]["messages"]}
 
@@ -39,7 +44,7 @@ def test_a_budget_that_holds_everything_regenerates_the_same_conversations_as_li
     assert len(budget["round_seconds"]) == 2
     # the same 8 questions as --limit 8 alone (each round a prefix of one seeded order), each answered once
     assert first_turns(tmp_path / "budget") == first_turns(tmp_path / "plain")
-    assert meta["regeneration"]["generated"] == 8 == meta["counts"]["samples"] == plain["counts"]["samples"]
+    assert meta["regeneration"]["generated"] == 8 == kept(meta) == kept(plain)
     assert [p["samples"] for p in meta["mixture"]] == [4, 4] and meta["limit"] == 8
     assert "8 of --limit 8 conversations regenerated in 2 round(s)" in summary_lines(meta, tmp_path)[1]
 
@@ -64,7 +69,7 @@ def test_rounds_stop_where_the_next_would_end_past_the_budget(tiny_target, tmp_p
     budget = meta["regeneration"]["budget"]
     assert (budget["rounds"], budget["reached"], budget["stopped"]) == (3, 12, "budget")
     assert budget["round_seconds"] == [10, 10, 10]
-    assert meta["counts"]["samples"] == 12 == meta["regeneration"]["generated"]
+    assert meta["regeneration"]["generated"] == 12 == kept(meta)
     assert "one more batch would have ended past the budget" in summary_lines(meta, tmp_path)[1]
 
 
@@ -83,14 +88,14 @@ def test_the_budget_ends_with_a_last_smaller_round(tiny_target, tmp_path, monkey
     meta = prepare(str(tiny_target), "builtin", tmp_path / "out", limit=20, budget_minutes=25 / 60, **KW)
     budget = meta["regeneration"]["budget"]
     assert (budget["rounds"], budget["reached"], budget["stopped"]) == (3, 10, "budget")
-    assert budget["round_seconds"] == [10, 10, 5] and meta["counts"]["samples"] == 10
+    assert budget["round_seconds"] == [10, 10, 5] and kept(meta) == 10
     assert prepare_module.next_round_size(10, 4, 20, (5.0, 2), 4.9, 2) is None      # less than a batch left
     assert prepare_module.next_round_size(10, 4, 12, (5.0, 2), 60, 2) == 12          # never past --limit
 
 
 def test_the_first_round_always_runs(tiny_target, tmp_path):
     meta = prepare(str(tiny_target), "builtin", tmp_path / "out", limit=8, budget_minutes=1e-6, **KW)
-    assert meta["regeneration"]["budget"]["reached"] == 4 == meta["counts"]["samples"]
+    assert meta["regeneration"]["budget"]["reached"] == 4 == kept(meta)
 
 
 @pytest.mark.parametrize("flags, expected", [

@@ -406,8 +406,8 @@ def set_wrong(doc: dict, name: str, kinds) -> object:
 
 def readers(tmp: Path):
     """(name, schema, file, read(file)) of every side-file reader that checks types: report's
-    (bench, eval, probe/plan results, inputs.json, exports, stages, config.yaml) and eval's
-    (config.yaml, inputs.json)."""
+    (bench, eval, probe/plan results, inputs.json, stages, config.yaml) and eval's (config.yaml, inputs.json).
+    exports.json has its pydantic schema (card.read_exports): test_exports_json_has_one_typed_reader."""
     import yaml
 
     from specdraft.analysis import evaluate, report
@@ -426,7 +426,6 @@ def readers(tmp: Path):
         ("report probe result", report.RESULT_FIELDS, run / "probe.json", as_json, report.results_html, run),
         ("report inputs.json", report.INPUTS_FIELDS, run / "best" / "inputs.json", as_json, report.checkpoint_inputs,
          run),
-        ("report exports.json", report.EXPORTS_FIELDS, run / "exports.json", as_json, report.export_html, run),
         ("report config.yaml", report.CONFIG_FIELDS, run / "config.yaml", as_yaml, report.run_config, run),
         ("eval config.yaml", evaluate.RUN_CONFIG_FIELDS, run / "config.yaml", as_yaml, evaluate.run_config_of,
          run / "best"),
@@ -618,3 +617,23 @@ def test_config_yaml_with_a_key_that_is_not_a_name_is_one_line(tmp_path):
     (tmp_path / "c.yaml").write_text("1: 2\nepochs: 3\n")
     with pytest.raises(SpecdraftError, match="setting 1 is not a name"):
         load_yaml(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize("field, wrong", [("out", 3), ("num_speculative_tokens", "two"), ("num_speculative_tokens", 0),
+                                          ("layout", ["speculators"]), ("dtype", {"a": 1})])
+def test_exports_json_has_one_typed_reader(tmp_path, field, wrong):
+    """RUN/exports.json, read by the report, the doctor and the recipe through card.read_exports (issue 58: one
+    schema per file): a field of the wrong type is one line naming the file and the field, in every reader."""
+    from specdraft.analysis import report
+    from specdraft.errors import SpecdraftError
+    from specdraft.formats import card
+
+    run = tmp_path / "run"
+    run.mkdir()
+    entry = {"out": str(tmp_path / "e"), "layout": "speculators", "dtype": "bfloat16", "num_speculative_tokens": 2}
+    (run / "exports.json").write_text(json.dumps({"exports": [entry]}))
+    assert card.read_exports(run)[0].num_speculative_tokens == 2 and report.served_k(run) == 2
+    (run / "exports.json").write_text(json.dumps({"exports": [{**entry, field: wrong}]}))
+    for read in (card.read_exports, report.served_k, report.export_html):
+        with pytest.raises(SpecdraftError, match=rf"exports.json: field 'exports.0.{field}' is "):
+            read(run)

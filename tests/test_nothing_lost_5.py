@@ -39,7 +39,7 @@ def run_cli(monkeypatch, capsys, *args) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("command, name", [("bench", "eval.json"), ("eval", "bench.json"), ("plan", "eval.json"),
-                                           ("bench", "metrics.jsonl")])
+                                           ("plan", "bench_vllm.json")])
 def test_an_out_on_another_commands_result_in_a_run_is_refused(tmp_path, monkeypatch, capsys, command, name):
     """`bench --out RUN/eval.json` replaced eval's result with a bench report, and `report` ran without eval's τ."""
     run = tmp_path / "run"

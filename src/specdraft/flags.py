@@ -223,12 +223,12 @@ def check_out(out, inputs: list, suffix: str, command: str | None = None):
         from specdraft.io import check_file_target, check_output_file
         from specdraft.run_layout import foreign_result
 
+        check_file_target(out)
+        check_output_file(out, inputs, suffix)
         owner = foreign_result(out, command) if command else None
         if owner:
             raise SpecdraftError(f"--out {out}: is `specdraft {owner}`'s result in the run {Path(out).parent}; "
                                  f"write {command}'s elsewhere (another name)")
-        check_file_target(out)
-        check_output_file(out, inputs, suffix)
     return out
 
 
