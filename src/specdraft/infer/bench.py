@@ -611,11 +611,16 @@ def unused_datastore_line(names: list[str], form: str | None) -> str | None:
     return None
 
 
+def refuse_given(options: dict, line) -> None:
+    """Refuse the first of `options` (flag -> value) that was given (neither None nor False): `line(flag)`."""
+    given = next((flag for flag, value in options.items() if value not in (None, False)), None)
+    if given is not None:
+        raise SpecdraftError(line(given))
+
+
 def check_served_only(options: dict) -> None:
     """Options of `bench --engine vllm` alone: refused by name in specdraft's own loop."""
-    for flag, value in options.items():
-        if value not in (None, False):
-            raise SpecdraftError(f"{flag}: applies to --engine vllm only; add --engine vllm or drop {flag}")
+    refuse_given(options, lambda flag: f"{flag}: applies to --engine vllm only; add --engine vllm or drop {flag}")
 
 
 def check_datastore_methods(datastore, names: list[str], option: str) -> None:

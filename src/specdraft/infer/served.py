@@ -59,10 +59,10 @@ def parse_ks(text: str | None, default: int) -> list[int]:
 
 def check_unused(options: dict) -> None:
     """Options of specdraft's own loop that vLLM never reads: refused by name, never recorded as applied."""
-    for flag, value in options.items():
-        if value not in (None, False):
-            raise SpecdraftError(f"{flag}: applies to specdraft's loop only (--engine specdraft); vLLM's bench "
-                                 f"does not read it: drop {flag} or the --engine vllm")
+    from specdraft.infer.bench import refuse_given
+
+    refuse_given(options, lambda flag: f"{flag}: applies to specdraft's loop only (--engine specdraft); vLLM's "
+                                       f"bench does not read it: drop {flag} or the --engine vllm")
 
 
 def served_methods(methods: str | None, family_name: str | None) -> list[str]:
@@ -134,7 +134,11 @@ class Engine:
                                     stdout=fh, stderr=subprocess.STDOUT, env=env, pass_fds=(write_fd,), text=True)
         os.close(write_fd)
         engine = cls(config, log, proc, os.fdopen(read_fd, "r"))
-        engine.ready = engine.ask({**job, "spec": config.spec, "breakdown": breakdown})
+        try:
+            engine.ready = engine.ask({**job, "spec": config.spec, "breakdown": breakdown})
+        except SpecdraftError:
+            engine.stop()               # a failed start leaves no process or pipe behind
+            raise
         return engine
 
     def ask(self, command: dict) -> dict:
@@ -197,11 +201,14 @@ def summarize(config: Config, by_batch: dict[int, list[dict]], plain: dict[int, 
 
 
 def merged_counters(results: list[dict]) -> dict:
+    """vLLM's spec-decode counters summed over the rounds (per-position lists element-wise)."""
     total: dict = {}
     for x in results:
         for k, v in (x.get("counters") or {}).items():
-            total[k] = [a + b for a, b in zip(total[k], v)] if isinstance(v, list) and k in total else \
-                (total.get(k, 0) + v if not isinstance(v, list) else v)
+            if isinstance(v, list):
+                total[k] = [a + b for a, b in zip(total[k], v)] if k in total else list(v)
+            else:
+                total[k] = total.get(k, 0) + v
     return total
 
 
