@@ -91,6 +91,7 @@ def test_the_budget_ends_with_a_last_smaller_round(tiny_target, tmp_path, monkey
     assert budget["round_seconds"] == [10, 10, 5] and kept(meta) == 10
     assert prepare_module.next_round_size(10, 4, 20, (5.0, 2), 4.9, 2) is None      # less than a batch left
     assert prepare_module.next_round_size(10, 4, 12, (5.0, 2), 60, 2) == 12          # never past --limit
+    assert prepare_module.next_round_size(4, 4, 8, (0.0, 4), -0.5, 2) is None       # a 0 s round, budget spent
 
 
 def test_the_first_round_always_runs(tiny_target, tmp_path):

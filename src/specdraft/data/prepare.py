@@ -345,6 +345,8 @@ def next_round_size(size: int, step: int, limit: int, last: tuple[float, int] | 
     if last is None:
         return min(step, limit)
     seconds, answered = last
+    if left_s <= 0:
+        return None
     per_batch = seconds / max(1, -(-answered // batch_size))
     batches = min(step // batch_size, int(left_s // per_batch)) if per_batch > 0 else step // batch_size
     return min(size + batches * batch_size, limit) if batches >= 1 else None
@@ -381,8 +383,9 @@ def regenerate_in_rounds(job: Answering, source: str, split: str, dedup: bool, l
             answered.update(zip(map(identity, new), done))
             add_counts(totals, vars(stats))
             add_counts(follow, second or {})
-            seconds.append(round(time.perf_counter() - round_started, 1))
-            last = (seconds[-1], len(new))
+            took = time.perf_counter() - round_started      # unrounded: a fast round must not pace as 0 s
+            seconds.append(round(took, 1))
+            last = (took, len(new))
     record = regeneration_record(job, totals, follow)
     record["budget"] = {"minutes": minutes, "limit": limit, "reached": size, "rounds": len(seconds),
                         "round_seconds": seconds, "stopped": "limit" if size == limit else "budget"}
