@@ -193,3 +193,79 @@ def test_export_refuses_a_model_it_would_not_read(tmp_path, monkeypatch, capsys)
                         "default")
     assert code == 2 and "--model default: export reads it only to check --no-embeddings" in err
     assert not (tmp_path / "e").exists()
+
+
+PREPARE_EDITS = [("target", "x", "field 'target' is \"x\""), ("part", 5, "field 'part' is 5"),
+                 ("part", [3, 2], "must be [index, count]"), ("chat_template_kwargs", [1], "'chat_template_kwargs'"),
+                 ("target.fingerprint", 5, "field 'target.fingerprint' is 5"), ("limit", "8", "field 'limit'")]
+
+
+@pytest.mark.parametrize("field, value, expected", PREPARE_EDITS)
+def test_a_prepare_record_of_wrong_types_is_one_line_in_every_reader(tmp_path, field, value, expected):
+    """prepare.json's `target: "x"` or `part: 5` ended capture and vocab build in a traceback; `part: [3, 2]` and a
+    list of template arguments were accepted. Every reader (capture, train, vocab, the datastore, eval, doctor, the
+    recipe) goes through one schema."""
+    import json
+
+    from specdraft.data import prepared as P
+    from test_capture import make_prepared
+
+    folder = make_prepared(tmp_path / "data", {"id": "t", "fingerprint": "f" * 32})
+    meta = json.loads((folder / P.META).read_text())
+    head, _, leaf = field.partition(".")
+    (meta[head].__setitem__(leaf, value) if leaf else meta.__setitem__(head, value))
+    (folder / P.META).write_text(json.dumps(meta))
+    before = (folder / P.META).read_text()
+    with pytest.raises(SpecdraftError, match="prepare.json: ") as e:
+        P.load_prepared(folder)
+    assert expected in str(e.value) and "re-run `specdraft prepare" in str(e.value)
+    with pytest.raises(SpecdraftError, match="prepare.json: "):              # eval's and doctor's reader
+        P.prepared_meta_of({"data": {"path": str(folder)}})
+    assert (folder / P.META).read_text() == before                            # nothing written
+
+
+def test_a_garbage_or_mistyped_dataset_is_one_line(tmp_path, monkeypatch, capsys):
+    """A damaged arrow file ended `vocab build` in pyarrow's OSError traceback; input_ids held as strings were cast
+    to numbers and trained."""
+    import datasets
+
+    from specdraft.data import prepared as P
+    from test_capture import make_prepared
+
+    folder = make_prepared(tmp_path / "data", None)
+    arrow = next((folder / P.DATASET).glob("*.arrow"))
+    arrow.write_bytes(b"\xff" * 300)
+    capsys.readouterr()                                          # the save's progress bar
+    code, err = run_cli(monkeypatch, capsys, "vocab", "build", "--prepared", folder, "--size", 8,
+                        "--out", tmp_path / "v.safetensors")
+    assert code == 2 and "unreadable dataset" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    strings = make_prepared(tmp_path / "strings", None)
+    ds = datasets.load_from_disk(str(strings / P.DATASET)).to_dict()
+    ds["input_ids"] = [[str(t) for t in row] for row in ds["input_ids"]]
+    datasets.Dataset.from_dict(ds).save_to_disk(str(tmp_path / "swap"))
+    import shutil
+    shutil.rmtree(strings / P.DATASET)
+    (tmp_path / "swap").rename(strings / P.DATASET)
+    with pytest.raises(SpecdraftError, match=r"column 'input_ids' holds List\(Value\('string'\)\), expected lists of "
+                                             "token integers"):
+        P.load_prepared(strings)
+
+
+@pytest.mark.parametrize("part", [[1, 2, 3], "1/2", [3, 2], [0, 2]])
+def test_a_manifest_part_that_is_not_index_of_count_is_refused(tmp_path, part):
+    """Round 4's leftover: a manifest whose `part` was a list of three (or a string) trained, its samples put in an
+    order of nobody's capture."""
+    import json
+
+    from specdraft.data import store as st
+
+    root = tmp_path / "store"
+    root.mkdir()
+    manifest = {"format": st.FORMAT, "format_version": st.FORMAT_VERSION, "target": {"fingerprint": "f"}, "layer_ids": [1], "dtype": "float32", "hidden_size": 4,
+                "num_samples": 0, "num_tokens": 0, "complete": True, "shards": [], "part": part}
+    (root / st.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(SpecdraftError, match="field 'part' must be \\[index, count\\]"):
+        st.read_manifest(root)
+    manifest["part"] = [2, 2]
+    (root / st.MANIFEST).write_text(json.dumps(manifest))
+    assert st.read_manifest(root)["part"] == [2, 2]

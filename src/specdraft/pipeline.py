@@ -29,6 +29,7 @@ from rich.text import Text
 from specdraft import run_layout
 from specdraft.data import mixture as mixtures
 from specdraft.data.conversations import source_kind
+from specdraft.data.prepared import read_prepare_record
 from specdraft.templates import parse_template_kwargs
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder, read_json, write_json
@@ -363,9 +364,8 @@ def check_finished_stages(ws: Path, recipe: Recipe, data: str) -> None:
     checked by the stages that still run: train refuses a store of another target.)"""
     prepared = ws / "data" / "prepare.json"
     if prepared.is_file():
-        meta = read_json(prepared, "prepare record")
-        meta = meta if isinstance(meta, dict) else {}
-        regen = meta.get("regeneration") if isinstance(meta.get("regeneration"), dict) else {}
+        meta = read_prepare_record(prepared)
+        regen = meta.get("regeneration") or {}
         budget = regen["budget"].get("minutes") if isinstance(regen.get("budget"), dict) else None
         for field, have, want, fix in (
                 ("source", meta.get("source"), data, f"pass --conversations {meta.get('source')}"),
@@ -385,8 +385,8 @@ def check_finished_stages(ws: Path, recipe: Recipe, data: str) -> None:
                                      f"this workspace, or pass another --workspace")
     extra = ws / "extra" / "prepare.json"
     if recipe.extra and extra.is_file():
-        meta = read_json(extra, "prepare record")
-        have = f"{meta.get('source')}:{meta.get('limit')}" if isinstance(meta, dict) else None
+        meta = read_prepare_record(extra)
+        have = f"{meta.get('source')}:{meta.get('limit')}"
         if have != recipe.extra:
             raise SpecdraftError(f"{extra}: holds {have}, but this recipe asks for extra: {recipe.extra} and would "
                                  f"reuse it; set recipe: extra: {have} in {recipe.path} to continue this workspace, "

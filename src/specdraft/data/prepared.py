@@ -13,11 +13,64 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
 from specdraft.errors import SpecdraftError
-from specdraft.io import read_json, write_json
+from specdraft.io import read_model, write_json
 
 META = "prepare.json"
 DATASET = "dataset"
+TOKEN_COLUMNS = ("input_ids", "loss_mask")
+
+
+def _index_of_count(part: list[int]) -> list[int]:
+    if not (len(part) == 2 and 1 <= part[0] <= part[1]):
+        raise ValueError("must be [index, count] with 1 <= index <= count, as `--part I/N` records it")
+    return part
+
+
+Part = Annotated[list[StrictInt], AfterValidator(_index_of_count)]   # prepare.json's and a manifest's `part`
+
+
+class PreparedTarget(BaseModel):
+    """prepare.json's `target`: the identity its tokens belong to (targets.identity; more keys kept)."""
+    model_config = ConfigDict(strict=True, extra="allow")
+    id: StrictStr | None = None
+    fingerprint: StrictStr | None = None
+    vocab_size: StrictInt | None = Field(None, ge=1)
+
+
+class Thinking(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    style: StrictStr | None = None
+    mode: StrictStr | None = None
+
+
+class PrepareRecord(BaseModel):
+    """The one schema of prepare.json (written by data/prepare.prepared_meta): the fields its readers use
+    (capture, train, vocab, the n-gram datastore, eval, doctor, the recipe) are typed here; the rest is kept."""
+    model_config = ConfigDict(strict=True, extra="allow")
+    source: StrictStr | None = None
+    target: PreparedTarget = PreparedTarget()
+    tokenizer: StrictStr | None = None
+    chat_template_sha256: StrictStr | None = None
+    chat_template_kwargs: dict | None = None
+    thinking: Thinking | None = None
+    limit: StrictInt | None = Field(None, ge=1)
+    max_length: StrictInt | None = Field(None, ge=1)
+    regenerate: StrictBool | None = None
+    regeneration: dict | None = None
+    part: Part | None = None
+    counts: dict | None = None
+
+
+def read_prepare_record(path: Path) -> dict:
+    """prepare.json checked against PrepareRecord (one line naming the field), as the dict it holds."""
+    record = read_model(path, PrepareRecord, "prepare record", f"re-run `specdraft prepare --out {path.parent}` "
+                        "(the record of the prepared data)")
+    return record.model_dump(exclude_unset=True)
 
 
 def save_prepared(out: str | Path, rows: dict[str, list], meta: dict) -> None:
@@ -65,23 +118,27 @@ def load_prepared(path: str | Path):
             raise SpecdraftError(f"{path}: a hidden-state store (from `specdraft capture`), not prepared data; "
                                  "pass the folder `specdraft prepare` wrote (--prepared WS/data)")
         raise SpecdraftError(f"{path}: no {META} (prepare did not finish); re-run `specdraft prepare`")
-    meta = read_json(path / META, "prepare.json")
+    meta = read_prepare_record(path / META)
     try:
         ds = datasets.load_from_disk(str(path / DATASET))
-    except (FileNotFoundError, ValueError) as e:
-        raise SpecdraftError(f"{path / DATASET}: unreadable dataset ({e}); re-run `specdraft prepare`") from None
-    for col in ("input_ids", "loss_mask"):
+    except (FileNotFoundError, ValueError, OSError) as e:    # pyarrow's errors are ValueError or OSError
+        raise SpecdraftError(f"{path / DATASET}: unreadable dataset ({str(e).strip()[:160]}); re-run "
+                             "`specdraft prepare`") from None
+    for col in TOKEN_COLUMNS:
         if col not in ds.column_names:
             raise SpecdraftError(f"{path / DATASET}: missing column '{col}'; re-run `specdraft prepare`")
+        dtype = getattr(getattr(ds.features[col], "feature", None), "dtype", "")
+        if not str(dtype).startswith(("int", "uint")):
+            raise SpecdraftError(f"{path / DATASET}: column '{col}' holds {ds.features[col]}, expected lists of "
+                                 "token integers; re-run `specdraft prepare`")
     return ds, meta
 
 
 def prepared_meta_of(manifest: dict | None) -> dict:
     """The prepare.json of the data a store was captured from (its manifest's data.path); {} where the store
-    names none, the folder is gone, or the file holds no object (eval and doctor read its template settings)."""
+    names none or the folder is gone (eval and doctor read its template settings)."""
     path = ((manifest or {}).get("data") or {}).get("path")
-    meta = read_json(Path(path) / META, "prepare record") if path and (Path(path) / META).is_file() else {}
-    return meta if isinstance(meta, dict) else {}
+    return read_prepare_record(Path(path) / META) if path and (Path(path) / META).is_file() else {}
 
 
 def check_prepared_for(meta: dict, target, data, use: str) -> None:

@@ -29,6 +29,7 @@ from pydantic import (BaseModel, Field, StrictBool, StrictInt, StrictStr, Valida
                       field_validator)
 
 from specdraft.data import store_formats as sf
+from specdraft.data.prepared import Part
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_path, read_json, sha256_file, write_json
 
@@ -155,6 +156,7 @@ class Manifest(BaseModel):
     num_tokens: Count
     complete: StrictBool = False
     shards: list[ShardEntry]
+    part: Part | None = None          # capture --part I/N (train puts parts back in the whole set's order)
 
 
 MUST = {"target": "must be an object naming the target (id, fingerprint)",
@@ -164,7 +166,7 @@ MUST = {"target": "must be an object naming the target (id, fingerprint)",
         "complete": "must be true or false", "shards": "must be a list of shard entries",
         **{f"target.{k}": "must be a positive integer" for k in ("num_layers", "hidden_size", "vocab_size")},
         "shard.samples": "must be [start, end]", "shard.num_tokens": "must be a non-negative integer",
-        "shard.sha256": "must be a hex string"}
+        "shard.sha256": "must be a hex string", "part": "must be [index, count] with 1 <= index <= count"}
 
 
 def manifest_type_error(path: Path, manifest: dict, error: ValidationError) -> SpecdraftError:
