@@ -269,3 +269,50 @@ def test_a_manifest_part_that_is_not_index_of_count_is_refused(tmp_path, part):
     manifest["part"] = [2, 2]
     (root / st.MANIFEST).write_text(json.dumps(manifest))
     assert st.read_manifest(root)["part"] == [2, 2]
+
+
+def test_finished_data_of_another_max_length_is_never_reused_by_a_recipe(tmp_path):
+    """A workspace prepared with `max_tokens: 8192` (prepare --max-length 8192) was reused when the recipe went back
+    to 2048-token rows (and the other way round): prepare's max length was in no check of the finished stages."""
+    import json
+
+    from specdraft import pipeline
+    from specdraft.pipeline import load_recipe
+
+    ws, path = tmp_path / "ws", tmp_path / "r.yaml"
+    (ws / "data").mkdir(parents=True)
+    base = "recipe: {samples: 64, max_new_tokens: 12, regen_batch: 3, draft_vocab: 64}\n"
+    record = {"source": "builtin", "limit": 64, "regeneration": {"max_new_tokens": 12}, "max_length": 8192}
+    (ws / "data" / "prepare.json").write_text(json.dumps(record))
+    path.write_text("epochs: 1\n" + base)
+    with pytest.raises(SpecdraftError, match=r"field 'max_length' is 8192, but this recipe asks for null.*set recipe "
+                                             r"max_tokens: 8192"):
+        pipeline.check_finished_stages(ws, load_recipe(path), "builtin")
+    path.write_text("epochs: 1\nmax_tokens: 8192\n" + base)
+    pipeline.check_finished_stages(ws, load_recipe(path), "builtin")
+    record.update(max_length=4096, defaults_by_thinking_mode={"max_length": 4096})   # prepare's own thinking default
+    (ws / "data" / "prepare.json").write_text(json.dumps(record))
+    with pytest.raises(SpecdraftError, match=r"field 'max_length' is null, but this recipe asks for 8192"):
+        pipeline.check_finished_stages(ws, load_recipe(path), "builtin")
+    path.write_text("epochs: 1\n" + base)
+    pipeline.check_finished_stages(ws, load_recipe(path), "builtin")
+
+
+def test_questions_written_in_another_dtype_are_never_reused(tmp_path):
+    """self:N questions and follow-ups were keyed by target, seed and template only: a re-run whose target computes
+    in bfloat16 reused the questions float32 wrote (the answers, keyed by dtype, were redone around them)."""
+    import torch
+
+    from specdraft.data import self_prompts as sp
+
+    class Chat:
+        kwargs = {}
+
+    class Target:
+        identity = {"fingerprint": "f"}
+        model = torch.nn.Linear(2, 2)
+
+    fp32 = sp.written_by(Target, Chat)
+    assert fp32 == {"target": "f"}                        # the keys of float32 runs are the ones written before
+    Target.model = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    assert sp.written_by(Target, Chat) == {"target": "f", "compute_dtype": "bfloat16"} != fp32

@@ -166,11 +166,21 @@ def load_recipe(path: str | Path) -> Recipe:
 PREPARE_MAX_LENGTH = 2048   # prepare's own --max-length: conversations longer are dropped
 
 
+def recipe_max_length(recipe: Recipe) -> int | None:
+    """The --max-length the recipe's prepare passes, None for prepare's own default. A recipe training on
+    rows longer than prepare's default (`max_tokens: 8192`, the long-context knob) keeps conversations
+    that long, so its rows hold long samples whole instead of packing short ones."""
+    return recipe.max_tokens if recipe.max_tokens > PREPARE_MAX_LENGTH else None
+
+
+def given_max_length(meta: dict) -> int | None:
+    """The --max-length a finished prepare was given (None: it chose its default by the thinking mode)."""
+    return None if "max_length" in (meta.get("defaults_by_thinking_mode") or {}) else meta.get("max_length")
+
+
 def prepare_args(model: str, data: str, recipe: Recipe, engine: str, out: Path) -> list[str]:
-    """The recipe's prepare command. A recipe training on rows longer than prepare's default
-    --max-length (`max_tokens: 8192`, the long-context knob) keeps conversations that long, so its
-    rows hold long samples whole instead of packing short ones."""
-    longer = ["--max-length", str(recipe.max_tokens)] if recipe.max_tokens > PREPARE_MAX_LENGTH else []
+    """The recipe's prepare command (recipe_max_length: long rows keep long conversations)."""
+    longer = ["--max-length", str(recipe_max_length(recipe))] if recipe_max_length(recipe) else []
     return ["prepare", "--model", model, "--conversations", data, "--regenerate",
             "--limit", str(recipe.samples), "--max-new-tokens", str(recipe.max_new_tokens),
             "--batch-size", str(recipe.regen_batch), "--engine", engine, *longer, "--out", str(out),
@@ -375,6 +385,8 @@ def check_finished_stages(ws: Path, recipe: Recipe, data: str) -> None:
                 ("regeneration.budget.minutes", budget, recipe.prepare_minutes,
                  f"set recipe: prepare_minutes: {budget} in {recipe.path}" if budget else
                  f"remove prepare_minutes from {recipe.path}"),
+                ("max_length", given_max_length(meta), recipe_max_length(recipe),
+                 f"set recipe max_tokens: {given_max_length(meta) or PREPARE_MAX_LENGTH} in {recipe.path}"),
                 ("chat_template_kwargs", meta.get("chat_template_kwargs") or {},
                  parse_template_kwargs(recipe.chat_template_kwargs),
                  f"set recipe: chat_template_kwargs: '{json.dumps(meta.get('chat_template_kwargs') or {})}' in "

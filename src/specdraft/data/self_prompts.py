@@ -65,9 +65,12 @@ def sample_questions(target, opening_ids: list[int], rows: int, seed: int, max_n
     return [text for text, truncated in texts if not truncated and len(text.split()) >= MIN_WORDS]
 
 
-def template_setting(chat: Chat) -> dict:
-    """The template arguments as a setting of the questions written (none: the keys of older runs hold)."""
-    return {"chat_template_kwargs": chat.kwargs} if chat.kwargs else {}
+def written_by(target, chat: Chat) -> dict:
+    """The target, the dtype it computed in and the template arguments, as settings of the questions written
+    (float32 and no arguments add nothing: the keys of older runs hold). A bf16 target writes other questions."""
+    dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+    return {"target": target.identity["fingerprint"], **({"compute_dtype": dtype} if dtype != "float32" else {}),
+            **({"chat_template_kwargs": chat.kwargs} if chat.kwargs else {})}
 
 
 def batch_seed(seed: int, batch: int) -> int:
@@ -82,7 +85,7 @@ def write_questions(target, count: int, out: Path, chat: Chat, seed: int = 0, ba
     batches = sorted(load_progress(path).values(), key=lambda r: r["batch"])
     written = list(dict.fromkeys(q for r in batches for q in r["questions"]))
     settings = {"seed": seed, "max_new_tokens": max_new_tokens, "temperature": temperature,
-                "target": target.identity["fingerprint"], **template_setting(chat)}
+                **written_by(target, chat)}
     if batches and batches[0].get("settings") != settings:
         raise SpecdraftError(f"{path}: written with other settings ({batches[0].get('settings')}); "
                              "delete it or use another --out")
@@ -122,7 +125,7 @@ def write_follow_ups(target, conversations: list[list[dict]], out: Path, chat: C
     answer (None where none of FOLLOW_UP_CANDIDATES rows gave a usable one); resumable."""
     path = out / FOLLOW_UPS_FILE
     settings = {"seed": seed, "max_new_tokens": max_new_tokens, "temperature": temperature,
-                "target": target.identity["fingerprint"], **template_setting(chat)}
+                **written_by(target, chat)}
     written = load_progress(path)
     keys = [follow_up_key(c, settings) for c in conversations]
     with progress_of("writing follow-ups", len(keys), sum(k in written for k in keys), "questions",
