@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ngram_datastore import answers_to_replay  # noqa: E402
 
 from specdraft.analysis.probe import target_hidden  # noqa: E402
+from specdraft.errors import SpecdraftError  # noqa: E402
 from specdraft.infer.bench import build_methods, load_drafter_for, read_prompt_rows  # noqa: E402
 from specdraft.infer.ngram import Datastore, assistant_spans  # noqa: E402
 from specdraft.infer.sampling import Sampling  # noqa: E402
@@ -120,6 +121,34 @@ def replay_methods(target, methods, samples, on_prompt=None) -> dict[str, dict]:
             for name, (acc, prop, taus) in runs.items()}
 
 
+def refuse(line: str) -> None:
+    print(f"error: {line}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_inputs(a, target) -> None:
+    """Identities by fingerprint, never by name: the natural answers and the datastore must be this target's
+    (prepare.json's fingerprint), and a --check bench.json a bench of this target at this K and length."""
+    from specdraft.data.prepared import check_prepared_for, load_prepared
+    from specdraft.targets import same_target
+
+    try:
+        check_prepared_for(load_prepared(a.natural)[1], target, a.natural, "replay")
+    except SpecdraftError as e:
+        refuse(f"--natural {e}")
+    if a.check is None:
+        return
+    config = json.loads(a.check.read_text()).get("config") or {}
+    fingerprint = config.get("target_fingerprint")
+    if fingerprint and not same_target(fingerprint, target.identity):
+        refuse(f"--check {a.check}: a bench of {config.get('model')} (fingerprint {fingerprint}), but --model is "
+               f"{target.name} (fingerprint {target.identity['fingerprint']}); compare with a bench of this target")
+    for field, want in (("k", a.k), ("max_new_tokens", a.max_new_tokens)):
+        if config.get(field) != want:
+            refuse(f"--check {a.check}: field 'config.{field}' is {config.get(field)!r} but this replay runs "
+                   f"{want!r}; pass the bench's value, or a bench run with it")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--natural", type=Path, required=True, help="prepared data of the natural prompts' answers")
@@ -143,8 +172,12 @@ def main() -> None:
     torch.manual_seed(0)
     samples = natural_answers(a.natural, a.limit, a.max_new_tokens)
     target = load_target(a.model)
+    check_inputs(a, target)
     drafter = load_drafter_for(a.drafter, target)
-    store = Datastore.from_prepared(a.datastore) if a.datastore else None
+    try:
+        store = Datastore.from_prepared(a.datastore, target) if a.datastore else None
+    except SpecdraftError as e:
+        refuse(str(e))
     names = a.methods.split(",")
     tree = TreeShape.parse(a.tree)
     methods = build_methods(names, drafter, a.k, tree, 3, 1, datastore=store, hybrid_tree=not a.hybrid_switch)

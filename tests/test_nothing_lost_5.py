@@ -316,3 +316,42 @@ def test_questions_written_in_another_dtype_are_never_reused(tmp_path):
     assert fp32 == {"target": "f"}                        # the keys of float32 runs are the ones written before
     Target.model = torch.nn.Linear(2, 2).to(torch.bfloat16)
     assert sp.written_by(Target, Chat) == {"target": "f", "compute_dtype": "bfloat16"} != fp32
+
+
+def test_replay_checks_its_answers_datastore_and_bench_by_fingerprint(tmp_path, tiny_target, capsys):
+    """benchmarks/replay.py replayed another model's answers, drafted from another model's datastore and compared
+    with a bench of another target or K, all in silence: identities go by fingerprint there too."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import replay
+
+    from specdraft.targets import load_target
+    from test_capture import make_prepared
+
+    target = load_target(str(tiny_target))
+    own = make_prepared(tmp_path / "own", target.identity)
+    other = make_prepared(tmp_path / "other", {**target.identity, "fingerprint": "0" * 32})
+    bench = tmp_path / "bench.json"
+    args = SimpleNamespace(natural=other, check=None, k=3, max_new_tokens=128)
+    with pytest.raises(SystemExit) as e:
+        replay.check_inputs(args, target)
+    assert e.value.code == 2 and "--natural " in capsys.readouterr().err
+    args.natural = own
+    replay.check_inputs(args, target)
+    for config, expected in (({"target_fingerprint": "0" * 32, "k": 3, "max_new_tokens": 128}, "a bench of"),
+                             ({"target_fingerprint": target.identity["fingerprint"], "k": 2, "max_new_tokens": 128},
+                              "field 'config.k' is 2 but this replay runs 3")):
+        bench.write_text(json.dumps({"config": config}))
+        args.check = bench
+        with pytest.raises(SystemExit):
+            replay.check_inputs(args, target)
+        assert expected in capsys.readouterr().err
+    bench.write_text(json.dumps({"config": {"target_fingerprint": target.identity["fingerprint"], "k": 3,
+                                            "max_new_tokens": 128}}))
+    replay.check_inputs(args, target)
+    from specdraft.infer.ngram import Datastore
+    with pytest.raises(SpecdraftError, match="prepared for"):       # what replay's --datastore now passes through
+        Datastore.from_prepared(other, target)

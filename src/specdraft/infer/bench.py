@@ -681,7 +681,7 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
                        hybrid_tree=form != "switch", chat=chat, **shape_rows(choice, k, dtype))
     unused = unused_datastore_line(names, form) if answers else None
     report["warnings"] = [*report.get("warnings", []), *([unused] if unused else [])]
-    report["config"] = {"model": target.name, "drafter": drafter, "prompts": prompts,
+    report["config"] = {"model": target.name, "target_fingerprint": target.identity.get("fingerprint"), "drafter": drafter, "prompts": prompts,
                         "num_prompts": len(conversations), "max_new_tokens": max_new_tokens, "k": k,
                         "k_auto": choice.to_dict() if choice else None, "k_auto_line": choice.line() if choice else None,
                         "draft_stop": stop, "rounds": rounds, "verify_rows": rows, "context_buckets": list(edges),
