@@ -355,3 +355,12 @@ def test_replay_checks_its_answers_datastore_and_bench_by_fingerprint(tmp_path, 
     from specdraft.infer.ngram import Datastore
     with pytest.raises(SpecdraftError, match="prepared for"):       # what replay's --datastore now passes through
         Datastore.from_prepared(other, target)
+
+
+def test_store_convert_refuses_a_model_it_would_not_read(tmp_path, monkeypatch, capsys):
+    """Round 4's leftover: `store convert --store-format fp8 --model X` accepted --model and ignored it (only
+    compact's teacher reads a target); refused before the store is read or --out made."""
+    code, err = run_cli(monkeypatch, capsys, "store", "convert", tmp_path / "nostore", "--store-format", "fp8",
+                        "--model", "default", "--out", tmp_path / "out")
+    assert code == 2 and "--model default: read only for --store-format compact" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

@@ -87,6 +87,9 @@ def convert_store(src: str | Path, out: str | Path, store_format: str, model: st
     new manifest. compact keeps no last hidden state, so a compact store converts to nothing else."""
     src, out = Path(src), Path(out)
     sf.check_format(store_format)
+    if model is not None and store_format != "compact":
+        raise SpecdraftError(f"--model {model}: read only for --store-format compact (its teacher's top-k); "
+                             f"--store-format {store_format} copies the hidden states as they are: drop --model")
     store = st.HiddenStore(src, verify=True)
     have = store.store_format
     if have == "compact" and store_format != "compact":
