@@ -113,3 +113,16 @@ def test_bad_budgets_are_one_line_exit_2(tiny_target, tmp_path, flags, expected)
     assert proc.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith("error: --budget-minutes ") and expected in err, err
     assert not (tmp_path / "out" / "prepare.json").exists()
+
+
+def test_a_source_smaller_than_limit_ends_the_rounds_and_is_said(tiny_target, tmp_path):
+    """A file of 3 conversations with --limit 40: the summary said '40 of --limit 40 conversations regenerated'
+    (conversations that never existed); now the rounds stop where the source ends, and say so."""
+    path = tmp_path / "three.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"question number {i} here"}]}) + "\n"
+                            for i in range(3)))
+    meta = prepare(str(tiny_target), str(path), tmp_path / "out", limit=40, budget_minutes=5, **KW)
+    budget = meta["regeneration"]["budget"]
+    assert (budget["reached"], budget["limit"], budget["stopped"], budget["rounds"]) == (3, 40, "source", 1)
+    line = next(x for x in summary_lines(meta, tmp_path / "out") if x.startswith("--budget-minutes"))
+    assert "3 of --limit 40 conversations regenerated" in line and "all the source holds" in line

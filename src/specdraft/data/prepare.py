@@ -363,7 +363,7 @@ def regenerate_in_rounds(job: Answering, source: str, split: str, dedup: bool, l
     from specdraft.data.regenerate import answer_engine
 
     answered: dict[str, Conversation] = {}
-    totals, follow, seconds, last = {}, {}, [], None
+    totals, follow, seconds, last, record_limit = {}, {}, [], None, limit
     step, size = ROUND_BATCHES * job.batch_size, 0
     with answer_engine(job.engine_name, job.target, job.settings, job.chat.end_ids, job.opts) as answer:
         while size < limit:
@@ -377,6 +377,8 @@ def regenerate_in_rounds(job: Answering, source: str, split: str, dedup: bool, l
             read = with_self_written(src, job.target, job.out, job.chat, job.settings.seed, job.batch_size,
                                      size, job.console)
             dropped.update(dict.fromkeys(dropped, 0))      # the last round's input is what prepare.json counts
+            if len(read) < size:                           # the source holds fewer: this round takes all of it
+                size = limit = len(read)
             conversations = regeneration_input(read, dedup, size, None, dropped)
             new = [c for c in conversations if identity(c) not in answered]
             done, stats, second = answer_all(job, answer, new)
@@ -387,8 +389,9 @@ def regenerate_in_rounds(job: Answering, source: str, split: str, dedup: bool, l
             seconds.append(round(took, 1))
             last = (took, len(new))
     record = regeneration_record(job, totals, follow)
-    record["budget"] = {"minutes": minutes, "limit": limit, "reached": size, "rounds": len(seconds),
-                        "round_seconds": seconds, "stopped": "limit" if size == limit else "budget"}
+    record["budget"] = {"minutes": minutes, "limit": record_limit, "reached": size, "rounds": len(seconds),
+                        "round_seconds": seconds,
+                        "stopped": "budget" if size < limit else "limit" if limit == record_limit else "source"}
     return [answered[identity(c)] for c in conversations], len(read), src, record
 
 
@@ -526,8 +529,9 @@ def summary_lines(meta: dict, out) -> list[str]:
     if budget:
         lines.append(f"--budget-minutes {budget['minutes']:g}: {budget['reached']} of --limit {budget['limit']} "
                      f"conversations regenerated in {budget['rounds']} round(s), {meta['seconds'] / 60:.1f} min "
-                     + ("(one more batch would have ended past the budget)" if budget["stopped"] == "budget"
-                        else "(all of --limit within the budget)"))
+                     + {"budget": "(one more batch would have ended past the budget)",
+                        "source": "(all the source holds, within the budget)"}.get(budget["stopped"],
+                                                                                  "(all of --limit within the budget)"))
     cut = regen.get("truncated_turns") or 0
     if cut:
         lines.append(f"warning: {cut} regenerated answer(s) hit --max-new-tokens {regen.get('max_new_tokens')} "
