@@ -364,3 +364,64 @@ def test_store_convert_refuses_a_model_it_would_not_read(tmp_path, monkeypatch, 
                         "--model", "default", "--out", tmp_path / "out")
     assert code == 2 and "--model default: read only for --store-format compact" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command, marker, kind", [
+    (["prepare", "--model", "default", "--conversations", "builtin", "--regenerate", "--limit", "2"], "manifest.json",
+     "a hidden-state store"),
+    (["prepare", "--model", "default", "--conversations", "builtin", "--regenerate", "--limit", "2"], "metrics.jsonl",
+     "a training run"),
+    (["capture", "--model", "default", "--prepared", "DATA"], "prepare.json", "prepared data"),
+    (["store", "convert", "STORE", "--store-format", "fp8"], "config.json", "a drafter or model folder")])
+def test_a_folder_out_of_another_commands_kind_is_refused(tmp_path, monkeypatch, capsys, command, marker, kind):
+    """`prepare --out WS/hidden` (or a run, an export) wrote prepared data among the store's files, exit 0: every
+    folder writer (io.own_folder) refuses a folder another command wrote, before any work."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / marker).write_text("{}")
+    args = [str(tmp_path / "missing") if a in ("DATA", "STORE") else a for a in command]
+    code, err = run_cli(monkeypatch, capsys, *args, "--out", out)
+    assert code == 2 and f"--out {out}: holds {kind}" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in out.iterdir()) == [marker]                  # nothing written there
+
+
+def test_an_export_while_train_swaps_best_exports_one_epoch_and_records_it(tmp_path, monkeypatch):
+    """An export of RUN taken while train replaced RUN/best/ (a new best) exported the older epoch's weights and
+    recorded RUN/best as if it were the new one. The read is repeated until one version was read whole, and
+    exports.json records the epoch and step it exported."""
+    import json
+    import shutil
+
+    import torch
+
+    from specdraft.formats import card
+    from specdraft.formats import checkpoints as C
+    from test_drafter import tiny_drafter
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    (run / "config.yaml").write_text("epochs: 2\n")
+    for epoch, folder in ((1, run / "best"), (2, tmp_path / "epoch2")):
+        model, _ = tiny_drafter(seed=epoch)
+        model.t2d[:40], model.d2t[:] = True, 0             # the identity draft vocabulary (the first 40 ids)
+        C.save_drafter(model, folder)
+        (folder / "val.json").write_text(json.dumps({"epoch": epoch, "step": 10 * epoch}))
+    real, calls = C.load_checkpoint, []
+
+    def load_while_train_swaps(folder, *a, **kw):
+        read = real(folder, *a, **kw)
+        if not calls:                                   # train finds a new best during the first read
+            (run / "best").rename(run / ".best.old")
+            shutil.copytree(tmp_path / "epoch2", run / "best")
+        calls.append(folder)
+        return read
+
+    monkeypatch.setattr(C, "load_checkpoint", load_while_train_swaps)
+    C.export(run, tmp_path / "export", "speculators")
+    assert len(calls) == 2
+    (entry,) = card.read_exports(run)
+    assert (entry.epoch, entry.step) == (2, 20)
+    exported, _, _ = real(tmp_path / "export")
+    newest, _, _ = real(tmp_path / "epoch2")
+    assert torch.equal(exported["fc.weight"], newest["fc.weight"].to(exported["fc.weight"].dtype))   # epoch 2's

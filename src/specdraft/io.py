@@ -119,6 +119,34 @@ OWNED_FILES = {"manifest.json", "prepare.json", "regen.jsonl", "questions.jsonl"
                "model.safetensors.index.json", run_layout.JOURNAL, run_layout.PROVENANCE, run_layout.REMAP, "val.json",
                "stages.json", ".specdraft.lock", ".journal.lock", ".exports.lock", "tokenizer.json", "tokenizer_config.json",
                "generation_config.json", "special_tokens_map.json"}
+# The kinds of folder a command writes, by the file that marks each (its first file is the one looked for),
+# and the commands that own the kind: an --out folder of another kind is refused before any work (`prepare
+# --out WS/hidden` wrote prepared data into a store). Checked in own_folder, which every folder writer holds.
+FOLDER_KINDS = (("prepared data", ("prepare.json",), {"prepare"}),
+                ("a hidden-state store", ("manifest.json",), {"capture", "store convert"}),
+                ("a training run", (run_layout.METRICS, run_layout.CONFIG), {"train"}),
+                ("a recipe workspace", ("stages.json", "recipe.log"), {"recipe"}),
+                ("a drafter or model folder", ("config.json",), {"export", "import"}))
+
+
+def folder_kind(path: Path) -> tuple[str, set[str]] | None:
+    """(the kind of specdraft or model folder `path` is, the commands that write it), None for any other."""
+    for kind, markers, owners in FOLDER_KINDS:
+        if any((path / name).is_file() for name in markers):
+            return kind, owners
+    return None
+
+
+def check_folder_kind(path: Path, command: str) -> None:
+    """Refuse `command` writing into a folder that another command wrote (its files would mix with ours)."""
+    found = folder_kind(path) if path.is_dir() else None
+    if found is not None and command in {c for _, _, owners in FOLDER_KINDS for c in owners} \
+            and command not in found[1]:
+        writers = " or ".join(f"`specdraft {c}`" for c in sorted(found[1]))
+        raise SpecdraftError(f"--out {path}: holds {found[0]}, which {writers} writes, and {command} would write its "
+                             "own files among them; choose another --out (a new folder)")
+
+
 OWNED_PATTERN = re.compile(r"^(shard-\d+\.safetensors|model-\d+-of-\d+\.safetensors)$")
 # an existing file of these kinds is data (weights, a vocab, a store, conversations, a config), never
 # the result of a command that writes another kind
@@ -342,6 +370,7 @@ def own_folder(path: str | os.PathLike, command: str) -> Iterator[Path]:
     path = Path(path)
     if not path.exists() and path.parent.is_dir():
         clean_leftovers(path.parent)   # a swap killed between its renames: put the previous result back first
+    check_folder_kind(path, command)
     created = not path.exists()
     ensure_writable_dir(path)
     lock = path / LOCK_NAME

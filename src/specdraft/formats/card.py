@@ -266,6 +266,8 @@ class ExportEntry(BaseModel):
     dtype: str | None = None
     num_speculative_tokens: int | None = Field(None, ge=1)
     checkpoint: str | None = None
+    epoch: int | None = Field(None, ge=0)     # the checkpoint's, as read (a run's best/ moves on while it trains)
+    step: int | None = Field(None, ge=0)
 
 
 class ExportsFile(BaseModel):
@@ -284,10 +286,17 @@ def read_exports(run: Path) -> list[ExportEntry]:
 EXPORTS_LOCK = ".exports.lock"  # held while an export updates exports.json
 
 
-def record_export(ckpt: Path, out: Path, layout: str, dtype: str, speculative_tokens: int) -> None:
-    """Note in the run folder (RUN/exports.json) where its drafter was exported, so the run's report
-    can show the path and the serve commands. One entry per export folder, the latest kept; an
-    export of a checkpoint outside any run records nothing."""
+def checkpoint_position(ckpt: Path) -> dict:
+    """The epoch and step a training checkpoint was saved at (its val.json), what exports.json records."""
+    val = _json(Path(ckpt) / "val.json")
+    return {k: val[k] for k in ("epoch", "step") if isinstance(val.get(k), int) and not isinstance(val[k], bool)}
+
+
+def record_export(ckpt: Path, out: Path, layout: str, dtype: str, speculative_tokens: int,
+                  position: dict | None = None) -> None:
+    """Note in the run folder (RUN/exports.json) where its drafter was exported (and the epoch and step of the
+    checkpoint read, `position`), so the run's report can show the path and the serve commands. One entry per
+    export folder, the latest kept; an export of a checkpoint outside any run records nothing."""
     run = run_folder_of(ckpt)
     if run is None:
         return
@@ -296,7 +305,8 @@ def record_export(ckpt: Path, out: Path, layout: str, dtype: str, speculative_to
         out_path = str(Path(out).resolve())
         entries = [e for e in entries if isinstance(e, dict) and e.get("out") != out_path]
         entries.append({"out": out_path, "layout": layout, "dtype": dtype,
-                        "num_speculative_tokens": int(speculative_tokens), "checkpoint": str(Path(ckpt).resolve())})
+                        "num_speculative_tokens": int(speculative_tokens), "checkpoint": str(Path(ckpt).resolve()),
+                        **(position or {})})
         write_json(run / EXPORTS_FILE, {"exports": entries})
 
 

@@ -270,6 +270,38 @@ def resolve_checkpoint(path: str | Path) -> Path:
                          f"{path}/checkpoints/epoch-N/)")
 
 
+READ_TRIES = 5      # reads of a checkpoint that a writer swapped meanwhile, before giving up
+
+
+def folder_stamp(folder: Path) -> tuple | None:
+    """What changes when a checkpoint folder is written or swapped whole (train replaces RUN/best/ by a rename
+    at each new best): the folder's inode and each file's size and mtime. None while it is missing."""
+    try:
+        return folder.stat().st_ino, tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                                                  for f in folder.iterdir() if f.is_file()))
+    except FileNotFoundError:
+        return None
+
+
+def stable_read(src: str | Path, read):
+    """(the checkpoint of `src`, read(checkpoint)) from one version of it: a read during which a running train
+    swapped the folder (an export of RUN while it finds a new best) is read again, so an export never mixes two
+    epochs or records an epoch it did not export."""
+    for _ in range(READ_TRIES):
+        ckpt = resolve_checkpoint(src)
+        before = folder_stamp(ckpt)
+        try:
+            result = read(ckpt)
+        except (SpecdraftError, OSError):
+            if folder_stamp(ckpt) == before:
+                raise
+            continue                        # a file vanished or was cut mid-swap: read the new version
+        if before is not None and folder_stamp(ckpt) == before:
+            return ckpt, result
+    raise SpecdraftError(f"{src}: its checkpoint changed {READ_TRIES} times while being read (a training run "
+                         "saving into it?); export when training stops, or export a checkpoints/epoch-N folder")
+
+
 EXPORT_FILES = ("config.json", "model.safetensors", "README.md", "inputs.json")   # everything export and import write
 
 
@@ -345,8 +377,9 @@ def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: in
     if out.resolve() == ckpt.resolve():
         raise SpecdraftError(f"--out {out}: is the source checkpoint; choose another folder")
     check_replaceable(out, "export")
-    tensors, cfg, src_layout = load_checkpoint(ckpt)
-    speculative_tokens = draft_length(cfg, speculative_tokens, card.trained_depth(ckpt))
+    ckpt, (tensors, cfg, src_layout, depth, position, inputs) = stable_read(src, lambda c: (
+        *load_checkpoint(c), card.trained_depth(c), card.checkpoint_position(c), card.training_inputs(c)))
+    speculative_tokens = draft_length(cfg, speculative_tokens, depth)
     target = None
     if not embeddings:
         target = check_embeddings_shared(tensors, model, str(ckpt))
@@ -358,11 +391,10 @@ def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: in
                        dtype=dtype_name, embeddings="embed_tokens.weight" in tensors,
                        speculative_tokens=speculative_tokens, weight_bytes=weight_bytes)
     extra = {"README.md": lambda p: p.write_text(text)}
-    inputs = card.training_inputs(ckpt)     # eval of the export leaves out the samples it trained on
-    if inputs:
+    if inputs:                              # eval of the export leaves out the samples it trained on
         extra["inputs.json"] = lambda p: write_json(p, inputs)
     save_checkpoint(out, tensors, cfg, layout=layout, speculative_tokens=speculative_tokens, extra_files=extra)
-    card.record_export(ckpt, out, layout, dtype_name, speculative_tokens)
+    card.record_export(ckpt, out, layout, dtype_name, speculative_tokens, position)
     return {"source": str(ckpt), "source_layout": src_layout, "layout": layout, "out": str(out),
             "dtype": dtype_name, "tensors": len(tensors), "has_embed_tokens": "embed_tokens.weight" in tensors,
             "weight_bytes": weight_bytes}
