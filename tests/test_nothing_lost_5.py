@@ -425,3 +425,16 @@ def test_an_export_while_train_swaps_best_exports_one_epoch_and_records_it(tmp_p
     exported, _, _ = real(tmp_path / "export")
     newest, _, _ = real(tmp_path / "epoch2")
     assert torch.equal(exported["fc.weight"], newest["fc.weight"].to(exported["fc.weight"].dtype))   # epoch 2's
+
+
+@pytest.mark.parametrize("text, expected", [("3,2,50", "total 50 is more than the 10 nodes 3 depths of top-2"),
+                                            ("5,100000,16", "at most depth 64, topk 64 and total 1024"),
+                                            ("1,4,5", "total 5 is more than the 4 nodes")])
+def test_a_tree_larger_than_its_expansion_or_the_bounds_is_refused(text, expected):
+    """`--tree 3,2,50` ran as a tree of 10 nodes (recorded as 50) and a topk past the draft vocabulary was cut in
+    silence: a tree's sizes have bounds."""
+    from specdraft.infer.tree import TreeShape
+
+    with pytest.raises(SpecdraftError, match=expected):
+        TreeShape.parse(text)
+    assert TreeShape.parse("3,2,10").total == 10 and TreeShape.parse("5,8,60").topk == 8

@@ -67,6 +67,9 @@ def greedy_path(draft: Draft, target_choice: list[int]) -> list[int]:
         path.append(nxt)
 
 
+TREE_MAX = (64, 64, 1024)      # depth, topk, total: past these a tree is a typo, not a setting
+
+
 @dataclass
 class TreeShape:
     """EAGLE-2: expand the top-`topk` children of the `topk` best nodes per depth, for `depth`
@@ -84,4 +87,11 @@ class TreeShape:
             raise SpecdraftError(f"--tree {text!r}: expected depth,topk,total such as 5,4,16") from None
         if depth < 1 or topk < 1 or total < 1:
             raise SpecdraftError(f"--tree {text!r}: depth, topk and total must all be >= 1")
+        if depth > TREE_MAX[0] or topk > TREE_MAX[1] or total > TREE_MAX[2]:
+            raise SpecdraftError(f"--tree {text!r}: at most depth {TREE_MAX[0]}, topk {TREE_MAX[1]} and total "
+                                 f"{TREE_MAX[2]} (the rows of one verify forward); EAGLE's trees are such as 5,8,60")
+        made = topk + (depth - 1) * topk * topk       # the nodes depth levels of top-topk expansion propose
+        if total > made:
+            raise SpecdraftError(f"--tree {text!r}: total {total} is more than the {made} nodes {depth} depths of "
+                                 f"top-{topk} expansion make; use total <= {made}, or a deeper or wider tree")
         return cls(depth, topk, total)
