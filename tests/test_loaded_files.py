@@ -406,8 +406,8 @@ def set_wrong(doc: dict, name: str, kinds) -> object:
 
 def readers(tmp: Path):
     """(name, schema, file, read(file)) of every side-file reader that checks types: report's
-    (bench, eval, probe/plan results, inputs.json, stages, config.yaml) and eval's (config.yaml, inputs.json).
-    exports.json has its pydantic schema (card.read_exports): test_exports_json_has_one_typed_reader."""
+    (bench, eval, probe/plan results, stages, config.yaml) and eval's (config.yaml). The files with a pydantic
+    schema (specdraft/schemas: inputs.json, prepare.json, exports.json): test_every_schema_reader_...below."""
     import yaml
 
     from specdraft.analysis import evaluate, report
@@ -424,13 +424,9 @@ def readers(tmp: Path):
         ("report bench.json", report.BENCH_FIELDS, run / "bench.json", as_json, report.headline_html, run),
         ("report eval.json", report.EVAL_FIELDS, run / "eval.json", as_json, report.eval_html, run),
         ("report probe result", report.RESULT_FIELDS, run / "probe.json", as_json, report.results_html, run),
-        ("report inputs.json", report.INPUTS_FIELDS, run / "best" / "inputs.json", as_json, report.checkpoint_inputs,
-         run),
         ("report config.yaml", report.CONFIG_FIELDS, run / "config.yaml", as_yaml, report.run_config, run),
         ("eval config.yaml", evaluate.RUN_CONFIG_FIELDS, run / "config.yaml", as_yaml, evaluate.run_config_of,
          run / "best"),
-        ("eval inputs.json", evaluate.INPUTS_FIELDS, run / "best" / "inputs.json", as_json,
-         lambda ckpt: evaluate.trained_store_of(ckpt)[0], run / "best"),
     ]
 
 
@@ -468,7 +464,7 @@ def test_every_side_file_reader_names_the_file_and_field_of_a_wrong_type(tmp_pat
             assert json.dumps(wrong)[:20] in message or isinstance(wrong, (list, dict)), message
             checked += 1
         path.unlink()
-    assert checked >= 40
+    assert checked >= 35      # inputs.json's 10 fields moved to its pydantic schema: the schema test checks them
 
 
 def test_report_with_a_wrongly_typed_bench_json_is_one_line(ws, monkeypatch, capsys):
@@ -526,8 +522,6 @@ def model_readers(tmp: Path):
         ("drafter config.json as a vocab", vocab.DRAFTER_FIELDS, config, as_json, vocab.load, folder, {}),
         ("vocab header", vocab.HEADER_FIELDS, vocab_file, as_header, vocab.load, vocab_file,
          {"target_vocab_size": 3, "draft_vocab_size": 3}),
-        ("train --resume inputs.json", inputs.INPUTS_FIELDS, folder / "inputs.json", as_json, resume, folder,
-         {"target": {"fingerprint": "s"}, "data_fingerprint": "s", "store": "s"}),
     ]
 
 
@@ -622,11 +616,11 @@ def test_config_yaml_with_a_key_that_is_not_a_name_is_one_line(tmp_path):
 @pytest.mark.parametrize("field, wrong", [("out", 3), ("num_speculative_tokens", "two"), ("num_speculative_tokens", 0),
                                           ("layout", ["speculators"]), ("dtype", {"a": 1})])
 def test_exports_json_has_one_typed_reader(tmp_path, field, wrong):
-    """RUN/exports.json, read by the report, the doctor and the recipe through card.read_exports (issue 58: one
-    schema per file): a field of the wrong type is one line naming the file and the field, in every reader."""
+    """RUN/exports.json, read by the report, the doctor and the recipe through schemas.exports.read_exports (issue
+    58: one schema per file): a field of the wrong type is one line naming the file and the field, in every reader."""
     from specdraft.analysis import report
     from specdraft.errors import SpecdraftError
-    from specdraft.formats import card
+    from specdraft.schemas import exports as card
 
     run = tmp_path / "run"
     run.mkdir()
@@ -637,3 +631,80 @@ def test_exports_json_has_one_typed_reader(tmp_path, field, wrong):
     for read in (card.read_exports, report.served_k, report.export_html):
         with pytest.raises(SpecdraftError, match=rf"exports.json: field 'exports.0.{field}' is "):
             read(run)
+
+
+def wrong_value(annotation) -> object:
+    """A JSON value of another type than a schema field's (a string for numbers, lists and objects; a number
+    for strings)."""
+    text = str(annotation)
+    return 5 if "str" in text and not any(k in text for k in ("int", "list", "dict", "Target", "Thinking")) else "x"
+
+
+def schema_readers(tmp: Path):
+    """(file, pydantic model, read(file)) of every reader of the files in specdraft/schemas."""
+    from types import SimpleNamespace
+
+    from specdraft.analysis import evaluate, report
+    from specdraft.data import prepared
+    from specdraft.formats import card
+    from specdraft.schemas import inputs as I, prepare as P
+    from specdraft.train import inputs as train_inputs
+
+    run = tmp / "run"
+    (run / "best").mkdir(parents=True, exist_ok=True)
+    (run / "metrics.jsonl").write_text("")
+    (run / "config.yaml").write_text("epochs: 1\n")
+    data = SimpleNamespace(source="s", layer_ids=[], hidden_size=3, target={"fingerprint": "s"},
+                           identity={"data_fingerprint": "s", "num_samples": 3, "num_tokens": 3})
+    resume = lambda: train_inputs.check_resume_inputs(run / "best", SimpleNamespace(  # noqa: E731
+        config=SimpleNamespace(aux_layer_ids=[])), data)
+    inputs = run / "best" / I.INPUTS_FILE
+    return [(inputs, I.InputsRecord, lambda: report.checkpoint_inputs(run)),
+            (inputs, I.InputsRecord, lambda: evaluate.trained_store_of(run / "best")),
+            (inputs, I.InputsRecord, resume),
+            (inputs, I.InputsRecord, lambda: card.training_inputs(run / "best")),
+            (tmp / "data" / P.META, P.PrepareRecord, lambda: prepared.prepared_meta_of({"data": {"path": str(tmp / "data")}})),
+            (tmp / "data" / P.META, P.PrepareRecord, lambda: P.read_prepare_record(tmp / "data" / P.META))]
+
+
+def test_every_schema_reader_names_the_file_and_field_of_a_wrong_type(tmp_path):
+    """Generated from each pydantic schema in specdraft/schemas: every top-level field given a value of another type
+    is one line naming the file and the field, in every reader of that file (issue 58: one schema per file, and
+    the readers that went around it, such as the model card's, now go through it)."""
+    from specdraft.errors import SpecdraftError
+
+    checked = 0
+    for path, model, read in schema_readers(tmp_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+        read()                                                          # every field optional: {} reads
+        for field, info in model.model_fields.items():
+            path.write_text(json.dumps({field: wrong_value(info.annotation)}))
+            with pytest.raises(SpecdraftError) as e:
+                read()
+            assert str(e.value).startswith(f"{path}: field '{field}") and "\n" not in str(e.value), str(e.value)
+            checked += 1
+    assert checked >= 40
+
+
+def test_each_schema_file_has_one_schema_in_the_code():
+    """No second description of a schema file's fields: a *_FIELDS table (or any dict) typing a field name that
+    only one of the files in specdraft/schemas holds is a second schema of that file."""
+    import re
+
+    from specdraft.schemas import exports, inputs, prepare
+
+    own = {"data_fingerprint", "store_format", "chat_template_sha256", "num_speculative_tokens"}
+    fields = set(inputs.InputsRecord.model_fields) | set(prepare.PrepareRecord.model_fields) | \
+        set(exports.ExportEntry.model_fields)
+    assert own <= fields
+    src = Path(__file__).resolve().parents[1] / "src" / "specdraft"
+    found = []
+    for path in src.rglob("*.py"):
+        if path.parent.name == "schemas":
+            continue
+        for name in own:
+            if re.search(rf'"{name}"\s*:\s*\(?\s*(str|int|float|dict|list|bool|NUMBER)\b', path.read_text()):
+                found.append(f"{path.relative_to(src)}: {name}")
+    assert not found, found
+

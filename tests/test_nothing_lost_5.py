@@ -394,7 +394,6 @@ def test_an_export_while_train_swaps_best_exports_one_epoch_and_records_it(tmp_p
 
     import torch
 
-    from specdraft.formats import card
     from specdraft.formats import checkpoints as C
     from test_drafter import tiny_drafter
 
@@ -420,7 +419,8 @@ def test_an_export_while_train_swaps_best_exports_one_epoch_and_records_it(tmp_p
     monkeypatch.setattr(C, "load_checkpoint", load_while_train_swaps)
     C.export(run, tmp_path / "export", "speculators")
     assert len(calls) == 2
-    (entry,) = card.read_exports(run)
+    from specdraft.schemas.exports import read_exports
+    (entry,) = read_exports(run)
     assert (entry.epoch, entry.step) == (2, 20)
     exported, _, _ = real(tmp_path / "export")
     newest, _, _ = real(tmp_path / "epoch2")

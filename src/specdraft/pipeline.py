@@ -29,7 +29,8 @@ from rich.text import Text
 from specdraft import run_layout
 from specdraft.data import mixture as mixtures
 from specdraft.data.conversations import source_kind
-from specdraft.data.prepared import read_prepare_record
+from specdraft.schemas.exports import read_exports
+from specdraft.schemas.prepare import read_prepare_record
 from specdraft.templates import parse_template_kwargs
 from specdraft.errors import SpecdraftError
 from specdraft.io import own_folder, read_json, write_json
@@ -423,9 +424,7 @@ def served_k(bench: dict) -> int | None:
 
 def exported_k(run: Path, export: Path) -> int | None:
     """The num_speculative_tokens the export at `export` serves (RUN/exports.json), None when unrecorded."""
-    from specdraft.formats import card
-
-    return next((e.num_speculative_tokens for e in card.read_exports(run) if e.out == str(export.resolve())), None)
+    return next((e.num_speculative_tokens for e in read_exports(run) if e.out == str(export.resolve())), None)
 
 
 FLAT_VERIFY = 1.25     # a verify of the most rows -k auto timed within this of one row's: trees pay for their rows

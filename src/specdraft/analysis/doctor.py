@@ -47,6 +47,7 @@ from specdraft.train.config import MAX_TTT_STEPS, RunConfig, check_type, load_ya
 from specdraft.vocab import check_mapping
 from specdraft.watch import BaselineWatch, WatchConfig
 from specdraft.weights import read_weights
+from specdraft.schemas.exports import read_exports
 
 REPORT_FILE = "doctor.json"       # RUN/doctor.json: the last diagnosis (the report shows it)
 
@@ -735,7 +736,7 @@ def check_round_cost(d: Doctor) -> Finding:
     """plan's cost model with the measured latencies (RUN/plan.json) and the measured acceptance: does
     the K the run was exported with lose to another K? The loss is the τ the chosen K would need on
     top of its own to match the best K's tokens/s."""
-    exports = card.read_exports(d.run)
+    exports = read_exports(d.run)
     chosen = [e.num_speculative_tokens for e in exports if e.num_speculative_tokens]
     plan_file = d.run / "plan.json"
     if not chosen or not plan_file.is_file():
@@ -762,7 +763,7 @@ def check_export_mismatch(d: Doctor) -> Finding:
     checkpoint's "specdraft" block): vLLM serves the top-level fields, so a config.json whose
     top-level fields disagree with its own block is served differently from how it trained. The loss
     is τ as served minus the run's τ, where the differences are ones the store can measure."""
-    folders = [d.checkpoint] + [Path(e.out) for e in card.read_exports(d.run) if e.out and Path(e.out).is_dir()]
+    folders = [d.checkpoint] + [Path(e.out) for e in read_exports(d.run) if e.out and Path(e.out).is_dir()]
     trained = d.drafter.config
     d2t, _ = mapping_of(d.checkpoint)
     differ, worst, unread = {}, None, []
@@ -850,7 +851,7 @@ def check_typed_inputs(d: Doctor) -> None:
     """Read the run's small typed files (config.yaml, exports.json, plan.json) up front: a wrong type
     in any is refused in one line naming the file and the field, before any check runs."""
     d.config
-    card.read_exports(d.run)
+    read_exports(d.run)
     plan_file = d.run / "plan.json"
     if plan_file.is_file():
         read_model(plan_file, PlanTiming, "plan", f"re-run `specdraft plan --run {d.run}` (it rewrites the file)")

@@ -37,18 +37,15 @@ def run_config_of(drafter: Path) -> dict:
     return {}
 
 
-# The fields eval reads from a run's config.yaml and a checkpoint's inputs.json, and their types.
+# The fields eval reads from a run's config.yaml, and their types.
 RUN_CONFIG_FIELDS = {"val_fraction": (int, float), "seed": int, "store": (str, list)}   # a list: a run over parts
-INPUTS_FIELDS = {"data_fingerprint": str, "num_samples": int, "num_tokens": int, "store": str,
-                 "val_fraction": (int, float), "seed": int}   # the split: an export's inputs.json carries it
 
 
 def trained_store_of(checkpoint: Path) -> tuple[dict, Path | None]:
     """What the run recorded of its training store (data_identity: fingerprint, samples, tokens): the
     checkpoint's inputs.json, else one of its run's checkpoints (a run trains on one store: --resume
     refuses another). ({}, None) for a run from before inputs.json."""
-    from specdraft.io import check_fields, read_json
-    from specdraft.train.inputs import INPUTS_FILE
+    from specdraft.schemas.inputs import INPUTS_FILE, read_inputs
 
     candidates = [checkpoint / INPUTS_FILE]
     for folder in (checkpoint, checkpoint.parent, checkpoint.parent.parent):
@@ -57,8 +54,7 @@ def trained_store_of(checkpoint: Path) -> tuple[dict, Path | None]:
             break
     for path in candidates:
         if path.is_file():
-            return check_fields(read_json(path, "checkpoint inputs"), INPUTS_FIELDS, path,
-                                "restore it from the run, or pass --split all"), path
+            return read_inputs(path, "restore it from the run, or pass --split all"), path
     return {}, None
 
 

@@ -27,6 +27,8 @@ from specdraft.formats import card
 from specdraft import kernels
 from specdraft.infer.bench import why_not_faster
 from specdraft.io import atomic_path, check_fields
+from specdraft.schemas.exports import read_exports
+from specdraft.schemas.inputs import INPUTS_FILE, read_inputs
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
@@ -80,7 +82,6 @@ PLAN_FIELDS = {"best": dict, "best.k": int, "best.tokens_per_s": NUMBER, "best.s
                "accept.cond_acc": list, "accept.cond_acc.*": NUMBER, "timing": dict, "timing.floor": dict,
                "timing.floor.weight_mb": NUMBER, "timing.floor.bandwidth_gbs": NUMBER,
                "timing.floor.floor_ms": NUMBER, "warnings": list, "warnings.*": str}
-INPUTS_FIELDS = {"num_samples": int, "num_tokens": int, "target": dict, "target.id": str}
 STAGES_FIELDS = {"*": dict, "*.seconds": NUMBER, "*.command": str}
 CONFIG_FIELDS = {"store": (str, list), "data": str, "model": str}   # store: a list for a run over parts
 MANIFEST_FIELDS = {"num_samples": int, "num_tokens": int}
@@ -110,8 +111,8 @@ def checkpoint_inputs(run: Path) -> dict:
     """The training data recorded in the run's best checkpoint (else its newest epoch-N)."""
     epochs = [folder for _, _, folder in run_layout.checkpoints(run, "epoch", holding=())]
     for ckpt in [run_layout.best_dir(run), *reversed(epochs)]:
-        data = read_json(ckpt / "inputs.json", INPUTS_FIELDS)
-        if isinstance(data, dict):
+        data = read_inputs(ckpt / INPUTS_FILE, "fix or delete that file, then re-run report")
+        if data:
             return data
     return {}
 
@@ -243,7 +244,7 @@ def served_row(run: Path) -> tuple[str, str]:
 
 def served_k(run: Path) -> int | None:
     """The K the run's latest export serves (RUN/exports.json), None when not exported."""
-    exports = card.read_exports(run)
+    exports = read_exports(run)
     return exports[-1].num_speculative_tokens if exports else None
 
 
@@ -375,7 +376,7 @@ def eval_tau(ev: dict) -> str:
 def export_html(run: Path) -> str:
     """Where the drafter was exported (RUN/exports.json, written by `specdraft export`) and the
     commands that serve it, the same ones as the export's model card."""
-    exports = [e.model_dump() for e in card.read_exports(run)]
+    exports = [e.model_dump() for e in read_exports(run)]
     if not exports:
         return ("<h3>Export</h3><p class=meta>not exported yet: specdraft export "
                 f"{esc(run)} --out EXPORT_DIR</p>")

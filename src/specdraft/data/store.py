@@ -29,7 +29,7 @@ from pydantic import (BaseModel, Field, StrictBool, StrictInt, StrictStr, Valida
                       field_validator)
 
 from specdraft.data import store_formats as sf
-from specdraft.data.prepared import Part
+from specdraft.schemas.prepare import Part
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_path, read_json, sha256_file, write_json
 

@@ -11,13 +11,13 @@ import json
 from pathlib import Path
 
 from filelock import FileLock
-from pydantic import BaseModel, ConfigDict, Field
 
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT, Family, family, family_of, layout
 from specdraft.io import write_json
 from specdraft.metrics import drafter_method, tau_source, tau_text
+from specdraft.schemas.exports import EXPORTS_FILE, ExportEntry
 
 UNKNOWN = "unknown"
 
@@ -43,6 +43,12 @@ def _json(path: Path) -> dict:
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
+
+
+def _inputs(ckpt: Path) -> dict:
+    from specdraft.schemas.inputs import INPUTS_FILE, read_inputs
+
+    return read_inputs(Path(ckpt) / INPUTS_FILE, f"fix or delete it (the record of {ckpt}'s training data)")
 
 
 def _yaml(path: Path) -> dict:
@@ -82,7 +88,7 @@ def _newest_epoch_inputs(run: Path) -> dict:
     """inputs.json of the run's newest epoch checkpoint: a run's data is one for all its checkpoints,
     and best/ of runs trained before best/ carried its own copy has none."""
     epochs = run_layout.checkpoints(run, "epoch", holding=())
-    return _json(epochs[-1][2] / "inputs.json") if epochs else {}
+    return _inputs(epochs[-1][2]) if epochs else {}
 
 
 def training_inputs(ckpt: Path) -> dict:
@@ -90,7 +96,7 @@ def training_inputs(ckpt: Path) -> dict:
     the run's split (val_fraction, seed from config.yaml), so that `eval` of the export folder can
     leave out the samples it trained on. {} for a checkpoint outside any run with no inputs.json."""
     run = run_folder_of(ckpt)
-    inputs = _json(ckpt / "inputs.json") or (_newest_epoch_inputs(run) if run else {})
+    inputs = _inputs(ckpt) or (_newest_epoch_inputs(run) if run else {})
     config = _yaml(run_layout.config_file(run)) if run else {}
     if not inputs:
         return {}
@@ -101,7 +107,7 @@ def training_inputs(ckpt: Path) -> dict:
 def facts(ckpt: Path, cfg, target_identity: dict | None = None) -> dict:
     """What the card says about the drafter's origin, from the run around `ckpt` when there is one."""
     run = run_folder_of(ckpt)
-    inputs = _json(ckpt / "inputs.json") or (_newest_epoch_inputs(run) if run else {})
+    inputs = _inputs(ckpt) or (_newest_epoch_inputs(run) if run else {})
     config = _yaml(run_layout.config_file(run)) if run else {}
     target = inputs.get("target") or {}
     ident = target_identity or {}
@@ -255,34 +261,6 @@ def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: 
     return "\n".join(lines)
 
 
-EXPORTS_FILE = "exports.json"   # in the run folder: where its drafter was exported (read by `specdraft report`)
-
-
-class ExportEntry(BaseModel):
-    """One entry of RUN/exports.json (record_export): the one schema its readers (report, doctor, recipe) share."""
-    model_config = ConfigDict(strict=True)
-    out: str = ""
-    layout: str | None = None
-    dtype: str | None = None
-    num_speculative_tokens: int | None = Field(None, ge=1)
-    checkpoint: str | None = None
-    epoch: int | None = Field(None, ge=0)     # the checkpoint's, as read (a run's best/ moves on while it trains)
-    step: int | None = Field(None, ge=0)
-
-
-class ExportsFile(BaseModel):
-    exports: list[ExportEntry] = []
-
-
-def read_exports(run: Path) -> list[ExportEntry]:
-    """RUN/exports.json's entries, typed ([] where the run was never exported); a bad field is one line."""
-    from specdraft.io import read_model
-
-    path = Path(run) / EXPORTS_FILE
-    if not path.is_file():
-        return []
-    return read_model(path, ExportsFile, "exports", f"fix or delete {path}, then re-export "
-                      f"(`specdraft export {run} --out EXPORT` records it again)").exports
 EXPORTS_LOCK = ".exports.lock"  # held while an export updates exports.json
 
 
@@ -304,9 +282,8 @@ def record_export(ckpt: Path, out: Path, layout: str, dtype: str, speculative_to
         entries = _json(run / EXPORTS_FILE).get("exports") or []
         out_path = str(Path(out).resolve())
         entries = [e for e in entries if isinstance(e, dict) and e.get("out") != out_path]
-        entries.append({"out": out_path, "layout": layout, "dtype": dtype,
-                        "num_speculative_tokens": int(speculative_tokens), "checkpoint": str(Path(ckpt).resolve()),
-                        **(position or {})})
+        entries.append(ExportEntry(out=out_path, layout=layout, dtype=dtype, num_speculative_tokens=int(speculative_tokens),
+                                   checkpoint=str(Path(ckpt).resolve()), **(position or {})).model_dump(exclude_none=True))
         write_json(run / EXPORTS_FILE, {"exports": entries})
 
 

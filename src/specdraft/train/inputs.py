@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specdraft.data.store_parts import open_stores
 from specdraft.errors import SpecdraftError
-from specdraft.io import check_fields, read_json
+from specdraft.schemas.inputs import INPUTS_FILE, read_inputs
 from specdraft.targets import load_target, load_target_head, same_target
 from specdraft.train.batches import StoreBatches, split_samples
 from specdraft.train.config import RunConfig
@@ -65,10 +65,6 @@ def check_inputs(cfg: RunConfig, data: TrainData, target, vocab) -> None:
                              f"{vocab.meta.get('target_id') or 'another target'} ({vocab_fp}); rebuild the vocab from this store")
 
 
-INPUTS_FILE = "inputs.json"   # in each training checkpoint: the data it trained on (data_identity)
-# the fields of it that check_resume_inputs reads
-INPUTS_FIELDS = {"store": str, "target": dict, "target.fingerprint": str, "data_fingerprint": str,
-                 "num_samples": int, "num_tokens": int, "store_format": str}
 
 
 def data_identity(data: TrainData) -> dict:
@@ -82,10 +78,8 @@ def check_resume_inputs(resume_from: Path, drafter: "torch.nn.Module", data: Tra
     """--resume continues the run on the data it started with: another store (other aux layers, target
     or samples) would train on it while every checkpoint still names the old layers. Checkpoints
     written before inputs.json existed are checked on their aux layers alone."""
-    saved_path = resume_from / INPUTS_FILE
-    saved = read_json(saved_path, "checkpoint inputs") if saved_path.is_file() else {}
-    check_fields(saved, INPUTS_FIELDS, saved_path, f"the checkpoint is damaged; delete {resume_from} to resume from "
-                 "the checkpoint before it")
+    saved = read_inputs(resume_from / INPUTS_FILE, f"the checkpoint is damaged; delete {resume_from} to resume "
+                        "from the checkpoint before it")
     run_store = saved.get("store") or "the run's own store (see its config.yaml)"
     fix = f"resume with --store {run_store}, or start a new run in another --out"
     layers = list(drafter.config.aux_layer_ids)
