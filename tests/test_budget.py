@@ -126,3 +126,18 @@ def test_a_source_smaller_than_limit_ends_the_rounds_and_is_said(tiny_target, tm
     assert (budget["reached"], budget["limit"], budget["stopped"], budget["rounds"]) == (3, 40, "source", 1)
     line = next(x for x in summary_lines(meta, tmp_path / "out") if x.startswith("--budget-minutes"))
     assert "3 of --limit 40 conversations regenerated" in line and "all the source holds" in line
+
+
+def test_self_written_questions_are_inside_the_budget(tiny_target, tmp_path, capsys):
+    """`self:N` with --budget-minutes wrote all N questions before the first round (a small Qwen3 printed
+    'writing questions: 1/64 ... eta 2:54:29' inside a 5-minute budget): a round writes the questions it answers
+    (never past its size), no batch of them starts once the budget is spent, and the summary says so."""
+    from specdraft.data.self_prompts import QUESTIONS_FILE
+
+    meta = prepare(str(tiny_target), "self:12", tmp_path / "out", limit=12, budget_minutes=1e-6, **KW)
+    batches = (tmp_path / "out" / QUESTIONS_FILE).read_text().splitlines()
+    assert len(batches) == 1                                        # one batch of 2, not 6 (all 12) up front
+    written = len(set(json.loads(batches[0])["questions"]))         # the distinct questions of that batch
+    budget = meta["regeneration"]["budget"]
+    assert (budget["reached"], budget["stopped"]) == (written, "budget") and kept(meta) == written < 4
+    assert f"the budget ran out while the target wrote questions; {written} of 4 written" in capsys.readouterr().err

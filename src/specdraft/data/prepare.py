@@ -228,13 +228,15 @@ def open_target(model: str, src: Source, regenerate: bool, opts: EngineOptions, 
 
 
 def with_self_written(src: Source, target, out: Path, chat: Chat, seed: int, batch_size: int,
-                      limit: int | None, console) -> list[Conversation]:
-    """The conversations, the ones the target writes itself (self:N, a mixture's self part) included."""
+                      limit: int | None, console, deadline: float | None = None) -> list[Conversation]:
+    """The conversations, the ones the target writes itself (self:N, a mixture's self part) included; the
+    budget's `deadline` bounds the writing."""
     if src.kind == "self":
-        return self_written(target, src.question_count or limit or 256, out, chat, seed, batch_size, console)
+        count = min(src.question_count or limit or 256, limit or src.question_count or 256)   # never past --limit
+        return self_written(target, count, out, chat, seed, batch_size, console, deadline)
     if src.mixture:
         if src.self_count:
-            src.drawn["self"] = self_written(target, src.self_count, out, chat, seed, batch_size, console)
+            src.drawn["self"] = self_written(target, src.self_count, out, chat, seed, batch_size, console, deadline)
         return mixtures.interleave(list(src.drawn.values()))
     return src.conversations
 
@@ -375,10 +377,11 @@ def regenerate_in_rounds(job: Answering, source: str, split: str, dedup: bool, l
             round_started = time.perf_counter()
             src = read_source(source, split, job.settings.seed, size, True, job.follow_ups)
             read = with_self_written(src, job.target, job.out, job.chat, job.settings.seed, job.batch_size,
-                                     size, job.console)
+                                     size, job.console, started + minutes * 60)
             dropped.update(dict.fromkeys(dropped, 0))      # the last round's input is what prepare.json counts
-            if len(read) < size:                           # the source holds fewer: this round takes all of it
-                size = limit = len(read)
+            if len(read) < size:      # the source holds fewer (all of it this round), or the budget ran out writing
+                size = len(read)      # self:N questions (the rounds stop there)
+                limit = size if time.perf_counter() - started < minutes * 60 else limit
             conversations = regeneration_input(read, dedup, size, None, dropped)
             new = [c for c in conversations if identity(c) not in answered]
             done, stats, second = answer_all(job, answer, new)
@@ -471,12 +474,13 @@ def prepared_meta(src: Source, target, chat: Chat, rows: dict, records: int, dro
 
 
 def self_written(target, count: int, out: Path, chat: Chat, seed: int, batch_size: int,
-                 console) -> list[Conversation]:
-    """`count` questions the target writes (self:N, a mixture's self part), as conversations."""
+                 console, deadline: float | None = None) -> list[Conversation]:
+    """`count` questions the target writes (self:N, a mixture's self part), as conversations (fewer where the
+    budget's `deadline` passed)."""
     from specdraft.data import self_prompts
 
     questions = self_prompts.write_questions(target, count, out, chat, seed=seed, batch_size=batch_size,
-                                             console=console)
+                                             console=console, deadline=deadline)
     return [Conversation(messages=m, where=f"{self_prompts.SELF_WRITTEN} {i}") for i, m in enumerate(questions)]
 
 

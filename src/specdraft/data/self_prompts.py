@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -78,8 +80,11 @@ def batch_seed(seed: int, batch: int) -> int:
 
 
 def write_questions(target, count: int, out: Path, chat: Chat, seed: int = 0, batch_size: int = 64,
-                    max_new_tokens: int = 96, temperature: float = 1.0, console=None) -> list[list[dict]]:
-    """`count` distinct questions the target wrote, as one-user-turn conversations (resumable)."""
+                    max_new_tokens: int = 96, temperature: float = 1.0, console=None,
+                    deadline: float | None = None) -> list[list[dict]]:
+    """`count` distinct questions the target wrote, as one-user-turn conversations (resumable). `deadline`
+    (time.perf_counter(), prepare --budget-minutes): no batch starts after it once one question is written,
+    and fewer questions come back, said in a note (a slow target wrote 64 questions for hours past a budget)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / QUESTIONS_FILE
     batches = sorted(load_progress(path).values(), key=lambda r: r["batch"])
@@ -92,7 +97,7 @@ def write_questions(target, count: int, out: Path, chat: Chat, seed: int = 0, ba
     opening_ids = encode(target.tokenizer, user_turn_opening(chat))   # rendered once, every batch starts here
     with progress_of("writing questions", count, min(len(written), count), "questions", console=console) as tracker:
         batch, empty_batches = len(batches), 0
-        while len(written) < count:
+        while len(written) < count and not (deadline is not None and written and time.perf_counter() > deadline):
             new = sample_questions(target, opening_ids, batch_size, batch_seed(seed, batch), max_new_tokens,
                                    temperature, chat.end_ids)
             append_progress(path, [{"key": f"batch-{batch}", "batch": batch, "settings": settings,
@@ -105,6 +110,9 @@ def write_questions(target, count: int, out: Path, chat: Chat, seed: int = 0, ba
                 raise SpecdraftError(f"--conversations self: the target wrote no new usable question in 3 batches "
                                      f"({len(written)} so far); use a chat model or pass conversations")
             batch += 1
+    if len(written) < count:
+        print(f"note: --budget-minutes: the budget ran out while the target wrote questions; {len(written)} of "
+              f"{count} written (the rest are written by a later prepare into this --out)", file=sys.stderr)
     return [[{"role": "user", "content": q}] for q in written[:count]]
 
 
