@@ -204,3 +204,24 @@ def test_kernel_timing_stops_at_its_budget_and_the_next_process_times_the_rest(m
     calls.clear()
     assert kernels.kernel_table(shapes, timer=slow, budget_s=20).use_mm((24, 40))[2]
     assert {shape for shape, _ in calls} == {(24, 40)}
+
+
+def test_dtype_timing_is_bounded_in_rows_and_seconds(tmp_path, monkeypatch):
+    """Issue 56: a small Qwen3's capture spent 110-120 s timing float32 vs bf16 at its 2048-row batches before a
+    2-second capture. Rows are capped (DTYPE_ROWS_MAX) and shapes are timed, the most work first, only while the
+    budget lasts; the ratio over the shapes timed decides."""
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
+    clock = [0.0]
+    monkeypatch.setattr(kernels.time, "perf_counter", lambda: clock[0])
+    timed = []
+
+    def timer(shape, rows, dtype):
+        timed.append((shape, rows))
+        clock[0] += 10.0                                    # 10 s per shape and dtype
+        return 1.0 if dtype == torch.float32 else 0.5
+
+    shapes = {(64, 4096): 1, (64, 128): 30, (64, 64): 2}   # work: 262144, 245760, 8192
+    dtype, ms = kernels.faster_dtype(shapes, 2048, timer=timer, budget_s=25)
+    assert {rows for _, rows in timed} == {kernels.DTYPE_ROWS_MAX}
+    assert [shape for shape, _ in timed] == [(64, 4096)] * 2 + [(64, 128)] * 2   # largest work first; then over budget
+    assert dtype == "bfloat16" and ms == {"float32": 31.0, "bfloat16": 15.5}

@@ -313,14 +313,20 @@ def record_whole_forward(linears: list[torch.nn.Linear], ms: dict[int, dict[str,
 
 
 DTYPE_MARGIN = 0.2              # another dtype must beat float32 by this much: answers change with it
+DTYPE_BUDGET_S = 15.0           # dtype timing per choice at most (a small Qwen3's capture waited 110-120 s for it)
+DTYPE_ROWS_MAX = 256            # rows timed: past a few hundred rows a matmul is compute-bound, its dtype ratio set
 
 
 def faster_dtype(shapes: dict[Shape, int], rows: int, candidates: tuple[str, ...] = ("float32", "bfloat16"),
-                 timer: Callable[[Shape, int, torch.dtype], float] | None = None) -> tuple[str, dict[str, float]]:
+                 timer: Callable[[Shape, int, torch.dtype], float] | None = None,
+                 budget_s: float = DTYPE_BUDGET_S) -> tuple[str, dict[str, float]]:
     """(the dtype to compute in, each candidate's ms): F.linear over `shapes` (shape -> how many such
-    Linears one forward runs) at `rows` rows, the weights cold, timed per dtype on this machine once and
-    cached beside the kernel tables. float32 unless another dtype beats it by DTYPE_MARGIN: a CPU without
-    native bf16 (AVX2) emulates it and loses, one with AVX512-BF16 or AMX may win (issue 33)."""
+    Linears one forward runs) at `rows` rows (at most DTYPE_ROWS_MAX), the weights cold, timed per dtype on
+    this machine once and cached beside the kernel tables; the shapes with the most work first, each in
+    every dtype, until `budget_s` is spent (the ratio over the shapes timed decides). float32 unless another
+    dtype beats it by DTYPE_MARGIN: a CPU without native bf16 (AVX2) emulates it and loses, one with
+    AVX512-BF16 or AMX may win (issue 33)."""
+    rows = min(rows, DTYPE_ROWS_MAX)
     names = sorted(shape_name(s) + f"*{n}" for s, n in shapes.items())
     key = hashlib.sha256(f"{machine_key(torch.float32)}|{names}|{rows}|{candidates}".encode()).hexdigest()[:16]
     path = cache_file(f"dtype-{key}")
@@ -328,11 +334,18 @@ def faster_dtype(shapes: dict[Shape, int], rows: int, candidates: tuple[str, ...
     ms = saved.get("ms") if isinstance(saved, dict) else None
     if not (isinstance(ms, dict) and all(positive_ms(ms.get(c)) for c in candidates)):   # damaged: measured again
         if timer is None:
-            print(f"compute dtype: timing {' vs '.join(candidates)} matmuls at {rows} rows on this machine (once, "
-                  f"cached in {path})", file=sys.stderr, flush=True)
+            print(f"compute dtype: timing {' vs '.join(candidates)} matmuls at {rows} rows on this machine (at most "
+                  f"{budget_s:.0f} s, once, cached in {path})", file=sys.stderr, flush=True)
         measure = timer or (lambda shape, n, dtype: time_paths(shape, n, dtype, paths=("linear",))["linear"])
-        ms = {c: sum(count * measure(s, rows, getattr(torch, c)) for s, count in shapes.items()) for c in candidates}
-        write_cache(path, {"machine": cpu_identity(), "shapes": names, "rows": rows, "ms": ms})
+        ms, timed, started = dict.fromkeys(candidates, 0.0), 0, time.perf_counter()
+        for shape, count in sorted(shapes.items(), key=lambda sc: -sc[1] * sc[0][0] * sc[0][1]):
+            if timed and time.perf_counter() - started > budget_s:
+                break
+            for c in candidates:
+                ms[c] += count * measure(shape, rows, getattr(torch, c))
+            timed += 1
+        write_cache(path, {"machine": cpu_identity(), "shapes": names, "rows": rows, "ms": ms,
+                           "shapes_timed": timed, "seconds": round(time.perf_counter() - started, 1)})
     best = min(candidates, key=lambda c: ms[c])
     return (best if ms[best] < ms["float32"] * (1 - DTYPE_MARGIN) else "float32"), ms
 
