@@ -331,3 +331,19 @@ def test_nan_baseline_is_refused_by_the_watch_and_gives_compare_no_verdict(tmp_p
     assert res["watch"]["k2"].startswith("no verdict:") and f"metrics.jsonl:{line}" in res["watch"]["k2"]
     # the epoch table shows the NaN as NaN, not "nan%"
     assert compare.compare([base])["rows"][1][1] == "NaN"
+
+
+def test_compare_shows_the_bench_the_verdict_reads(tmp_path):
+    """Issue 56: compare showed validation accuracy only; the report's headline and verdict read the natural bench
+    (τ with K and prompts, x plain decoding) and vLLM's: compare shows that same measurement per run."""
+    a, b = fake_run(tmp_path / "a", 0.7), fake_run(tmp_path / "b", 0.6)
+    (a / "config.yaml").write_text("ttt_steps: 2\n")
+    (a / "bench_natural.json").write_text(json.dumps({
+        "config": {"k": 2, "prompts": "natural", "num_prompts": 6},
+        "methods": {"plain": {"tokens_per_s": 10.0}, "eagle3": {"accept_len": 1.36, "tokens_per_s": 10.4,
+                                                                "speedup_over_plain": 1.04, "speedup": 1.5}}}))
+    res = compare.compare([a, b], out=tmp_path / "cmp")
+    assert list(res["measured"]) == ["a"]                               # b was never benched: no line
+    assert res["measured"]["a"].startswith("τ 1.36 at K=2 on 6 natural prompts") and \
+        "1.04x plain decoding in specdraft's loop" in res["measured"]["a"]
+    assert "## Measured decoding" in (tmp_path / "cmp" / "compare.md").read_text()

@@ -101,6 +101,24 @@ def settings_notes(runs: list[Run]) -> list[str]:
     return notes
 
 
+def measured_lines(runs: list[Run]) -> dict[str, str]:
+    """Per run that was benched, the measurement its report's headline and verdict read: τ with its K and
+    prompts and the drafter's speed against plain decoding in specdraft's loop (the natural bench first), and
+    the export in vLLM against vLLM's plain decoding where bench --engine vllm ran. Validation accuracy alone
+    does not say how fast a drafter decodes."""
+    from specdraft.analysis.report import served_k, served_row
+    from specdraft.formats import card
+
+    lines = {}
+    for r in runs:
+        taus = [t for t in card.tau_measurements(r.path) if t["source"].startswith("bench")]
+        if not taus:
+            continue
+        served, why = served_row(r.path)
+        lines[r.name] = card.headline_text(taus, served_k(r.path)) + (f"; {why}" if served != "unknown" else "")
+    return lines
+
+
 def plot_curves(runs: list[Run], out: str | Path, max_steps: int = 6, smooth: float = 0.9) -> Path | None:
     """curves.png: rows loss_k and cond_acc_k, one column per step k; train (EMA) lines and
     validation markers per run, x = tokens_seen. None when no run has any curve."""
@@ -155,7 +173,7 @@ def compare(paths: list[str | Path], out: str | Path | None = None,
     runs = unique_names([load_run(p) for p in paths])
     header, rows = epoch_table(runs, metrics)
     result = {"runs": [r.name for r in runs], "header": header, "rows": rows, "files": {}, "watch": {},
-              "notes": settings_notes(runs)}
+              "notes": settings_notes(runs), "measured": measured_lines(runs)}
     if baseline is not None:
         base = load_run(baseline)
         config = WatchConfig(margin=margin)
@@ -172,6 +190,9 @@ def compare(paths: list[str | Path], out: str | Path | None = None,
         md = out / "compare.md"
         text = f"# Validation per epoch\n\n{markdown_table(header, rows)}"
         text += "".join(f"\n- {note}\n" for note in result["notes"])
+        if result["measured"]:
+            text += "\n## Measured decoding (the bench the verdict reads)\n\n" + "".join(
+                f"- {k}: {v}\n" for k, v in result["measured"].items())
         if result["watch"]:
             text += "\n## Against the baseline\n\n" + "".join(f"- {k}: {v}\n" for k, v in result["watch"].items())
         with atomic_path(md) as tmp:
@@ -197,6 +218,8 @@ def print_result(result: dict) -> None:
     console.print(table)
     for note in result.get("notes", []):
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    for name, text in result.get("measured", {}).items():
+        console.print(f"{name}: {text}", highlight=False, soft_wrap=True)
     for name, text in result["watch"].items():
         console.print(f"{name}: {text}", highlight=False)
     for kind, path in result["files"].items():
