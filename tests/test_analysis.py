@@ -347,3 +347,7 @@ def test_compare_shows_the_bench_the_verdict_reads(tmp_path):
     assert res["measured"]["a"].startswith("τ 1.36 at K=2 on 6 natural prompts") and \
         "1.04x plain decoding in specdraft's loop" in res["measured"]["a"]
     assert "## Measured decoding" in (tmp_path / "cmp" / "compare.md").read_text()
+    from specdraft.analysis import doctor                                # the doctor leads with the same line
+    result = {"run": str(a), "checkpoint": str(a), "tau_held_out": 1.5, "steps": 2, "samples": 4, "causes": [],
+              "checked": [], "skipped": [], "measured": res["measured"]["a"]}
+    assert doctor.format_result(result).splitlines()[1] == f"measured: {res['measured']['a']}"

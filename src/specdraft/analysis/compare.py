@@ -102,21 +102,10 @@ def settings_notes(runs: list[Run]) -> list[str]:
 
 
 def measured_lines(runs: list[Run]) -> dict[str, str]:
-    """Per run that was benched, the measurement its report's headline and verdict read: τ with its K and
-    prompts and the drafter's speed against plain decoding in specdraft's loop (the natural bench first), and
-    the export in vLLM against vLLM's plain decoding where bench --engine vllm ran. Validation accuracy alone
-    does not say how fast a drafter decodes."""
-    from specdraft.analysis.report import served_k, served_row
-    from specdraft.formats import card
+    """Per run that was benched, the measurement its report's headline and verdict read (measured_line)."""
+    from specdraft.analysis.measured import measured_line
 
-    lines = {}
-    for r in runs:
-        taus = [t for t in card.tau_measurements(r.path) if t["source"].startswith("bench")]
-        if not taus:
-            continue
-        served, why = served_row(r.path)
-        lines[r.name] = card.headline_text(taus, served_k(r.path)) + (f"; {why}" if served != "unknown" else "")
-    return lines
+    return {r.name: line for r in runs if (line := measured_line(r.path)) is not None}
 
 
 def plot_curves(runs: list[Run], out: str | Path, max_steps: int = 6, smooth: float = 0.9) -> Path | None:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from specdraft import run_layout, vocab
 from specdraft.adapter import architecture
 from specdraft.analysis.evaluate import chain_accept_lengths
+from specdraft.analysis.measured import measured_line
 from specdraft.analysis.plan import store_sample_batch
 from specdraft.analysis.probe import drafter_metrics, sample_batch, target_hidden
 from specdraft.data.prepared import load_prepared, prepared_meta_of
@@ -842,7 +843,7 @@ def diagnose(run: str | Path, model: str | None = None, store: str | Path | None
               "causes": [{"id": f.id, "evidence": f.evidence,
                           "estimated_tau_loss": None if f.estimated_tau_loss is None else fmt(f.estimated_tau_loss),
                           "fix": f.fix, "summary": f.summary} for f in found],
-              "checked": fine, "skipped": skipped}
+              "checked": fine, "skipped": skipped, "measured": measured_line(run)}
     write_json(run / REPORT_FILE, result)
     return result
 
@@ -873,6 +874,8 @@ def skip_reason(d: Doctor, name: str) -> str | None:
 def format_result(result: dict) -> str:
     lines = [f"doctor {result['run']}: {tau_text(result['tau_held_out'], result['steps'], 'held-out', result.get('samples'))} "
              f"of a ceiling of {result['steps'] + 1} (simulated, {result['checkpoint']})"]
+    if result.get("measured"):
+        lines.append(f"measured: {result['measured']}")
     if not result["causes"]:
         lines.append("no cause found")
     for i, c in enumerate(result["causes"], 1):

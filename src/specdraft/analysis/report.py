@@ -20,6 +20,7 @@ from pathlib import Path
 from specdraft import journal, metrics
 from specdraft import run_layout
 from specdraft.analysis import compare
+from specdraft.analysis.measured import served_k, served_row
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT, family, family_of
@@ -228,24 +229,6 @@ def headline_html(run: Path) -> str:
         rows.insert(2, ["why not faster", why, ""])
     return (f"<div class=headline><h2>{esc(run.name)}</h2>{table_html([], rows)}{tau_table_html(taus)}"
             f"{doctor_html(run)}</div>")
-
-
-def served_row(run: Path) -> tuple[str, str]:
-    """The export in vLLM against vLLM's plain decoding (RUN/bench_vllm.json), or why it is unknown."""
-    from specdraft.infer import served
-
-    report = served.read_report(run / run_layout.BENCH_VLLM)
-    row = served.drafter_row(report, served_k(run)) if report else None
-    if row is None:
-        return "unknown", f"no {run_layout.BENCH_VLLM} (specdraft bench --engine vllm --drafter EXPORT --out ...)"
-    x1 = row["batches"]["1"].get("x_plain")
-    return (f"{x1:.2f}x vLLM's plain decoding" if isinstance(x1, (int, float)) else "unknown"), served.verdict(report)
-
-
-def served_k(run: Path) -> int | None:
-    """The K the run's latest export serves (RUN/exports.json), None when not exported."""
-    exports = read_exports(run)
-    return exports[-1].num_speculative_tokens if exports else None
 
 
 def tau_table_html(taus: list[dict]) -> str:
