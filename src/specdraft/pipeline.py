@@ -316,7 +316,7 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
                    **closing(model, recipe, run, export, natural, k, doctor_line,
                              auto=bool(((bench.get("config") or {}).get("k_auto") or {}).get("k_auto")),
                              served_report=served))
-    print_summary(console, summary, run / "report.html")
+    print_summary(console, summary, run / run_layout.REPORT)
     return summary
 
 

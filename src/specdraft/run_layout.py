@@ -9,6 +9,10 @@
     RUN/bench_natural.json    bench on the natural prompt set at the served K (the report's headline τ)
     RUN/bench_vllm.json       bench --engine vllm: the export served by vLLM against vLLM's plain decoding
     RUN/eval.json             eval: simulated τ on the run's held-out store samples
+    RUN/plan.json             plan --run: the K and speed plan from measured costs
+    RUN/doctor.json           doctor: the last diagnosis
+    RUN/exports.json          export: where the run's drafter was exported (schemas/exports.py)
+    RUN/report.html           report: the run on one page
 
 train writes it (train/loop.py, train/run_folder.py); eval, bench, export, report, compare and the
 recipe read it through these names, and `checkpoints` is the one lister of RUN/checkpoints. It
@@ -34,9 +38,14 @@ BENCH = "bench.json"
 BENCH_NATURAL = "bench_natural.json"
 BENCH_VLLM = "bench_vllm.json"
 EVAL = "eval.json"
+PLAN = "plan.json"
+DOCTOR = "doctor.json"
+EXPORTS = "exports.json"
+REPORT = "report.html"
 CHECKPOINT_NAME = re.compile(r"^(epoch|step)-(\d+)$")
 # RUN's files and the command that writes each: another command's --out never lands on one
-OWNERS = {EVAL: "eval", BENCH: "bench", BENCH_NATURAL: "bench", BENCH_VLLM: "bench",
+OWNERS = {EVAL: "eval", BENCH: "bench", BENCH_NATURAL: "bench", BENCH_VLLM: "bench", PLAN: "plan", DOCTOR: "doctor",
+          EXPORTS: "export", REPORT: "report",
           **{name: "train" for name in RUN_FILES}}
 
 

@@ -50,7 +50,7 @@ from specdraft.watch import BaselineWatch, WatchConfig
 from specdraft.weights import read_weights
 from specdraft.schemas.exports import read_exports
 
-REPORT_FILE = "doctor.json"       # RUN/doctor.json: the last diagnosis (the report shows it)
+REPORT_FILE = run_layout.DOCTOR   # RUN/doctor.json: the last diagnosis (the report shows it)
 
 # Thresholds, each with why.
 COVERAGE_MAX_MISSING = 0.05   # a token the draft vocab lacks ends the chain there: 5% off every position compounds over K
@@ -739,7 +739,7 @@ def check_round_cost(d: Doctor) -> Finding:
     top of its own to match the best K's tokens/s."""
     exports = read_exports(d.run)
     chosen = [e.num_speculative_tokens for e in exports if e.num_speculative_tokens]
-    plan_file = d.run / "plan.json"
+    plan_file = d.run / run_layout.PLAN
     if not chosen or not plan_file.is_file():
         return Finding("round_cost", False, {"skipped": "needs RUN/exports.json (the served K) and RUN/plan.json "
                                                         "(measured costs: specdraft plan --run RUN)"})
@@ -853,7 +853,7 @@ def check_typed_inputs(d: Doctor) -> None:
     in any is refused in one line naming the file and the field, before any check runs."""
     d.config
     read_exports(d.run)
-    plan_file = d.run / "plan.json"
+    plan_file = d.run / run_layout.PLAN
     if plan_file.is_file():
         read_model(plan_file, PlanTiming, "plan", f"re-run `specdraft plan --run {d.run}` (it rewrites the file)")
 

@@ -160,7 +160,7 @@ def run(drafter=None, model: str = "default", accept: str | None = None, data=No
     if out is not None:
         write_json(out, result)
     if run is not None:
-        write_json(Path(run) / "plan.json", result)
+        write_json(Path(run) / run_layout.PLAN, result)
         journal.record(run, "result", f"plan: best K={best.k}, {best.tokens_per_cycle:.2f} tokens/cycle, "
                        f"{best.tokens_per_s:.1f} tok/s ({best.speedup:.2f}x plain); verify {best.verify_share:.0%} "
                        f"of a cycle", source="plan")

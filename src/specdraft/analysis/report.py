@@ -43,7 +43,7 @@ pre{background:#f7f7f7;padding:.8em;font-size:12px;white-space:pre-wrap;overflow
 .meta{color:#666;font-size:12px}.bad{color:#c33}"""
 
 OTHER_RESULTS = ("probe*.json",)     # bench.json, eval*.json and plan.json get their own sections
-REPORT_FILE = "report.html"
+REPORT_FILE = run_layout.REPORT
 
 
 def esc(text) -> str:
@@ -241,7 +241,7 @@ def tau_table_html(taus: list[dict]) -> str:
 
 def doctor_html(run: Path) -> str:
     """The doctor's last findings (RUN/doctor.json, written by `specdraft doctor`), under the headline."""
-    found = read_json(run / "doctor.json", {"causes": list, "checked": list})
+    found = read_json(run / run_layout.DOCTOR, {"causes": list, "checked": list})
     if not isinstance(found, dict):
         return ""
     rows = [[str(c.get("id")), str(c.get("summary", "")), number(c.get("estimated_tau_loss")), str(c.get("fix", ""))]
@@ -439,8 +439,8 @@ def results_html(run: Path) -> str:
 
 def plan_file(run: Path) -> Path | None:
     """RUN/plan.json (`specdraft plan --run RUN`), else WS/plan.json when `run` is a recipe's WS/runs/NAME."""
-    here = run / "plan.json"
-    workspace = run.resolve().parent.parent / "plan.json" if run.resolve().parent.name == "runs" else None
+    here = run / run_layout.PLAN
+    workspace = run.resolve().parent.parent / run_layout.PLAN if run.resolve().parent.name == "runs" else None
     return here if here.is_file() else workspace if workspace is not None and workspace.is_file() else None
 
 

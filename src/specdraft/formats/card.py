@@ -177,7 +177,7 @@ def tau_measurements(run: Path) -> list[dict]:
         if k and _number(tau):
             out.append({"tau": tau, "k": k, "prompts": split, "count": count,
                         "source": f"eval, simulated ({run_layout.EVAL})", "speedup": None})
-    doctor = _json(run / "doctor.json")
+    doctor = _json(run / run_layout.DOCTOR)
     if _number(doctor.get("tau_held_out")) and isinstance(doctor.get("steps"), int):
         out.append({"tau": doctor["tau_held_out"], "k": doctor["steps"], "prompts": "held-out", "count": None,
                     "source": "doctor, simulated (doctor.json)", "speedup": None})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-EXPORTS_FILE = "exports.json"   # in the run folder: where its drafter was exported (read by `specdraft report`)
+from specdraft.run_layout import EXPORTS as EXPORTS_FILE   # RUN/exports.json
 
 
 class ExportEntry(BaseModel):
