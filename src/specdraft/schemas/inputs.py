@@ -7,13 +7,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
+from specdraft.schemas import TargetIdentity
+
 INPUTS_FILE = "inputs.json"
-
-
-class InputsTarget(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
-    id: StrictStr | None = None
-    fingerprint: StrictStr | None = None
 
 
 class InputsRecord(BaseModel):
@@ -21,7 +17,7 @@ class InputsRecord(BaseModel):
     store: StrictStr | None = None                # a run over several stores names them "A + B"
     layer_ids: list[StrictInt] | None = None
     hidden_size: StrictInt | None = Field(None, ge=1)
-    target: InputsTarget = InputsTarget()
+    target: TargetIdentity = TargetIdentity()
     data_fingerprint: StrictStr | None = None
     num_samples: StrictInt | None = Field(None, ge=0)
     num_tokens: StrictInt | None = Field(None, ge=0)

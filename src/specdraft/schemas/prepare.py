@@ -9,6 +9,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from specdraft.schemas import TargetIdentity
+
 META = "prepare.json"
 
 
@@ -21,14 +23,6 @@ def _index_of_count(part: list[int]) -> list[int]:
 Part = Annotated[list[StrictInt], AfterValidator(_index_of_count)]   # prepare.json's and a manifest's `part`
 
 
-class PreparedTarget(BaseModel):
-    """prepare.json's `target`: the identity its tokens belong to (targets.identity; more keys kept)."""
-    model_config = ConfigDict(strict=True, extra="allow")
-    id: StrictStr | None = None
-    fingerprint: StrictStr | None = None
-    vocab_size: StrictInt | None = Field(None, ge=1)
-
-
 class Thinking(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     style: StrictStr | None = None
@@ -38,7 +32,7 @@ class Thinking(BaseModel):
 class PrepareRecord(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     source: StrictStr | None = None
-    target: PreparedTarget = PreparedTarget()
+    target: TargetIdentity = TargetIdentity()
     tokenizer: StrictStr | None = None
     chat_template_sha256: StrictStr | None = None
     chat_template_kwargs: dict | None = None
