@@ -119,7 +119,7 @@ OWNED_FILES = {"manifest.json", "prepare.json", "regen.jsonl", "questions.jsonl"
                "model.safetensors.index.json", run_layout.JOURNAL, run_layout.PROVENANCE, run_layout.REMAP, "val.json",
                "stages.json", ".specdraft.lock", ".journal.lock", ".exports.lock", "tokenizer.json", "tokenizer_config.json",
                "generation_config.json", "special_tokens_map.json"}
-# The kinds of folder a command writes, by the file that marks each (its first file is the one looked for),
+# The kinds of folder a command writes, by the files that mark each (any one of them),
 # and the commands that own the kind: an --out folder of another kind is refused before any work (`prepare
 # --out WS/hidden` wrote prepared data into a store). Checked in own_folder, which every folder writer holds.
 FOLDER_KINDS = (("prepared data", ("prepare.json",), {"prepare"}),
