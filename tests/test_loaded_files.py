@@ -647,7 +647,7 @@ def schema_readers(tmp: Path):
     from specdraft.analysis import evaluate, report
     from specdraft.data import prepared
     from specdraft.formats import card
-    from specdraft.schemas import inputs as I, prepare as P
+    from specdraft.schemas import inputs as I, plan, prepare as P
     from specdraft.train import inputs as train_inputs
 
     run = tmp / "run"
@@ -664,7 +664,8 @@ def schema_readers(tmp: Path):
             (inputs, I.InputsRecord, resume),
             (inputs, I.InputsRecord, lambda: card.training_inputs(run / "best")),
             (tmp / "data" / P.META, P.PrepareRecord, lambda: prepared.prepared_meta_of({"data": {"path": str(tmp / "data")}})),
-            (tmp / "data" / P.META, P.PrepareRecord, lambda: P.read_prepare_record(tmp / "data" / P.META))]
+            (tmp / "data" / P.META, P.PrepareRecord, lambda: P.read_prepare_record(tmp / "data" / P.META)),
+            (run / "plan.json", plan.PlanFile, lambda: report.plan_html(run))]
 
 
 def test_every_schema_reader_names_the_file_and_field_of_a_wrong_type(tmp_path):

@@ -283,9 +283,13 @@ def non_finite_field(data, where: str = "") -> tuple[str, float] | None:
 def read_model(path: str | os.PathLike, model, what: str, fix: str):
     """A JSON file read into a pydantic `model` (strict types, unknown fields ignored): the first
     field of the wrong type or missing is one line naming the file, the field and `fix`."""
+    return check_model(read_json(path, what), model, path, fix)
+
+
+def check_model(data: dict, model, path, fix: str):
+    """`data` (a JSON object read from `path`) validated into the pydantic `model`, as read_model does."""
     from pydantic import ValidationError
 
-    data = read_json(path, what)
     try:
         return model.model_validate(data)
     except ValidationError as e:

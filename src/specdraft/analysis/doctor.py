@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from specdraft import run_layout, vocab
 from specdraft.adapter import architecture
@@ -39,7 +38,7 @@ from specdraft.formats import card
 from specdraft.formats.checkpoints import load_checkpoint, resolve_checkpoint
 from specdraft.infer.bench import PROMPT_SETS, prompt_ids, read_prompts
 from specdraft.infer.costmodel import best_option, chain_options
-from specdraft.io import read_json, read_model, write_json
+from specdraft.io import read_json, write_json
 from specdraft.metrics import bucket_text, drafter_method, load_run, measured_buckets, tau_text
 from specdraft.progress import progress
 from specdraft.targets import final_norm, load_target, same_target
@@ -49,6 +48,7 @@ from specdraft.vocab import check_mapping
 from specdraft.watch import BaselineWatch, WatchConfig
 from specdraft.weights import read_weights
 from specdraft.schemas.exports import read_exports
+from specdraft.schemas.plan import PlanFile, read_plan
 
 REPORT_FILE = run_layout.DOCTOR   # RUN/doctor.json: the last diagnosis (the report shows it)
 
@@ -726,11 +726,17 @@ def settings_that_differ(config: dict, baseline: str | Path) -> dict:
             if k not in NOT_TRAINING_SETTINGS and config.get(k) != theirs.get(k)}
 
 
-class PlanTiming(BaseModel):
-    """What the doctor reads of RUN/plan.json (`specdraft plan --run RUN`)."""
-    model_config = ConfigDict(strict=True)
-    verify_ms: list[float] = Field(min_length=2)
-    draft_ms: float = Field(ge=0)
+def plan_timing(d: Doctor) -> PlanFile:
+    """RUN/plan.json (schemas/plan.py) with the measured costs round_cost needs: a verify curve of at least
+    two row counts and a draft step."""
+    path = d.run / run_layout.PLAN
+    plan = read_plan(path, d.run)
+    problem = ("field 'draft_ms' is missing (the draft step's ms)" if plan.draft_ms is None else
+               f"field 'verify_ms' is {plan.verify_ms} (a verify of at least 2 row counts)"
+               if len(plan.verify_ms) < 2 else None)
+    if problem:
+        raise SpecdraftError(f"{path}: {problem}; re-run `specdraft plan --run {d.run}` (it rewrites the file)")
+    return plan
 
 
 def check_round_cost(d: Doctor) -> Finding:
@@ -743,7 +749,7 @@ def check_round_cost(d: Doctor) -> Finding:
     if not chosen or not plan_file.is_file():
         return Finding("round_cost", False, {"skipped": "needs RUN/exports.json (the served K) and RUN/plan.json "
                                                         "(measured costs: specdraft plan --run RUN)"})
-    timing = read_model(plan_file, PlanTiming, "plan", f"re-run `specdraft plan --run {d.run}` (it rewrites the file)")
+    timing = plan_timing(d)
     k = int(chosen[-1])
     rates = rates_of(d.measured, d.steps)
     options = chain_options(rates, timing.verify_ms, timing.draft_ms, max(k, len(timing.verify_ms) - 1))
@@ -853,9 +859,8 @@ def check_typed_inputs(d: Doctor) -> None:
     in any is refused in one line naming the file and the field, before any check runs."""
     d.config
     read_exports(d.run)
-    plan_file = d.run / run_layout.PLAN
-    if plan_file.is_file():
-        read_model(plan_file, PlanTiming, "plan", f"re-run `specdraft plan --run {d.run}` (it rewrites the file)")
+    if (d.run / run_layout.PLAN).is_file():
+        plan_timing(d)
 
 
 def rank(f: Finding) -> tuple:

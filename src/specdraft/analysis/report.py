@@ -27,9 +27,10 @@ from specdraft.families import DEFAULT, family, family_of
 from specdraft.formats import card
 from specdraft import kernels
 from specdraft.infer.bench import why_not_faster
-from specdraft.io import atomic_path, check_fields
+from specdraft.io import atomic_path, check_fields, check_model
 from specdraft.schemas.exports import read_exports
 from specdraft.schemas.inputs import INPUTS_FILE, read_inputs
+from specdraft.schemas.plan import PlanFile
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
@@ -75,14 +76,6 @@ EVAL_FIELDS = {"cond_acc": list, "cond_acc.*": NUMBER, "full_acc": list, "full_a
                "accept_len_by_k": list, "accept_len_by_k.*": NUMBER, "accept_len": NUMBER, "split": str,
                "drafter": str, "by_context": dict}
 RESULT_FIELDS = {"verdict": str, "best": dict, "best.k": int, "best.tokens_per_s": NUMBER}   # probe-*
-PLAN_FIELDS = {"best": dict, "best.k": int, "best.tokens_per_s": NUMBER, "best.speedup": NUMBER,
-               "best.tokens_per_cycle": NUMBER, "options": list, "options.*": dict, "options.*.k": int,
-               "options.*.tokens_per_cycle": NUMBER, "options.*.cycle_ms": NUMBER, "options.*.tokens_per_s": NUMBER,
-               "options.*.speedup": NUMBER, "options.*.draft_share": NUMBER, "options.*.verify_share": NUMBER,
-               "verify_ms": list, "verify_ms.*": NUMBER, "draft_ms": NUMBER, "accept": dict, "accept.source": str,
-               "accept.cond_acc": list, "accept.cond_acc.*": NUMBER, "timing": dict, "timing.floor": dict,
-               "timing.floor.weight_mb": NUMBER, "timing.floor.bandwidth_gbs": NUMBER,
-               "timing.floor.floor_ms": NUMBER, "warnings": list, "warnings.*": str}
 STAGES_FIELDS = {"*": dict, "*.seconds": NUMBER, "*.command": str}
 CONFIG_FIELDS = {"store": (str, list), "data": str, "model": str}   # store: a list for a run over parts
 MANIFEST_FIELDS = {"num_samples": int, "num_tokens": int}
@@ -451,7 +444,10 @@ def plan_html(run: Path) -> str:
     path = plan_file(run)
     if path is None:
         return ""
-    data = read_json(path, PLAN_FIELDS)
+    data = read_json(path)
+    if isinstance(data, dict):          # broken JSON is shown as such; a wrong type is one line (schemas/plan.py)
+        data = check_model(data, PlanFile, path, "fix or delete that file, then re-run report").model_dump(
+            exclude_unset=True)
     if not isinstance(data, dict) or not isinstance(data.get("best"), dict):
         return f"<h3>Plan ({esc(path)})</h3><p class=meta>not valid JSON or no best K, skipped</p>"
     best, accept = data["best"], data.get("accept") if isinstance(data.get("accept"), dict) else {}
