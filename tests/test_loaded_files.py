@@ -421,8 +421,6 @@ def readers(tmp: Path):
     run = tmp / "run"
     (run / "best").mkdir(parents=True, exist_ok=True)
     return [
-        ("report bench.json", report.BENCH_FIELDS, run / "bench.json", as_json, report.headline_html, run),
-        ("report eval.json", report.EVAL_FIELDS, run / "eval.json", as_json, report.eval_html, run),
         ("report probe result", report.RESULT_FIELDS, run / "probe.json", as_json, report.results_html, run),
         ("report config.yaml", report.CONFIG_FIELDS, run / "config.yaml", as_yaml, report.run_config, run),
         ("eval config.yaml", evaluate.RUN_CONFIG_FIELDS, run / "config.yaml", as_yaml, evaluate.run_config_of,
@@ -464,7 +462,7 @@ def test_every_side_file_reader_names_the_file_and_field_of_a_wrong_type(tmp_pat
             assert json.dumps(wrong)[:20] in message or isinstance(wrong, (list, dict)), message
             checked += 1
         path.unlink()
-    assert checked >= 35      # inputs.json's 10 fields moved to its pydantic schema: the schema test checks them
+    assert checked >= 10      # bench.json's, eval.json's and inputs.json's fields moved to their pydantic schemas
 
 
 def test_report_with_a_wrongly_typed_bench_json_is_one_line(ws, monkeypatch, capsys):
@@ -474,7 +472,7 @@ def test_report_with_a_wrongly_typed_bench_json_is_one_line(ws, monkeypatch, cap
                                            '"full_acc_0": 0.5}\n')
         (run / "bench.json").write_text(json.dumps({"config": [1], "methods": {}}))
         return ["report", run], run
-    check_refusal(ws, monkeypatch, capsys, build, "bench.json: field 'config' is list, expected an object")
+    check_refusal(ws, monkeypatch, capsys, build, "bench.json: field 'config' is [1] (input should be a valid dictionary")
 
 
 # ----------------------------------------------------------------------------- typed reading, round 3 part 3 (issue 25)
@@ -633,11 +631,39 @@ def test_exports_json_has_one_typed_reader(tmp_path, field, wrong):
             read(run)
 
 
-def wrong_value(annotation) -> object:
-    """A JSON value of another type than a schema field's (a string for numbers, lists and objects; a number
-    for strings)."""
-    text = str(annotation)
-    return 5 if "str" in text and not any(k in text for k in ("int", "list", "dict", "Identity", "Thinking")) else "x"
+def wrong_value(model, field: str) -> object:
+    """A JSON value the schema refuses at `field` (the first of a number, a string, a list, an object, a bool)."""
+    from pydantic import ValidationError
+
+    for candidate in (5, "x", [1], {"a": 1}, True):
+        try:
+            model.model_validate({field: candidate})
+        except ValidationError:
+            return candidate
+    raise AssertionError(f"{model.__name__}.{field} takes any JSON value")
+
+
+def wrong_documents(model, prefix: str = ""):
+    """(dotted field, a document holding a wrong value there) for every field of a schema and of the models
+    nested in it (a field that is a model, or a dict or list of models: entry 'x' or item 0)."""
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    for field, info in model.model_fields.items():
+        name = f"{prefix}{field}"
+        yield name, {field: wrong_value(model, field)}
+        union = typing.get_origin(info.annotation) in (typing.Union, types.UnionType)
+        args = [a for a in (typing.get_args(info.annotation) if union else (info.annotation,)) if a is not type(None)]
+        for arg in args:
+            inner = typing.get_args(arg)
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                yield from ((f, {field: d}) for f, d in wrong_documents(arg, f"{name}."))
+            elif typing.get_origin(arg) is dict and isinstance(inner[-1], type) and issubclass(inner[-1], BaseModel):
+                yield from ((f, {field: {"x": d}}) for f, d in wrong_documents(inner[-1], f"{name}.x."))
+            elif typing.get_origin(arg) is list and isinstance(inner[0], type) and issubclass(inner[0], BaseModel):
+                yield from ((f, {field: [d]}) for f, d in wrong_documents(inner[0], f"{name}.0."))
 
 
 def schema_readers(tmp: Path):
@@ -647,7 +673,7 @@ def schema_readers(tmp: Path):
     from specdraft.analysis import evaluate, report
     from specdraft.data import prepared
     from specdraft.formats import card
-    from specdraft.schemas import inputs as I, plan, prepare as P
+    from specdraft.schemas import bench, eval as eval_schema, inputs as I, plan, prepare as P
     from specdraft.train import inputs as train_inputs
 
     run = tmp / "run"
@@ -665,12 +691,17 @@ def schema_readers(tmp: Path):
             (inputs, I.InputsRecord, lambda: card.training_inputs(run / "best")),
             (tmp / "data" / P.META, P.PrepareRecord, lambda: prepared.prepared_meta_of({"data": {"path": str(tmp / "data")}})),
             (tmp / "data" / P.META, P.PrepareRecord, lambda: P.read_prepare_record(tmp / "data" / P.META)),
-            (run / "plan.json", plan.PlanFile, lambda: report.plan_html(run))]
+            (run / "plan.json", plan.PlanFile, lambda: report.plan_html(run)),
+            (run / "bench.json", bench.BenchFile, lambda: report.headline_html(run)),
+            (run / "bench.json", bench.BenchFile, lambda: report.bench_html(run)),
+            (run / "bench_natural.json", bench.BenchFile, lambda: card.tau_measurements(run)),
+            (run / "eval.json", eval_schema.EvalFile, lambda: report.eval_html(run)),
+            (run / "eval.json", eval_schema.EvalFile, lambda: card.tau_measurements(run))]
 
 
 def test_every_schema_reader_names_the_file_and_field_of_a_wrong_type(tmp_path):
-    """Generated from each pydantic schema in specdraft/schemas: every top-level field given a value of another type
-    is one line naming the file and the field, in every reader of that file (issue 58: one schema per file, and
+    """Generated from each pydantic schema in specdraft/schemas: every field (nested ones too) given a value of
+    another type is one line naming the file and the field, in every reader of that file (issue 58: one schema per file, and
     the readers that went around it, such as the model card's, now go through it)."""
     from specdraft.errors import SpecdraftError
 
@@ -679,13 +710,14 @@ def test_every_schema_reader_names_the_file_and_field_of_a_wrong_type(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
         read()                                                          # every field optional: {} reads
-        for field, info in model.model_fields.items():
-            path.write_text(json.dumps({field: wrong_value(info.annotation)}))
+        for field, doc in wrong_documents(model):
+            path.write_text(json.dumps(doc))
             with pytest.raises(SpecdraftError) as e:
                 read()
-            assert str(e.value).startswith(f"{path}: field '{field}") and "\n" not in str(e.value), str(e.value)
+            assert str(e.value).startswith(f"{path}: field '{field}'") and "\n" not in str(e.value), str(e.value)
             checked += 1
-    assert checked >= 40
+        path.unlink()                                                   # the next reader may read it too
+    assert checked >= 100
 
 
 def test_each_schema_file_has_one_schema_in_the_code():
@@ -693,11 +725,13 @@ def test_each_schema_file_has_one_schema_in_the_code():
     only one of the files in specdraft/schemas holds is a second schema of that file."""
     import re
 
-    from specdraft.schemas import exports, inputs, prepare
+    from specdraft.schemas import bench, eval as eval_schema, exports, inputs, plan, prepare
 
-    own = {"data_fingerprint", "store_format", "chat_template_sha256", "num_speculative_tokens"}
-    fields = set(inputs.InputsRecord.model_fields) | set(prepare.PrepareRecord.model_fields) | \
-        set(exports.ExportEntry.model_fields)
+    own = {"data_fingerprint", "store_format", "chat_template_sha256", "num_speculative_tokens", "speedup_over_plain",
+           "per_position_accept", "accept_len_by_k", "cond_acc", "verify_ms", "tokens_per_cycle"}
+    fields = set().union(*(m.model_fields for m in (inputs.InputsRecord, prepare.PrepareRecord, exports.ExportEntry,
+                                                    bench.MethodResult, eval_schema.EvalFile, plan.PlanFile,
+                                                    plan.Option)))
     assert own <= fields
     src = Path(__file__).resolve().parents[1] / "src" / "specdraft"
     found = []
@@ -705,7 +739,7 @@ def test_each_schema_file_has_one_schema_in_the_code():
         if path.parent.name == "schemas":
             continue
         for name in own:
-            if re.search(rf'"{name}"\s*:\s*\(?\s*(str|int|float|dict|list|bool|NUMBER)\b', path.read_text()):
+            if re.search(rf'"{name}"\s*:\s*\(?\s*(str|int|float|dict|list|bool|NUMBER)\b(?!\s*\()', path.read_text()):
                 found.append(f"{path.relative_to(src)}: {name}")
     assert not found, found
 

@@ -286,6 +286,9 @@ def read_model(path: str | os.PathLike, model, what: str, fix: str):
     return check_model(read_json(path, what), model, path, fix)
 
 
+UNION_TAGS = {"int", "float", "str", "bool"}    # the member of a union that pydantic names in an error's place
+
+
 def check_model(data: dict, model, path, fix: str):
     """`data` (a JSON object read from `path`) validated into the pydantic `model`, as read_model does."""
     from pydantic import ValidationError
@@ -294,7 +297,8 @@ def check_model(data: dict, model, path, fix: str):
         return model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        field = ".".join(map(str, err["loc"])) or "(top)"
+        loc = [part for part in err["loc"] if part not in UNION_TAGS]        # k: int | str -> 'k', not 'k.int'
+        field = ".".join(map(str, loc)) or "(top)"
         given = "missing" if err["type"] == "missing" else f"{json.dumps(err['input'], default=str)[:80]}"
         raise SpecdraftError(f"{path}: field '{field}' is {given} ({err['msg'].lower()}); {fix}") from None
 

@@ -29,6 +29,8 @@ from rich.text import Text
 from specdraft import run_layout
 from specdraft.data import mixture as mixtures
 from specdraft.data.conversations import source_kind
+from specdraft.schemas import typed_json
+from specdraft.schemas.bench import BenchFile
 from specdraft.schemas.exports import read_exports
 from specdraft.schemas.prepare import read_prepare_record
 from specdraft.templates import parse_template_kwargs
@@ -296,13 +298,13 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
                         "--rounds", str(recipe.bench_rounds), "--datastore", str(ws / "data"),
                         "--out", str(run / run_layout.BENCH), *template_args(recipe),
                         *([] if recipe.draft_stop == "off" else ["--draft-stop", str(recipe.draft_stop)])], log)
-    bench = json.loads((run / run_layout.BENCH).read_text())
+    bench = read_bench(run / run_layout.BENCH)
     k = served_k(bench)                        # this machine's K (-k auto), said beside the export's
     export = ws / "export" / "speculators"     # at the drafter's own K (its TTT steps), not this machine's choice
     run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(export)], log)
     bench_natural(console, model, drafter, run, recipe, exported_k(run, export), log, ws / "data",
                   tree=recipe.bench_tree or verify_is_flat(bench))
-    natural = json.loads((run / run_layout.BENCH_NATURAL).read_text())
+    natural = read_bench(run / run_layout.BENCH_NATURAL)
     served = bench_vllm(console, model, export, run, recipe, log) if recipe.bench_vllm else None
     doctor_line = diagnose_low_tau(model, ws, run, natural, log)     # before the report, which shows it
     run_stage(console, ["report", str(run)], log)     # -> RUN/report.html
@@ -413,6 +415,15 @@ def check_finished_stages(ws: Path, recipe: Recipe, data: str) -> None:
             raise SpecdraftError(f"{vocab_file}: draft_vocab_size is {size}, but this recipe asks for "
                                  f"{recipe.draft_vocab} and would reuse it; set recipe: draft_vocab: {size} in "
                                  f"{recipe.path} to continue this workspace, or pass another --workspace")
+
+
+def read_bench(path: Path) -> dict:
+    """A bench report a stage of this recipe wrote, through its schema (schemas/bench.py)."""
+    data = typed_json(path, BenchFile, "re-run the recipe (its bench stage rewrites the file)")
+    if not isinstance(data, dict):
+        raise SpecdraftError(f"{path}: {'missing' if data is None else 'not a JSON object'}; re-run the recipe "
+                             "(its bench stage rewrites the file)")
+    return data
 
 
 def served_k(bench: dict) -> int | None:
@@ -586,7 +597,7 @@ def hybrid_line(run: Path) -> str | None:
     """The natural set's τ of hybrid (drafter + n-gram, one verify) beside n-gram's, as its own line:
     a headline beside the drafter's, never in its place (no serving engine runs hybrid yet)."""
     path = run / run_layout.BENCH_NATURAL
-    report = json.loads(path.read_text()) if path.is_file() else {}
+    report = read_bench(path) if path.is_file() else {}
     methods, cfg = report.get("methods") or {}, report.get("config") or {}
     if "hybrid" not in methods:
         return None

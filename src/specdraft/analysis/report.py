@@ -30,6 +30,9 @@ from specdraft.infer.bench import why_not_faster
 from specdraft.io import atomic_path, check_fields, check_model
 from specdraft.schemas.exports import read_exports
 from specdraft.schemas.inputs import INPUTS_FILE, read_inputs
+from specdraft.schemas import typed_json
+from specdraft.schemas.bench import BenchFile
+from specdraft.schemas.eval import EvalFile
 from specdraft.schemas.plan import PlanFile
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -65,16 +68,7 @@ def image_html(png: Path, alt: str) -> str:
 # The fields the report reads from each side file of a run, and their types (io.check_fields): a
 # wrong type is one line naming the file and the field, not a traceback deep in the HTML.
 NUMBER = (int, float)
-BENCH_FIELDS = {"config": dict, "config.num_prompts": int, "config.prompts": str, "config.k": (int, str),
-                "config.device": str, "config.model": str, "config.max_new_tokens": int, "config.dtype": str,
-                "methods": dict, "methods.*": dict, "methods.*.tokens_per_s": NUMBER, "methods.*.speedup": NUMBER,
-                "methods.*.speedup_over_plain": NUMBER, "methods.*.accept_len": NUMBER,
-                "methods.*.per_position_accept": list, "methods.*.per_position_accept.*": NUMBER,
-                "methods.*.identical_to_greedy": bool, "methods.*.prompts_identical": int,
-                "methods.*.by_context": dict}
-EVAL_FIELDS = {"cond_acc": list, "cond_acc.*": NUMBER, "full_acc": list, "full_acc.*": NUMBER,
-               "accept_len_by_k": list, "accept_len_by_k.*": NUMBER, "accept_len": NUMBER, "split": str,
-               "drafter": str, "by_context": dict}
+FIX = "fix or delete that file, then re-run report"
 RESULT_FIELDS = {"verdict": str, "best": dict, "best.k": int, "best.tokens_per_s": NUMBER}   # probe-*
 STAGES_FIELDS = {"*": dict, "*.seconds": NUMBER, "*.command": str}
 CONFIG_FIELDS = {"store": (str, list), "data": str, "model": str}   # store: a list for a run over parts
@@ -186,9 +180,9 @@ def duration(seconds: float) -> str:
 def headline_html(run: Path) -> str:
     """The answer first: τ, speed against plain decoding (the natural bench, as the headline; served in vLLM
     where bench --engine vllm ran), lossless or not, how much data, how long."""
-    natural = read_json(run / run_layout.BENCH_NATURAL, BENCH_FIELDS)
-    read_json(run / run_layout.EVAL, EVAL_FIELDS)                               # types checked
-    held_out = read_json(run / run_layout.BENCH, BENCH_FIELDS)
+    natural = typed_json(run / run_layout.BENCH_NATURAL, BenchFile, FIX)
+    typed_json(run / run_layout.EVAL, EvalFile, FIX)                               # types checked
+    held_out = typed_json(run / run_layout.BENCH, BenchFile, FIX)
     bench = natural if metrics.drafter_method(natural)[1] else held_out
     drafter = metrics.drafter_method(bench)[1]          # the drafter's chain, whatever its family
     cfg = (bench.get("config") or {}) if isinstance(bench, dict) else {}
@@ -245,7 +239,7 @@ def doctor_html(run: Path) -> str:
 
 
 def bench_html(run: Path) -> str:
-    bench = read_json(run / run_layout.BENCH, BENCH_FIELDS)
+    bench = typed_json(run / run_layout.BENCH, BenchFile, FIX)
     if bench is None:
         return ""
     if not isinstance(bench, dict) or not isinstance(bench.get("methods"), dict):
@@ -271,7 +265,7 @@ def bench_html(run: Path) -> str:
 def eval_html(run: Path) -> str:
     parts = []
     for f in sorted(run.glob("eval*.json")):
-        ev = read_json(f, EVAL_FIELDS)
+        ev = typed_json(f, EvalFile, FIX)
         if not isinstance(ev, dict) or not isinstance(ev.get("cond_acc"), list):
             parts.append(f"<h3>{esc(f.name)}</h3><p class=meta>not valid JSON, skipped</p>")
             continue
@@ -291,14 +285,14 @@ def context_series(run: Path) -> list[tuple[str, dict, str]]:
     chain of each bench*.json, each eval*.json."""
     series = []
     for f in sorted(run.glob("bench*.json")):
-        bench = read_json(f, BENCH_FIELDS)
+        bench = typed_json(f, BenchFile, FIX)
         name, result = metrics.drafter_method(bench) if isinstance(bench, dict) else ("", {})
         if metrics.measured_buckets(result.get("by_context")):
             cfg = bench.get("config") or {}
             series.append((f"{f.stem} {name}", result["by_context"],
                            metrics.by_context_text(result["by_context"], cfg.get("prompts"), cfg.get("num_prompts"))))
     for f in sorted(run.glob("eval*.json")):
-        ev = read_json(f, EVAL_FIELDS)
+        ev = typed_json(f, EvalFile, FIX)
         if isinstance(ev, dict) and metrics.measured_buckets(ev.get("by_context")):
             series.append((f.stem, ev["by_context"], metrics.by_context_text(
                 ev["by_context"], ev.get("split_name") or "held-out", ev.get("samples"))))
@@ -446,8 +440,7 @@ def plan_html(run: Path) -> str:
         return ""
     data = read_json(path)
     if isinstance(data, dict):          # broken JSON is shown as such; a wrong type is one line (schemas/plan.py)
-        data = check_model(data, PlanFile, path, "fix or delete that file, then re-run report").model_dump(
-            exclude_unset=True)
+        data = check_model(data, PlanFile, path, FIX).model_dump(exclude_unset=True)
     if not isinstance(data, dict) or not isinstance(data.get("best"), dict):
         return f"<h3>Plan ({esc(path)})</h3><p class=meta>not valid JSON or no best K, skipped</p>"
     best, accept = data["best"], data.get("accept") if isinstance(data.get("accept"), dict) else {}

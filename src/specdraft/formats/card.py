@@ -17,6 +17,9 @@ from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT, Family, family, family_of, layout
 from specdraft.io import write_json
 from specdraft.metrics import drafter_method, tau_source, tau_text
+from specdraft.schemas import typed_json
+from specdraft.schemas.bench import BenchFile
+from specdraft.schemas.eval import EvalFile
 from specdraft.schemas.exports import EXPORTS_FILE, ExportEntry
 
 UNKNOWN = "unknown"
@@ -49,6 +52,12 @@ def _inputs(ckpt: Path) -> dict:
     from specdraft.schemas.inputs import INPUTS_FILE, read_inputs
 
     return read_inputs(Path(ckpt) / INPUTS_FILE, f"fix or delete it (the record of {ckpt}'s training data)")
+
+
+def _typed(path: Path, model) -> dict:
+    """A run's result file through its schema (a wrong type is one line); {} where it is absent or no JSON object."""
+    data = typed_json(path, model, "fix or delete that file (a result the model card reads), then export again")
+    return data if isinstance(data, dict) else {}
 
 
 def _yaml(path: Path) -> dict:
@@ -161,7 +170,7 @@ def tau_measurements(run: Path) -> list[dict]:
     card's headline read this one list."""
     out = []
     for name in (run_layout.BENCH_NATURAL, run_layout.BENCH):
-        bench = _json(run / name)
+        bench = _typed(run / name, BenchFile)
         method, m = drafter_method(bench)
         cfg = bench.get("config") if isinstance(bench.get("config"), dict) else {}
         if _number(m.get("accept_len")) and isinstance(cfg.get("k"), int):
@@ -169,7 +178,7 @@ def tau_measurements(run: Path) -> list[dict]:
                         "count": cfg.get("num_prompts"), "source": f"bench {method} ({name})",
                         "speedup": m.get("speedup") if _number(m.get("speedup")) else None,
                         "over_plain": m.get("speedup_over_plain") if _number(m.get("speedup_over_plain")) else None})
-    ev = _json(run / run_layout.EVAL)
+    ev = _typed(run / run_layout.EVAL, EvalFile)
     by_k = ev.get("accept_len_by_k") if isinstance(ev.get("accept_len_by_k"), list) else []
     split = "all" if str(ev.get("split", "")).startswith("all") else "held-out"
     count = ev.get("samples") if isinstance(ev.get("samples"), int) else None

@@ -12,3 +12,24 @@ class TargetIdentity(BaseModel):
     fingerprint: StrictStr | None = None
     vocab_size: StrictInt | None = Field(None, ge=1)
 
+
+
+def typed_json(path, model, fix: str):
+    """A side file a report shows whatever state it is in: None where it is absent, "invalid" where it is no JSON
+    object, else its content checked against `model` (a wrong type is one line naming the file and the field),
+    as a dict of what it holds."""
+    import json
+    from pathlib import Path
+
+    from specdraft.io import check_model
+
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return "invalid"
+    if not isinstance(data, dict):
+        return "invalid"
+    return check_model(data, model, path, fix).model_dump(exclude_unset=True)

@@ -13,7 +13,7 @@ Number = float     # strict: an int is taken, a bool or a string is not
 class Option(BaseModel):
     """One K the cost model ranked (costmodel.ChainOption)."""
     model_config = ConfigDict(strict=True, extra="allow")
-    k: StrictInt = Field(ge=0)
+    k: StrictInt | None = Field(None, ge=0)
     tokens_per_cycle: Number | None = None
     cycle_ms: Number | None = None
     tokens_per_s: Number | None = None
