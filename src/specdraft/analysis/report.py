@@ -27,10 +27,10 @@ from specdraft.families import DEFAULT, family, family_of
 from specdraft.formats import card
 from specdraft import kernels
 from specdraft.infer.bench import why_not_faster
-from specdraft.io import atomic_path, check_fields, check_model
+from specdraft.io import atomic_path, check_fields
 from specdraft.schemas.exports import read_exports
 from specdraft.schemas.inputs import INPUTS_FILE, read_inputs
-from specdraft.schemas import typed_json
+from specdraft.schemas import raw_json, typed_json
 from specdraft.schemas.bench import BenchFile
 from specdraft.schemas.eval import EvalFile
 from specdraft.schemas.plan import PlanFile
@@ -78,12 +78,7 @@ MANIFEST_FIELDS = {"num_samples": int, "num_tokens": int}
 def read_json(path: Path, fields: dict | None = None):
     """The file's JSON; None when absent; the string "invalid" when it cannot be read as JSON. With
     `fields`, an object whose fields have the wrong types is refused in one line."""
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return "invalid"
+    data = raw_json(path)
     if fields and isinstance(data, dict):
         check_fields(data, fields, path, "fix or delete that file, then re-run report")
     return data
@@ -438,9 +433,7 @@ def plan_html(run: Path) -> str:
     path = plan_file(run)
     if path is None:
         return ""
-    data = read_json(path)
-    if isinstance(data, dict):          # broken JSON is shown as such; a wrong type is one line (schemas/plan.py)
-        data = check_model(data, PlanFile, path, FIX).model_dump(exclude_unset=True)
+    data = typed_json(path, PlanFile, FIX)   # broken JSON is shown as such; a wrong type is one line
     if not isinstance(data, dict) or not isinstance(data.get("best"), dict):
         return f"<h3>Plan ({esc(path)})</h3><p class=meta>not valid JSON or no best K, skipped</p>"
     best, accept = data["best"], data.get("accept") if isinstance(data.get("accept"), dict) else {}

@@ -14,22 +14,27 @@ class TargetIdentity(BaseModel):
 
 
 
-def typed_json(path, model, fix: str):
-    """A side file a report shows whatever state it is in: None where it is absent, "invalid" where it is no JSON
-    object, else its content checked against `model` (a wrong type is one line naming the file and the field),
-    as a dict of what it holds."""
+def raw_json(path):
+    """None where `path` is absent, "invalid" where it holds no JSON, else what it holds."""
     import json
     from pathlib import Path
-
-    from specdraft.io import check_model
 
     path = Path(path)
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         return "invalid"
-    if not isinstance(data, dict):
-        return "invalid"
+
+
+def typed_json(path, model, fix: str):
+    """A side file a report shows whatever state it is in: None where it is absent, "invalid" where it is no JSON
+    object, else its content checked against `model` (a wrong type is one line naming the file and the field),
+    as a dict of what it holds."""
+    from specdraft.io import check_model
+
+    data = raw_json(path)
+    if data is None or not isinstance(data, dict):
+        return data if data is None else "invalid"
     return check_model(data, model, path, fix).model_dump(exclude_unset=True)
