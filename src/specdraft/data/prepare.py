@@ -232,7 +232,8 @@ def with_self_written(src: Source, target, out: Path, chat: Chat, seed: int, bat
     """The conversations, the ones the target writes itself (self:N, a mixture's self part) included; the
     budget's `deadline` bounds the writing."""
     if src.kind == "self":
-        count = min(src.question_count or limit or 256, limit or src.question_count or 256)   # never past --limit
+        count = src.question_count or limit or 256
+        count = min(count, limit) if limit else count          # never past --limit
         return self_written(target, count, out, chat, seed, batch_size, console, deadline)
     if src.mixture:
         if src.self_count:
@@ -360,28 +361,27 @@ def regenerate_in_rounds(job: Answering, source: str, split: str, dedup: bool, l
     --limit (R = ROUND_BATCHES x --batch-size), each round answering only those the last did not
     hold (every part draws a prefix of one seeded order, so a round's conversations hold the last
     round's), while the time left of the budget counted from `started` fits one more batch at the last
-    round's pace (next_round_size: the last round may be smaller). Returns the last round's (conversations answered, records read, source read) and the
-    regeneration record."""
+    round's pace (next_round_size: the last round may be smaller), and the source holds more. Returns the last
+    round's (conversations answered, records read, source read) and the regeneration record."""
     from specdraft.data.regenerate import answer_engine
 
     answered: dict[str, Conversation] = {}
-    totals, follow, seconds, last, record_limit = {}, {}, [], None, limit
-    step, size = ROUND_BATCHES * job.batch_size, 0
+    totals, follow, seconds, last, source_ended = {}, {}, [], None, False
+    step, size, deadline = ROUND_BATCHES * job.batch_size, 0, started + minutes * 60
     with answer_engine(job.engine_name, job.target, job.settings, job.chat.end_ids, job.opts) as answer:
-        while size < limit:
-            reach = next_round_size(size, step, limit, last, minutes * 60 - (time.perf_counter() - started),
-                                    job.batch_size)
+        while size < limit and not source_ended:
+            reach = next_round_size(size, step, limit, last, deadline - time.perf_counter(), job.batch_size)
             if reach is None:
                 break
             size = reach
             round_started = time.perf_counter()
             src = read_source(source, split, job.settings.seed, size, True, job.follow_ups)
             read = with_self_written(src, job.target, job.out, job.chat, job.settings.seed, job.batch_size,
-                                     size, job.console, started + minutes * 60)
+                                     size, job.console, deadline)
             dropped.update(dict.fromkeys(dropped, 0))      # the last round's input is what prepare.json counts
             if len(read) < size:      # the source holds fewer (all of it this round), or the budget ran out writing
-                size = len(read)      # self:N questions (the rounds stop there)
-                limit = size if time.perf_counter() - started < minutes * 60 else limit
+                size = len(read)      # self:N questions (the next round's size is None: no time left)
+                source_ended = time.perf_counter() < deadline
             conversations = regeneration_input(read, dedup, size, None, dropped)
             new = [c for c in conversations if identity(c) not in answered]
             done, stats, second = answer_all(job, answer, new)
@@ -392,9 +392,9 @@ def regenerate_in_rounds(job: Answering, source: str, split: str, dedup: bool, l
             seconds.append(round(took, 1))
             last = (took, len(new))
     record = regeneration_record(job, totals, follow)
-    record["budget"] = {"minutes": minutes, "limit": record_limit, "reached": size, "rounds": len(seconds),
+    record["budget"] = {"minutes": minutes, "limit": limit, "reached": size, "rounds": len(seconds),
                         "round_seconds": seconds,
-                        "stopped": "budget" if size < limit else "limit" if limit == record_limit else "source"}
+                        "stopped": "source" if source_ended else "limit" if size == limit else "budget"}
     return [answered[identity(c)] for c in conversations], len(read), src, record
 
 
