@@ -199,6 +199,16 @@ def cache_file(key: str) -> Path:
     return cache_dir() / "kernels" / f"{key}.json"
 
 
+def within_budget(items, budget_s: float):
+    """`items` in order while `budget_s` seconds have not passed since the first (which always comes): the
+    timing loops of kernel_table and faster_dtype, bounded so a new target's first forward waits seconds."""
+    started = time.perf_counter()
+    for i, item in enumerate(items):
+        if i and time.perf_counter() - started > budget_s:
+            return
+        yield item
+
+
 KERNEL_BUDGET_S = 20.0          # kernel timing per process at most: a new target's first forward waits no longer
 
 
@@ -222,17 +232,17 @@ def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer:
             print(f"kernel paths: timing F.linear vs mm(W, x^T) for {len(missing)} Linear shape(s) on this machine "
                   f"({dtype}; once, cached in {cache_file(key)})", file=sys.stderr, flush=True)
         measure = timer or (lambda shape, n: time_paths(shape, n, dtype))
-        started = time.perf_counter()
-        for i, shape in enumerate(sorted(missing, key=lambda s: -s[0] * s[1])):
-            spent = time.perf_counter() - started
-            if i and spent > budget_s:
-                print(f"kernel paths: {i} of {len(missing)} shape(s) timed in {spent:.0f} s; the other {len(missing) - i} "
-                      "run F.linear in this process and are timed by the next", file=sys.stderr, flush=True)
-                break
+        started, timed = time.perf_counter(), 0
+        for shape in within_budget(sorted(missing, key=lambda s: -s[0] * s[1]), budget_s):
             table.timings[shape_name(shape)] = {str(n): measure(shape, n) for n in rows}
+            timed += 1
             if timer is None:
-                print(f"kernel paths: {i + 1}/{len(missing)} shape(s) timed, {time.perf_counter() - started:.0f} s",
+                print(f"kernel paths: {timed}/{len(missing)} shape(s) timed, {time.perf_counter() - started:.0f} s",
                       file=sys.stderr, flush=True)
+        if timed < len(missing):
+            print(f"kernel paths: {timed} of {len(missing)} shape(s) timed in {time.perf_counter() - started:.0f} s; "
+                  f"the other {len(missing) - timed} run F.linear in this process and are timed by the next",
+                  file=sys.stderr, flush=True)
         write_cache(cache_file(key), table.to_dict())
     return table
 
@@ -338,9 +348,7 @@ def faster_dtype(shapes: dict[Shape, int], rows: int, candidates: tuple[str, ...
                   f"{budget_s:.0f} s, once, cached in {path})", file=sys.stderr, flush=True)
         measure = timer or (lambda shape, n, dtype: time_paths(shape, n, dtype, paths=("linear",))["linear"])
         ms, timed, started = dict.fromkeys(candidates, 0.0), 0, time.perf_counter()
-        for shape, count in sorted(shapes.items(), key=lambda sc: -sc[1] * sc[0][0] * sc[0][1]):
-            if timed and time.perf_counter() - started > budget_s:
-                break
+        for shape, count in within_budget(sorted(shapes.items(), key=lambda sc: -sc[1] * sc[0][0] * sc[0][1]), budget_s):
             for c in candidates:
                 ms[c] += count * measure(shape, rows, getattr(torch, c))
             timed += 1
