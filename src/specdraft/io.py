@@ -127,6 +127,7 @@ FOLDER_KINDS = (("prepared data", ("prepare.json",), {"prepare"}),
                 ("a training run", (run_layout.METRICS, run_layout.CONFIG), {"train"}),
                 ("a recipe workspace", ("stages.json", "recipe.log"), {"recipe"}),
                 ("a drafter or model folder", ("config.json",), {"export", "import"}))
+FOLDER_WRITERS = {command for _, _, owners in FOLDER_KINDS for command in owners}
 
 
 def folder_kind(path: Path) -> tuple[str, set[str]] | None:
@@ -140,8 +141,7 @@ def folder_kind(path: Path) -> tuple[str, set[str]] | None:
 def check_folder_kind(path: Path, command: str) -> None:
     """Refuse `command` writing into a folder that another command wrote (its files would mix with ours)."""
     found = folder_kind(path) if path.is_dir() else None
-    if found is not None and command in {c for _, _, owners in FOLDER_KINDS for c in owners} \
-            and command not in found[1]:
+    if found is not None and command in FOLDER_WRITERS and command not in found[1]:
         writers = " or ".join(f"`specdraft {c}`" for c in sorted(found[1]))
         raise SpecdraftError(f"--out {path}: holds {found[0]}, which {writers} writes, and {command} would write its "
                              "own files among them; choose another --out (a new folder)")

@@ -183,7 +183,7 @@ def given_max_length(meta: dict) -> int | None:
 
 def prepare_args(model: str, data: str, recipe: Recipe, engine: str, out: Path) -> list[str]:
     """The recipe's prepare command (recipe_max_length: long rows keep long conversations)."""
-    longer = ["--max-length", str(recipe_max_length(recipe))] if recipe_max_length(recipe) else []
+    longer = ["--max-length", str(length)] if (length := recipe_max_length(recipe)) else []
     return ["prepare", "--model", model, "--conversations", data, "--regenerate",
             "--limit", str(recipe.samples), "--max-new-tokens", str(recipe.max_new_tokens),
             "--batch-size", str(recipe.regen_batch), "--engine", engine, *longer, "--out", str(out),

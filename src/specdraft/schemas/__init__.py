@@ -13,7 +13,6 @@ class TargetIdentity(BaseModel):
     vocab_size: StrictInt | None = Field(None, ge=1)
 
 
-
 def raw_json(path):
     """None where `path` is absent, "invalid" where it holds no JSON, else what it holds."""
     import json
@@ -35,6 +34,6 @@ def typed_json(path, model, fix: str):
     from specdraft.io import check_model
 
     data = raw_json(path)
-    if data is None or not isinstance(data, dict):
-        return data if data is None else "invalid"
+    if not isinstance(data, dict):
+        return None if data is None else "invalid"
     return check_model(data, model, path, fix).model_dump(exclude_unset=True)
