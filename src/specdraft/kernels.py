@@ -200,23 +200,26 @@ def cache_file(key: str) -> Path:
 
 
 def within_budget(items, budget_s: float):
-    """`items` in order while `budget_s` seconds have not passed since the first (which always comes): the
-    timing loops of kernel_table and faster_dtype, bounded so a new target's first forward waits seconds."""
+    """`items` in order while `budget_s` seconds have not passed since the first (which comes unless the
+    budget is already spent): the timing loops of kernel_table and faster_dtype, bounded so a new target's
+    first forward waits seconds."""
     started = time.perf_counter()
     for i, item in enumerate(items):
-        if i and time.perf_counter() - started > budget_s:
+        if budget_s <= 0 or (i and time.perf_counter() - started > budget_s):
             return
         yield item
 
 
-KERNEL_BUDGET_S = 20.0          # kernel timing per process at most: a new target's first forward waits no longer
+KERNEL_BUDGET_S = 12.0          # kernel timing per process at most: a new target's first token within 30 s (issue 56)
+KERNEL_SPENT = {"s": 0.0}       # kernel timing spent in this process: the drafter's and the target's tables share the budget
 
 
 def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer: Timer | None = None,
                  rows: tuple[int, ...] = ROWS, budget_s: float = KERNEL_BUDGET_S) -> KernelTable:
     """The table for this machine and dtype covering `shapes`: from this process, else from the cache
     file, measuring (and saving) only the shapes neither holds, the largest first, for at most `budget_s`
-    seconds: shapes left over run F.linear in this process and are timed by the next one (a line says so)."""
+    seconds in this process (KERNEL_SPENT: every table asked shares it): shapes left over run F.linear in this
+    process and are timed by the next one (a line says so)."""
     if timer is None and not measuring():
         return KernelTable("linear", cpu_identity(), str(dtype), {})      # F.linear at every row count
     key = machine_key(dtype)
@@ -233,12 +236,13 @@ def kernel_table(shapes: list[Shape], dtype: torch.dtype = torch.float32, timer:
                   f"({dtype}; once, cached in {cache_file(key)})", file=sys.stderr, flush=True)
         measure = timer or (lambda shape, n: time_paths(shape, n, dtype))
         started, timed = time.perf_counter(), 0
-        for shape in within_budget(sorted(missing, key=lambda s: -s[0] * s[1]), budget_s):
+        for shape in within_budget(sorted(missing, key=lambda s: -s[0] * s[1]), budget_s - KERNEL_SPENT["s"]):
             table.timings[shape_name(shape)] = {str(n): measure(shape, n) for n in rows}
             timed += 1
             if timer is None:
                 print(f"kernel paths: {timed}/{len(missing)} shape(s) timed, {time.perf_counter() - started:.0f} s",
                       file=sys.stderr, flush=True)
+        KERNEL_SPENT["s"] += time.perf_counter() - started
         if timed < len(missing):
             print(f"kernel paths: {timed} of {len(missing)} shape(s) timed in {time.perf_counter() - started:.0f} s; "
                   f"the other {len(missing) - timed} run F.linear in this process and are timed by the next",
