@@ -37,7 +37,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).parent))
 from verify_cost import cpu_kind  # noqa: E402
 
-from specdraft import kernels, speculative  # noqa: E402
+from specdraft import kernels  # noqa: E402
+from specdraft.infer import speculative  # noqa: E402
 from specdraft.infer.tree import Draft  # noqa: E402
 from specdraft.targets import load_target  # noqa: E402
 
@@ -46,6 +47,8 @@ VARIANTS = ("hf_generate", "bare_forward", "loop_linear", "loop_linear_taps", "l
 
 class NoDraft:
     """A proposer that taps the aux layers and drafts nothing: the loop's cost without a drafter."""
+
+    max_nodes = 0
 
     def __init__(self, aux_layer_ids: list[int]):
         self.aux_layer_ids = aux_layer_ids
@@ -81,9 +84,6 @@ def main() -> None:
     taps = [2, L // 2, L - 3]                               # where EAGLE-3 taps (any 3 layers cost alike)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (args.context,), generator=g).tolist()
-    linears = speculative.target_linears(model)
-    flags = {"linear": [(False,) * 33] * len(linears), "measured": kernels.mm_flags(linears)}
-    real_mm_flags = speculative.mm_flags
 
     def hf_generate(n: int) -> list[int]:
         x = torch.tensor([prompt])
@@ -104,12 +104,9 @@ def main() -> None:
 
     def loop(mode: str, with_taps: bool):
         def run(n: int) -> list[int]:
-            speculative.mm_flags = lambda layers: flags[mode]
-            try:
-                proposer = NoDraft(taps) if with_taps else None
-                return speculative.generate(model, prompt, proposer, max_new_tokens=n, eos_token_ids=set()).token_ids
-            finally:
-                speculative.mm_flags = real_mm_flags
+            proposer = NoDraft(taps) if with_taps else None
+            return speculative.generate(model, prompt, proposer, max_new_tokens=n, eos_token_ids=set(),
+                                        kernels=mode == "measured").token_ids
         return run
 
     variants = {"hf_generate": hf_generate, "bare_forward": bare_forward,

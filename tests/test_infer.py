@@ -123,17 +123,19 @@ def test_tree_mask_equals_running_each_path(target):
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("use_mm", [False, True])
 def test_few_row_matmul_matches_linear_and_restores(bias, use_mm):
-    """Whichever kernel the measured table picks (forced here), the output is F.linear's."""
+    """Whichever kernel the measured table picks (forced here), the output is F.linear's; inside the block a
+    module wrapper stands in for the Linear (no method of it patched), and the model is left as it was."""
     layer = torch.nn.Linear(24, 40, bias=bias)
     model = torch.nn.Sequential(layer)
     for rows in (1, 2, 5, 32, 33):
         x = torch.randn(1, rows, 24)
         with few_row_matmul(model, [layer], [(use_mm,) * 33]):
-            assert "forward" in vars(layer)
+            assert type(model[0]).__name__ == "MeasuredLinear" and model[0].linear is layer
+            assert model[0].weight is layer.weight and model[0].out_features == 40   # read mid-forward (P-EAGLE's fc)
             got = model(x)
         assert got.shape == (1, rows, 40) and got.is_contiguous()
         torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias))
-        assert "forward" not in vars(layer) and "_use_mm" not in vars(layer)   # the model is left as it was
+        assert model[0] is layer and not vars(layer).keys() & {"forward", "_use_mm"}   # the model as it was
     with few_row_matmul(model):            # no flags given: measured for this machine, same output
         torch.testing.assert_close(model(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
 
@@ -162,6 +164,36 @@ def test_greedy_lossless_chain_tree_ngram(target, drafter):
         for proposer in proposers:
             out = generate(target, prompt, proposer, max_new_tokens=24, eos_token_ids={2})
             assert out.token_ids == ref, (i, type(proposer).__name__)
+
+
+def test_the_runners_speed_layers_switch_off_and_keep_the_tokens(target, monkeypatch):
+    """Issue 58: TargetRunner is an exact core with speed layers on it. On (the default), every verify round runs
+    R rows with the measured kernels' wrappers in the model; with pad_rows and kernels off, a round runs only its
+    own rows through plain nn.Linear, and the greedy tokens are the same."""
+    from specdraft.infer import speculative
+
+    monkeypatch.setattr(speculative, "mm_flags", lambda linears, timer=None: [(True,) * 33 for _ in linears])
+    rounds = []
+
+    def seen(model, args, kwargs):
+        wrapped = any(type(m).__name__ == "MeasuredLinear" for m in model.modules())
+        rounds.append((kwargs["input_ids"].shape[1], wrapped))
+
+    hook = target.register_forward_pre_hook(seen, with_kwargs=True)
+    try:
+        for prompt in prompts(3, seed=3):
+            ref = hf_greedy(target, prompt, 24)
+            for layers in ({}, {"pad_rows": False, "kernels": False}):
+                rounds.clear()
+                out = generate(target, prompt, NgramProposer(k=3), max_new_tokens=24, eos_token_ids={2}, **layers)
+                assert out.token_ids == ref, layers
+                verify = rounds[1:]                                      # after the prefill
+                if layers:
+                    assert not any(w for _, w in verify) and {n for n, _ in verify} != {4}
+                else:
+                    assert all(w for _, w in verify) and {n for n, _ in verify} == {4}
+    finally:
+        hook.remove()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -434,15 +434,9 @@ def floor_line(floor: dict, verify_ms: list[float] | None = None) -> str:
     return line
 
 
-def measured_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """nn.Linear.forward with the kernel measured fastest for this row count (self._use_mm)."""
-    rows = x.numel() // x.shape[-1]
-    flags = self._use_mm
-    return linear_rows(self.weight, self.bias, x, rows < len(flags) and flags[rows])
-
-
 def target_linears(model) -> list[torch.nn.Linear]:
-    """A model's plain nn.Linear layers (not yet patched by few_row_matmul): the shapes timed here."""
+    """A model's plain nn.Linear layers: the shapes timed here (a module wrapper's forward or an accelerate hook,
+    which replaces `forward`, keeps its own)."""
     return [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
 
 

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import time
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from types import MethodType
 from typing import Callable, Protocol
 
 import torch
 
 from specdraft.adapter import mask_plan, verify_mask
 from specdraft.errors import SpecdraftError
-from specdraft.kernels import measured_linear, mm_flags, target_linears, whole_forward_flags
+from specdraft.kernels import linear_rows, mm_flags, target_linears, whole_forward_flags
 from specdraft.infer.sampling import Sampling, accept_draft, probabilities, sample
 from specdraft.infer.tree import Draft, ancestor_mask, greedy_path
 from specdraft.targets import decoder_layers, tap_hidden_states
@@ -136,25 +135,67 @@ def eos_ids_of(model, tokenizer=None) -> set[int]:
     return {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
 
 
+class MeasuredLinear(torch.nn.Module):
+    """Stands in for one nn.Linear inside few_row_matmul: its weight and bias, run per row count by the kernel
+    measured fastest on this machine for its shape (kernels.py: F.linear or mm(W, x^T))."""
+
+    def __init__(self, linear: torch.nn.Linear, use_mm: tuple[bool, ...]):
+        super().__init__()
+        self.linear, self.use_mm = linear, use_mm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        return linear_rows(self.linear.weight, self.linear.bias, x, rows < len(self.use_mm) and self.use_mm[rows])
+
+    def __getattr__(self, name: str):
+        """The Linear's own attributes (weight, bias, in_features, ...), for code that reads them mid-forward."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "linear":
+                raise
+            return getattr(self.linear, name)
+
+
+WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> {id(Linear): (its parent's modules,
+                                                                     # its name there, its MeasuredLinear)}
+
+
+def wrappers(model, linears: list[torch.nn.Linear]) -> dict:
+    """Each Linear's place in `model` and its MeasuredLinear, made once per model: a verify round swaps ~200 of
+    them in and out, and building them per round cost ~4 ms of a 45 ms SmolLM2 round."""
+    made = WRAPPED.get(model, {})
+    if any(id(layer) not in made for layer in linears):
+        wanted = {id(layer) for layer in linears}
+        made = {id(child): (parent._modules, name, MeasuredLinear(child, ())) for parent in model.modules()
+                for name, child in parent._modules.items() if id(child) in wanted}
+        WRAPPED[model] = made
+    return made
+
+
 @contextmanager
 def few_row_matmul(model, linears: list[torch.nn.Linear] | None = None,
                    flags: list[tuple[bool, ...]] | None = None):
-    """Within the block, the CPU model's nn.Linear layers run, per row count, the kernel measured
-    fastest on this machine for their shape (kernels.py: F.linear or mm(W, x^T)); restored
-    after. `flags` (kernels.mm_flags of `linears`) saves the table lookup on a hot path."""
+    """Within the block, each of the CPU model's nn.Linear layers is replaced in its parent module by its
+    MeasuredLinear (the same weights, the kernel measured for each row count); put back after. `flags`
+    (kernels.mm_flags of `linears`) saves the table lookup on a hot path. Off the CPU the model runs as it is."""
     if next(model.parameters()).device.type != "cpu":
         yield
         return
     linears = linears if linears is not None else target_linears(model)
     flags = flags if flags is not None else mm_flags(linears)
-    for layer, use_mm in zip(linears, flags):
-        layer._use_mm = use_mm
-        layer.forward = MethodType(measured_linear, layer)
+    places = wrappers(model, linears) if flags else {}
+    swapped = []
+    for layer, use_mm in zip(linears, flags or []):
+        modules, name, wrapper = places[id(layer)]
+        wrapper.use_mm = use_mm
+        modules[name] = wrapper
+        swapped.append((modules, name, layer))
     try:
         yield
     finally:
-        for layer in linears:
-            del layer.forward, layer._use_mm
+        for modules, name, layer in swapped:
+            modules[name] = layer
 
 
 def cache_kwarg(model) -> str:
@@ -204,13 +245,19 @@ class TargetRunner:
     kernels (matmul blocking, SDPA) see identical shapes every round, and speculation is bit-identical
     to this loop's own plain decoding in any dtype (issue 35). A pad row writes a slot past the real ones,
     which the next round overwrites before any row may see it. Also: the aux hidden states, and the cache
-    surgery that keeps exactly the accepted positions. compile: verify rounds run the target under
-    torch.compile (`compiled`; the prompt's prefill stays eager, its length varies) instead of the
-    measured per-Linear kernels."""
+    surgery that keeps exactly the accepted positions.
+
+    The core (masks, cache, one verify) is exact on its own; three speed layers sit on it, each switchable
+    and measured on and off by benchmarks/runner_layers.py. pad_rows: every round R rows (off: a round runs
+    only its own rows, its shape changes with its draft, so its bits may differ from plain decoding's).
+    kernels: the few-row Linear kernels measured on this machine (few_row_matmul; off: F.linear). compile:
+    verify rounds under torch.compile (`compiled`; the prompt's prefill stays eager, its length varies)
+    instead of the measured kernels."""
 
     def __init__(self, model, aux_layer_ids: list[int] | None, profile: Profile, rows: int = 1,
-                 max_len: int = 2048, compile: bool = False):
+                 max_len: int = 2048, compile: bool = False, pad_rows: bool = True, kernels: bool = True):
         self.model = model
+        self.pad_rows = pad_rows
         self.verify_model = compiled(model) if compile else model
         self.aux_layer_ids = aux_layer_ids
         decoder_layers(model)            # refuse a target without a decoder's layers up front
@@ -223,7 +270,7 @@ class TargetRunner:
         self.cache = static_cache(model, max_len)
         self.cache_key = cache_kwarg(model)
         self.linears = target_linears(model)
-        self.mm_flags = None if compile else whole_forward_flags(self.linears, mm_flags(self.linears))   # kernels.py
+        self.mm_flags = whole_forward_flags(self.linears, mm_flags(self.linears)) if kernels and not compile else None
         self.slots = torch.arange(max_len, device=self.device)                     # [S]
 
     def cache_len(self) -> int:
@@ -244,19 +291,20 @@ class TargetRunner:
         n, past = len(ids), self.length
         if n > self.rows:
             raise SpecdraftError(f"a round of {n} rows in a runner of {self.rows}: raise rows")
+        rows = self.rows if self.pad_rows else n
         own = torch.ones(n, n, dtype=torch.bool).tril() if ancestors is None else ancestors      # [n, n]
-        block = torch.eye(self.rows, dtype=torch.bool)                                          # pad rows: themselves
+        block = torch.eye(rows, dtype=torch.bool)                                               # pad rows: themselves
         block[:n, :n] = own
         visible = self.slots[None, :] < past                                                    # [1, S] the cached past
-        visible = visible.expand(self.rows, -1).clone()                                         # [R, S]
-        visible[:, past:past + self.rows] = block.to(self.device)
-        pad = self.rows - n
+        visible = visible.expand(rows, -1).clone()                                              # [R, S]
+        visible[:, past:past + rows] = block.to(self.device)
+        pad = rows - n
         ids = ids + [ids[0]] * pad
         positions = positions + [positions[-1] + 1 + i for i in range(pad)]
         slot_pos = self.slots                           # [S] each slot's position: read by sliding/chunked masks only
         if self.masks.per_type:
             slot_pos = slot_pos.clone()
-            slot_pos[past:past + self.rows] = torch.tensor(positions, device=self.device)
+            slot_pos[past:past + rows] = torch.tensor(positions, device=self.device)
         logits, aux = self._forward(ids, positions, visible, slot_pos, start=past)
         return logits[:n], aux[:n] if aux is not None else None
 
@@ -276,7 +324,7 @@ class TargetRunner:
                       use_cache=True, logits_to_keep=1 if last_only else 0, **{self.cache_key: self.cache})
         if last_only or self.verify_model is self.model:        # eager: hooks tap, measured per-Linear kernels
             with tap_hidden_states(self.model, taps, lambda slot, h: captured.update({slot: h[0]})):
-                with self.profile.timed("verify_s"), few_row_matmul(self.model, self.linears, self.mm_flags):
+                with self.profile.timed("verify_s"), self.kernel_layer(len(ids)):
                     out = self.model(**kwargs)
         else:   # compiled: dynamo skips hooks added after tracing, so the states come as outputs, with or
             with self.profile.timed("verify_s"):      # without taps: one graph per R, whatever the proposer
@@ -286,6 +334,13 @@ class TargetRunner:
         aux = torch.stack([captured[slot] for slot in range(len(self.aux_layer_ids))], dim=1) \
             if self.aux_layer_ids else None
         return out.logits[0], aux
+
+    def kernel_layer(self, rows: int):
+        """The measured kernels for a forward of `rows` rows: few_row_matmul where some Linear runs mm(W, x^T) at
+        that row count; nothing to swap where every one runs F.linear (most CPUs' 1-row choice) or the layer is off."""
+        if not self.mm_flags or not any(rows < len(f) and f[rows] for f in self.mm_flags):
+            return nullcontext()
+        return few_row_matmul(self.model, self.linears, self.mm_flags)
 
     def keep(self, start: int, path: list[int]) -> None:
         """The cache holds [0, start) plus one slot per tree node; keep [0, start) + the path's nodes."""
@@ -336,17 +391,20 @@ def sample_chain(draft: Draft, logits: torch.Tensor, sampling: Sampling,
 def generate(model, prompt_ids: list[int], proposer: Proposer | None = None, max_new_tokens: int = 128,
              sampling: Sampling | None = None, eos_token_ids: set[int] | None = None,
              on_tokens: Callable[[list[int]], None] | None = None, sync_cuda: bool = False,
-             rows: int | None = None, compile: bool = False) -> Generation:
+             rows: int | None = None, compile: bool = False, pad_rows: bool = True, kernels: bool = True
+             ) -> Generation:
     """Speculative decoding of one prompt (batch 1). proposer None = plain decoding by this loop.
     rows: R, the row count of every round (default round_rows(proposer)); two runs with the same R emit
     the same tokens in any dtype, drafter or not. compile: verify under torch.compile (TargetRunner),
-    the cache rounded up to SLOT_BLOCK slots so that every prompt of a length class reuses one graph."""
+    the cache rounded up to SLOT_BLOCK slots so that every prompt of a length class reuses one graph.
+    pad_rows, kernels: the runner's other speed layers (TargetRunner), on unless a benchmark turns them off."""
     sampling = sampling or Sampling()
     eos = eos_ids_of(model) if eos_token_ids is None else eos_token_ids
     profile = Profile(sync_cuda=sync_cuda)
     rows = checked_rows(proposer, rows)
     slots = cache_slots(len(prompt_ids) + max(max_new_tokens, 1) + rows, compile)
-    runner = TargetRunner(model, proposer.aux_layer_ids if proposer else None, profile, rows, slots, compile)
+    runner = TargetRunner(model, proposer.aux_layer_ids if proposer else None, profile, rows, slots, compile,
+                          pad_rows, kernels)
     generator = sampling.generator(runner.device)
     if proposer is not None:
         proposer.profile = profile
