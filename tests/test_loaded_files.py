@@ -404,28 +404,33 @@ def set_wrong(doc: dict, name: str, kinds) -> object:
     return wrong
 
 
-def readers(tmp: Path):
-    """(name, schema, file, read(file)) of every side-file reader that checks types: report's
-    (bench, eval, probe/plan results, stages, config.yaml) and eval's (config.yaml). The files with a pydantic
-    schema (specdraft/schemas: inputs.json, prepare.json, exports.json): test_every_schema_reader_...below."""
+@pytest.mark.parametrize("setting, value", [("seed", "x"), ("val_fraction", [1]), ("store", 7), ("model", {"a": 1}),
+                                            ("epochs", "three")])
+def test_a_runs_config_yaml_has_one_schema_that_train_eval_and_report_read(tmp_path, setting, value):
+    """Issue 58: config.yaml was described three times (train's RunConfig, eval's and report's field tables). Now
+    eval and report read it through train/config.read_run_config: a wrong type is the same one line naming the
+    file and the setting in each, and a good file reads as the RunConfig train resumes from."""
     import yaml
 
     from specdraft.analysis import evaluate, report
+    from specdraft.errors import SpecdraftError
+    from specdraft.train.config import RunConfig
 
-    def as_yaml(path, doc):
-        path.write_text(yaml.safe_dump(doc))
-
-    def as_json(path, doc):
-        path.write_text(json.dumps(doc))
-
-    run = tmp / "run"
-    (run / "best").mkdir(parents=True, exist_ok=True)
-    return [
-        ("report probe result", report.RESULT_FIELDS, run / "probe.json", as_json, report.results_html, run),
-        ("report config.yaml", report.CONFIG_FIELDS, run / "config.yaml", as_yaml, report.run_config, run),
-        ("eval config.yaml", evaluate.RUN_CONFIG_FIELDS, run / "config.yaml", as_yaml, evaluate.run_config_of,
-         run / "best"),
-    ]
+    run = tmp_path / "run"
+    (run / "best").mkdir(parents=True)
+    good = {"store": "ws/hidden", "model": "default", "seed": 3, "val_fraction": 0.1, "epochs": 2}
+    (run / "config.yaml").write_text(yaml.safe_dump(good))
+    assert evaluate.run_config_of(run / "best") == report.run_config(run) == RunConfig.from_dict(good).to_dict()
+    (run / "config.yaml").write_text(yaml.safe_dump({**good, "init_from": "old"}))      # a setting of an older version
+    assert report.run_config(run) == RunConfig.from_dict(good).to_dict()
+    (run / "config.yaml").write_text(yaml.safe_dump({**good, setting: value}))
+    lines = []
+    for read in (lambda: evaluate.run_config_of(run / "best"), lambda: report.run_config(run)):
+        with pytest.raises(SpecdraftError) as e:
+            read()
+        lines.append(str(e.value))
+    assert lines[0] == lines[1] and lines[0].startswith(f"{run / 'config.yaml'}: {setting} is ") and "\n" not in lines[0]
+    assert not hasattr(evaluate, "RUN_CONFIG_FIELDS") and not hasattr(report, "CONFIG_FIELDS")
 
 
 def assert_names_the_field(message: str, path, field: str, reader: str) -> None:
@@ -434,35 +439,6 @@ def assert_names_the_field(message: str, path, field: str, reader: str) -> None:
     pattern = r"\.".join("(x|0)" if part == "*" else part for part in field.split("."))
     assert re.match(rf"{re.escape(str(path))}: field '{pattern}' is .*, expected ", message), (reader, field, message)
     assert "\n" not in message, message
-
-
-def test_every_side_file_reader_names_the_file_and_field_of_a_wrong_type(tmp_path):
-    """Generated from each reader's schema: the good document reads; each field given a value of
-    another type is one line naming the file and the field (it used to be a traceback, e.g.
-    `bench.json` with "config": [] or eval's config.yaml with seed: 'x')."""
-
-    from specdraft.errors import SpecdraftError
-
-    checked = 0
-    for name, fields, path, write, read, arg in readers(tmp_path):
-        for other in path.parent.parent.rglob("*"):
-            if other.is_file():
-                other.unlink()
-        doc = example_of(fields)
-        write(path, doc)
-        read(arg)   # the good document reads
-        for field, kinds in fields.items():
-            bad = example_of(fields)
-            wrong = set_wrong(bad, field, kinds)
-            write(path, bad)
-            with pytest.raises(SpecdraftError) as e:
-                read(arg)
-            message = str(e.value)
-            assert_names_the_field(message, path, field, name)
-            assert json.dumps(wrong)[:20] in message or isinstance(wrong, (list, dict)), message
-            checked += 1
-        path.unlink()
-    assert checked >= 10      # bench.json's, eval.json's and inputs.json's fields moved to their pydantic schemas
 
 
 def test_report_with_a_wrongly_typed_bench_json_is_one_line(ws, monkeypatch, capsys):
@@ -667,13 +643,14 @@ def wrong_documents(model, prefix: str = ""):
 
 
 def schema_readers(tmp: Path):
-    """(file, pydantic model, read(file)) of every reader of the files in specdraft/schemas."""
+    """(file, pydantic model, read(file)[, key]) of every reader of the files in specdraft/schemas; with a key, the
+    file is an object of such models (stages.json: {stage: Stage}) and the documents go under it."""
     from types import SimpleNamespace
 
     from specdraft.analysis import evaluate, report
     from specdraft.data import prepared
     from specdraft.formats import card
-    from specdraft.schemas import bench, eval as eval_schema, inputs as I, plan, prepare as P
+    from specdraft.schemas import bench, doctor, eval as eval_schema, inputs as I, plan, prepare as P, probe, stages
     from specdraft.train import inputs as train_inputs
 
     run = tmp / "run"
@@ -685,6 +662,8 @@ def schema_readers(tmp: Path):
     resume = lambda: train_inputs.check_resume_inputs(run / "best", SimpleNamespace(  # noqa: E731
         config=SimpleNamespace(aux_layer_ids=[])), data)
     inputs = run / "best" / I.INPUTS_FILE
+    ws = tmp / "ws"
+    (ws / "runs" / "r").mkdir(parents=True, exist_ok=True)
     return [(inputs, I.InputsRecord, lambda: report.checkpoint_inputs(run)),
             (inputs, I.InputsRecord, lambda: evaluate.trained_store_of(run / "best")),
             (inputs, I.InputsRecord, resume),
@@ -696,7 +675,10 @@ def schema_readers(tmp: Path):
             (run / "bench.json", bench.BenchFile, lambda: report.bench_html(run)),
             (run / "bench_natural.json", bench.BenchFile, lambda: card.tau_measurements(run)),
             (run / "eval.json", eval_schema.EvalFile, lambda: report.eval_html(run)),
-            (run / "eval.json", eval_schema.EvalFile, lambda: card.tau_measurements(run))]
+            (run / "eval.json", eval_schema.EvalFile, lambda: card.tau_measurements(run)),
+            (run / "probe.json", probe.ProbeResult, lambda: report.results_html(run)),
+            (run / "doctor.json", doctor.DoctorFile, lambda: report.doctor_html(run)),
+            (ws / stages.STAGES_FILE, stages.Stage, lambda: report.recipe_stages(ws / "runs" / "r"), "x")]
 
 
 def test_every_schema_reader_names_the_file_and_field_of_a_wrong_type(tmp_path):
@@ -706,11 +688,12 @@ def test_every_schema_reader_names_the_file_and_field_of_a_wrong_type(tmp_path):
     from specdraft.errors import SpecdraftError
 
     checked = 0
-    for path, model, read in schema_readers(tmp_path):
+    for path, model, read, *key in schema_readers(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
         read()                                                          # every field optional: {} reads
         for field, doc in wrong_documents(model):
+            field, doc = (f"{key[0]}.{field}", {key[0]: doc}) if key else (field, doc)
             path.write_text(json.dumps(doc))
             with pytest.raises(SpecdraftError) as e:
                 read()
@@ -725,13 +708,15 @@ def test_each_schema_file_has_one_schema_in_the_code():
     only one of the files in specdraft/schemas holds is a second schema of that file."""
     import re
 
-    from specdraft.schemas import bench, eval as eval_schema, exports, inputs, plan, prepare
+    from specdraft.schemas import bench, doctor, eval as eval_schema, exports, inputs, plan, prepare, probe, stages
 
     own = {"data_fingerprint", "store_format", "chat_template_sha256", "num_speculative_tokens", "speedup_over_plain",
-           "per_position_accept", "accept_len_by_k", "cond_acc", "verify_ms", "tokens_per_cycle"}
+           "per_position_accept", "accept_len_by_k", "cond_acc", "verify_ms", "tokens_per_cycle", "estimated_tau_loss",
+           "verdict", "tokens_per_s"}
     fields = set().union(*(m.model_fields for m in (inputs.InputsRecord, prepare.PrepareRecord, exports.ExportEntry,
                                                     bench.MethodResult, eval_schema.EvalFile, plan.PlanFile,
-                                                    plan.Option)))
+                                                    plan.Option, doctor.Cause, probe.ProbeResult, probe.Best,
+                                                    stages.Stage)))
     assert own <= fields
     src = Path(__file__).resolve().parents[1] / "src" / "specdraft"
     found = []

@@ -33,9 +33,10 @@ from specdraft.schemas import typed_json
 from specdraft.schemas.bench import BenchFile
 from specdraft.schemas.exports import read_exports
 from specdraft.schemas.prepare import read_prepare_record
+from specdraft.schemas.stages import STAGES_FILE
 from specdraft.templates import parse_template_kwargs
 from specdraft.errors import SpecdraftError
-from specdraft.io import own_folder, read_json, write_json
+from specdraft.io import own_folder, write_json
 from specdraft.metrics import drafter_method, tau_source, tau_text
 from specdraft.train.config import RunConfig, load_settings_and_recipe
 
@@ -222,7 +223,6 @@ def run_stage(console: Console, args: list[str], log: Path, name: str | None = N
     console.print(f"[dim]  done in {seconds:.0f} s[/]")
 
 
-STAGES_FILE = "stages.json"   # beside recipe.log: each stage's last command and duration (the report shows them)
 
 
 def record_stage(path: Path, args: list[str], shown: str, returncode: int, seconds: float) -> None:

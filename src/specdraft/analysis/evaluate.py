@@ -26,19 +26,15 @@ from specdraft.train.inputs import STORE_SEPARATOR
 
 
 def run_config_of(drafter: Path) -> dict:
-    """The training run's config.yaml when `drafter` is RUN, RUN/best or RUN/checkpoints/epoch-N."""
-    from specdraft.io import check_fields
-    from specdraft.train.config import load_yaml
+    """The training run's config.yaml (train/config.read_run_config) when `drafter` is RUN, RUN/best or
+    RUN/checkpoints/epoch-N; {} for a drafter outside a run."""
+    from specdraft.train.config import read_run_config
 
     for folder in (drafter, drafter.parent, drafter.parent.parent):
-        cfg = run_layout.config_file(folder)
-        if cfg.is_file():   # not YAML, or a field of the wrong type: one line naming it
-            return check_fields(load_yaml(cfg), RUN_CONFIG_FIELDS, cfg, "fix it (the run's record of its settings)")
+        cfg = read_run_config(folder)
+        if cfg is not None:
+            return cfg.to_dict()
     return {}
-
-
-# The fields eval reads from a run's config.yaml, and their types.
-RUN_CONFIG_FIELDS = {"val_fraction": (int, float), "seed": int, "store": (str, list)}   # a list: a run over parts
 
 
 def trained_store_of(checkpoint: Path) -> tuple[dict, Path | None]:

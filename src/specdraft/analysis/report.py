@@ -27,13 +27,16 @@ from specdraft.families import DEFAULT, family, family_of
 from specdraft.formats import card
 from specdraft import kernels
 from specdraft.infer.bench import why_not_faster
-from specdraft.io import atomic_path, check_fields
+from specdraft.io import atomic_path
 from specdraft.schemas.exports import read_exports
 from specdraft.schemas.inputs import INPUTS_FILE, read_inputs
-from specdraft.schemas import raw_json, typed_json
+from specdraft.schemas import typed_json
 from specdraft.schemas.bench import BenchFile
+from specdraft.schemas.doctor import DoctorFile
 from specdraft.schemas.eval import EvalFile
 from specdraft.schemas.plan import PlanFile
+from specdraft.schemas.probe import ProbeResult
+from specdraft.schemas.stages import STAGES_FILE, StagesFile
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
@@ -65,23 +68,7 @@ def image_html(png: Path, alt: str) -> str:
     return f'<img alt="{esc(alt)}" src="data:image/png;base64,{data}">'
 
 
-# The fields the report reads from each side file of a run, and their types (io.check_fields): a
-# wrong type is one line naming the file and the field, not a traceback deep in the HTML.
-NUMBER = (int, float)
 FIX = "fix or delete that file, then re-run report"
-RESULT_FIELDS = {"verdict": str, "best": dict, "best.k": int, "best.tokens_per_s": NUMBER}   # probe-*
-STAGES_FIELDS = {"*": dict, "*.seconds": NUMBER, "*.command": str}
-CONFIG_FIELDS = {"store": (str, list), "data": str, "model": str}   # store: a list for a run over parts
-MANIFEST_FIELDS = {"num_samples": int, "num_tokens": int}
-
-
-def read_json(path: Path, fields: dict | None = None):
-    """The file's JSON; None when absent; the string "invalid" when it cannot be read as JSON. With
-    `fields`, an object whose fields have the wrong types is refused in one line."""
-    data = raw_json(path)
-    if fields and isinstance(data, dict):
-        check_fields(data, fields, path, "fix or delete that file, then re-run report")
-    return data
 
 
 def number(value, fmt: str = ".2f") -> str:
@@ -101,15 +88,22 @@ def checkpoint_inputs(run: Path) -> dict:
 
 
 def run_config(run: Path) -> dict:
-    import yaml
+    """The run's settings (config.yaml through its one schema, train/config.read_run_config); {} without one."""
+    from specdraft.train.config import read_run_config
+
+    cfg = read_run_config(run)
+    return cfg.to_dict() if cfg is not None else {}
+
+
+def store_manifest(store: Path) -> dict:
+    """The store's manifest through its one reader (data/store.read_manifest); {} where the store is gone or its
+    manifest does not read (the report shows the size as unknown rather than stop)."""
+    from specdraft.data.store import read_manifest
 
     try:
-        data = yaml.safe_load(run_layout.config_file(run).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return read_manifest(store) if (store / "manifest.json").is_file() else {}
+    except SpecdraftError:
         return {}
-    if not isinstance(data, dict):
-        return {}
-    return check_fields(data, CONFIG_FIELDS, run_layout.config_file(run), "fix it, then re-run report")
 
 
 def data_size(run: Path) -> str:
@@ -117,9 +111,8 @@ def data_size(run: Path) -> str:
     store that config.yaml names."""
     inputs, source = checkpoint_inputs(run), "checkpoint inputs.json"
     if "num_samples" not in inputs:
-        store = run_config(run).get("store") or run_config(run).get("data")
-        manifest = read_json(Path(store) / "manifest.json", MANIFEST_FIELDS) if isinstance(store, str) else None
-        inputs, source = (manifest, f"store {store}") if isinstance(manifest, dict) else ({}, "")
+        store = run_config(run).get("store")
+        inputs, source = (store_manifest(Path(store)), f"store {store}") if isinstance(store, str) else ({}, "")
     if "num_samples" not in inputs:
         return "unknown"
     tokens = inputs.get("num_tokens")
@@ -140,7 +133,9 @@ def timestamp(value) -> float | None:
 
 def recipe_stages(run: Path) -> dict:
     """The recipe's stage timings (pipeline.py's WS/stages.json) when `run` is a recipe's WS/runs/NAME."""
-    data = read_json(run.resolve().parent.parent / "stages.json", STAGES_FIELDS) if run.resolve().parent.name == "runs" else None
+    if run.resolve().parent.name != "runs":
+        return {}
+    data = typed_json(run.resolve().parent.parent / STAGES_FILE, StagesFile, FIX)
     return data if isinstance(data, dict) else {}
 
 
@@ -223,12 +218,12 @@ def tau_table_html(taus: list[dict]) -> str:
 
 def doctor_html(run: Path) -> str:
     """The doctor's last findings (RUN/doctor.json, written by `specdraft doctor`), under the headline."""
-    found = read_json(run / run_layout.DOCTOR, {"causes": list, "checked": list})
+    found = typed_json(run / run_layout.DOCTOR, DoctorFile, FIX)
     if not isinstance(found, dict):
         return ""
     rows = [[str(c.get("id")), str(c.get("summary", "")), number(c.get("estimated_tau_loss")), str(c.get("fix", ""))]
-            for c in found.get("causes") or [] if isinstance(c, dict)]
-    fine = ", ".join(str(c.get("id")) for c in found.get("checked") or [] if isinstance(c, dict))
+            for c in found.get("causes") or []]
+    fine = ", ".join(str(c.get("id")) for c in found.get("checked") or [])
     table = table_html(["cause", "found", "est. τ loss", "fix"], rows) if rows else "<p>doctor: no cause found</p>"
     return f"<h3>Why τ is what it is (specdraft doctor)</h3>{table}<p class=meta>checked and fine: {esc(fine)}</p>"
 
@@ -404,7 +399,7 @@ def results_html(run: Path) -> str:
     parts = []
     for pattern in OTHER_RESULTS:
         for f in sorted(run.glob(pattern)):
-            data = read_json(f, RESULT_FIELDS)
+            data = typed_json(f, ProbeResult, FIX)
             if data == "invalid":
                 parts.append(f"<h3>{esc(f.name)}</h3><p class=meta>not valid JSON, skipped</p>")
                 continue

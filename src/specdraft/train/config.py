@@ -270,6 +270,18 @@ def resolve_config(config_file: str | Path | None = None, **overrides) -> RunCon
     return RunConfig.from_dict(values, str(config_file or "options")).check()
 
 
+def read_run_config(run: str | Path) -> RunConfig | None:
+    """RUN/config.yaml as its RunConfig, for the commands that read a finished run (eval, report): the one schema
+    of that file, as train --resume reads it, except that a setting this version no longer has (a run of an older
+    one) is left out instead of refused. None where the run has none; a wrong type is one line naming the file."""
+    path = run_layout.config_file(Path(run))
+    if not path.is_file():
+        return None
+    settings = load_yaml(path)
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    return RunConfig.from_dict({k: v for k, v in settings.items() if k in known}, str(path))
+
+
 def save_yaml(cfg: RunConfig, path: str | Path) -> None:
     import yaml
 
