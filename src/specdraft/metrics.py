@@ -19,7 +19,8 @@ import numpy as np
 
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
-from specdraft.io import atomic_path, read_text
+from specdraft.io import atomic_path, check_model, read_text
+from specdraft.schemas.metrics import MetricsRecord
 from specdraft.trackers import open_trackers, scalars
 
 
@@ -245,20 +246,11 @@ def flatten(record: dict) -> dict:
     return flat
 
 
-# Fields of a metrics record and the types they must have; every other field is a metric (a number).
-RECORD_FIELDS = {"split": (str,), "epoch": (int,), "step": (int,), "tokens_seen": (int, float),
-                 "lr": (int, float)}
-
-
 def check_record(flat: dict, where: str) -> None:
-    """Refuse a metrics line whose fields have the wrong types (hand-edited or written by another
-    tool): plots and tables would otherwise fail deep inside numpy or compare strings with numbers."""
-    for key, value in flat.items():
-        kinds = RECORD_FIELDS.get(key, (int, float))
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            words = "a string" if kinds == (str,) else "an integer" if kinds == (int,) else "a number"
-            raise SpecdraftError(f"{where}: field {key!r} is {value!r}, expected {words}; the metrics file is "
-                                 "damaged (edited by hand?): fix or delete that line")
+    """Refuse a metrics line whose fields have the wrong types (hand-edited or written by another tool) through its
+    one schema (schemas/metrics.py): plots and tables would otherwise fail deep inside numpy or compare strings
+    with numbers."""
+    check_model(flat, MetricsRecord, where, "the metrics file is damaged (edited by hand?): fix or delete that line")
 
 
 def load_run(path: str | Path, name: str | None = None) -> Run:

@@ -22,7 +22,8 @@ import torch
 from specdraft.data.prepared import load_prepared
 from specdraft.data.store import read_manifest, safe_shard_path
 from specdraft.errors import SpecdraftError
-from specdraft.io import NUMBER, atomic_path, check_fields, read_json
+from specdraft.io import atomic_path, check_fields, check_model, read_json
+from specdraft.schemas.vocab import COUNTS, VocabHeader
 from specdraft.targets import info, load_tokenizer
 from specdraft.weights import index_weight_map, read_weights
 
@@ -333,11 +334,6 @@ def load(path: str | Path) -> Vocab:
     return Vocab(d2t, t2d.bool(), meta)
 
 
-# The fields of a vocab file's header that readers use (load, diff, remap, train's store check)
-HEADER_FIELDS = {"target_vocab_size": int, "draft_vocab_size": int, "target_id": str, "fingerprint": str,
-                 "tokenizer": str, "coverage": NUMBER, "distinct_tokens": int, "format_version": int}
-
-
 # The fields of a drafter's config.json that load() reads for its mapping
 DRAFTER_FIELDS = {"transformer_layer_config": dict, "transformer_layer_config.vocab_size": int, "vocab_size": int,
                   "speculators_config": dict, "speculators_config.verifier": dict,
@@ -346,15 +342,15 @@ DRAFTER_FIELDS = {"transformer_layer_config": dict, "transformer_layer_config.vo
 
 def header_of(raw: dict, path: Path) -> dict:
     """The specdraft header of a vocab file's safetensors metadata (its one "specdraft" key, or the
-    plain keys of an older or foreign file), its fields' types checked."""
+    plain keys of an older or foreign file), its fields' types checked by its one schema (schemas/vocab.py)."""
     fix = "rebuild it with `specdraft vocab build`"
     if "specdraft" not in raw:   # metadata values are strings here: the counts must be digits
         meta = dict(raw)
-        counts = [key for key, kind in HEADER_FIELDS.items() if kind is int]
-        for key in counts:
+        for key in COUNTS:
             if isinstance(meta.get(key), str) and meta[key].isdigit():
                 meta[key] = int(meta[key])
-        return check_fields(meta, {key: int for key in counts}, path, fix)
+        check_model({k: meta[k] for k in COUNTS if k in meta}, VocabHeader, path, fix)
+        return meta
     else:
         try:
             meta = json.loads(raw["specdraft"])
@@ -363,7 +359,8 @@ def header_of(raw: dict, path: Path) -> dict:
         if not isinstance(meta, dict):
             raise SpecdraftError(f"{path}: header field 'specdraft' is a {type(meta).__name__}, expected an "
                                  f"object {{...}}; {fix}")
-    return check_fields(meta, HEADER_FIELDS, path, fix)
+    check_model(meta, VocabHeader, path, fix)
+    return meta
 
 
 # ----------------------------------------------------------------------------- diff
