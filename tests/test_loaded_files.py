@@ -494,8 +494,6 @@ def model_readers(tmp: Path):
         ("checkpoint layout config.json", checkpoints.LAYOUT_FIELDS, config, as_json, checkpoints.detect_layout,
          folder, {"speculators_model_type": "eagle3"}),
         ("drafter config.json as a vocab", vocab.DRAFTER_FIELDS, config, as_json, vocab.load, folder, {}),
-        ("vocab header", vocab.HEADER_FIELDS, vocab_file, as_header, vocab.load, vocab_file,
-         {"target_vocab_size": 3, "draft_vocab_size": 3}),
     ]
 
 
@@ -522,6 +520,59 @@ def test_every_model_file_reader_names_the_file_and_field_of_a_wrong_type(tmp_pa
             checked += 1
         path.unlink()
     assert checked >= 80
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_vocab_header_has_one_schema_and_a_wrong_type_is_one_line(tmp_path, legacy):
+    """Issue 58: a vocab file's header is checked by its pydantic schema (schemas/vocab.py; HEADER_FIELDS went):
+    each field of the wrong type is one line naming the file and the field. An older or foreign file's plain string
+    keys: the counts must be digits."""
+    from safetensors.torch import save_file
+
+    from specdraft import vocab
+    from specdraft.errors import SpecdraftError
+    from specdraft.schemas.vocab import COUNTS, VocabHeader
+
+    mapping = {"d2t": torch.zeros(3, dtype=torch.long), "t2d": torch.ones(3, dtype=torch.bool)}
+    path = tmp_path / "vocab.safetensors"
+    good = {"target_vocab_size": 3, "draft_vocab_size": 3}
+
+    def write(doc):
+        metadata = {k: str(v) for k, v in doc.items()} if legacy else {"specdraft": json.dumps(doc)}
+        save_file(mapping, str(path), metadata=metadata)
+
+    write(good)
+    assert vocab.load(path).target_vocab_size == 3
+    cases = [(f, doc) for f, doc in wrong_documents(VocabHeader) if not legacy or f in COUNTS]
+    for field, doc in cases:
+        write({**good, **doc})
+        with pytest.raises(SpecdraftError) as e:
+            vocab.load(path)
+        assert str(e.value).startswith(f"{path}: field '{field}'") and "\n" not in str(e.value), str(e.value)
+    assert len(cases) == (len(COUNTS) if legacy else len(VocabHeader.model_fields))
+
+
+def test_a_metrics_line_has_one_schema_and_a_wrong_type_is_one_line(tmp_path):
+    """Issue 58: a metrics.jsonl record is checked by its pydantic schema (schemas/metrics.py; RECORD_FIELDS went):
+    each named field and any metric (top level or under "metrics") of the wrong type is one line naming the file,
+    the line and the field; null is refused as before."""
+    from specdraft import metrics
+    from specdraft.errors import SpecdraftError
+    from specdraft.schemas.metrics import MetricsRecord
+
+    run = tmp_path / "run"
+    run.mkdir()
+    good = {"split": "val", "epoch": 0, "step": 3, "tokens_seen": 100, "lr": 1e-4, "metrics": {"loss": 2.5}}
+    (run / "metrics.jsonl").write_text(json.dumps(good) + "\n")
+    assert metrics.load_run(run).records[0]["loss"] == 2.5
+    cases = [*wrong_documents(MetricsRecord), ("loss", {"metrics": {"loss": "low"}}), ("acc", {"acc": True}),
+             ("step", {"step": None})]
+    for field, doc in cases:
+        (run / "metrics.jsonl").write_text(json.dumps(good) + "\n" + json.dumps({**good, **doc}) + "\n{}\n")
+        with pytest.raises(SpecdraftError) as e:
+            metrics.load_run(run)
+        assert str(e.value).startswith(f"{run / 'metrics.jsonl'}:2: field '{field}' is "), str(e.value)
+        assert "\n" not in str(e.value)
 
 
 def test_vocab_header_not_an_object_and_rates_not_numbers_are_one_line(tmp_path):
