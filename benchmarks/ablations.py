@@ -64,9 +64,9 @@ def sim_tau(run: Path) -> float | None:
 
 
 def bench_tau(target, drafter, conversations, k: int, max_new_tokens: int) -> dict:
-    from specdraft.infer.bench import prompt_ids
+    from specdraft.api import generate, prompt_ids
     from specdraft.model.eagle3.proposer import EagleProposer
-    from specdraft.infer.speculative import eos_ids_of, generate, per_position_accept
+    from specdraft.infer.speculative import eos_ids_of, per_position_accept
 
     eos = eos_ids_of(target.model, target.tokenizer)
     accepted, proposed = [], []
@@ -95,8 +95,7 @@ def main() -> None:
     ap.add_argument("--remeasure", action="store_true", help="measure τ again for variants already in the results")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from specdraft.infer.bench import load_drafter_for, read_prompts
-    from specdraft.targets import load_target
+    from specdraft.api import load_drafter_for, load_target, read_prompts
 
     ws = Path(args.workspace)
     store, vocab = Path(args.store or ws / "hidden"), Path(args.vocab or ws / "vocab.safetensors")

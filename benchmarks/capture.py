@@ -37,8 +37,8 @@ def main() -> None:
 
     from specdraft.data import capture as cap
     from specdraft.data import store as st
-    from specdraft.data.prepared import save_prepared
-    from specdraft.targets import base_model, load_target
+    from specdraft.api import load_target, save_prepared
+    from specdraft.targets import base_model
 
     console = Console()
     target = load_target(args.model)

@@ -212,7 +212,7 @@ def main() -> None:
     a.tag = f"-{a.label}" if a.label else ""
     results = [point(a.workspace, int(n), a) for n in a.samples.split(",")]
     name = f"data_scaling{a.tag}"
-    from specdraft.kernels import cpu_label   # torch: only once every point is done
+    from specdraft.api import cpu_label   # torch: only once every point is done
 
     import torch
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None   # where the stages ran

@@ -31,15 +31,13 @@ from pathlib import Path
 import torch
 
 from specdraft.data.builtin_prompts import builtin_prompts
-from specdraft.infer.bench import load_drafter_for, prompt_ids
+from specdraft.api import generate, load_drafter_for, load_target, prompt_ids, Sampling
 from specdraft.model.common.chain import causal_chunk_mask
 from specdraft.model.eagle3.proposer import EagleProposer
-from specdraft.infer.sampling import Sampling
-from specdraft.infer.speculative import Profile, cache_kwarg, generate
+from specdraft.infer.speculative import Profile, cache_kwarg
 from specdraft.infer.timing import busy_warning, interleaved_ms, machine_load, rotated, spread
 from specdraft.infer.tree import Draft
 from specdraft.model.eagle3.module import DynamicCache
-from specdraft.targets import load_target
 
 
 class LegacyProposer:

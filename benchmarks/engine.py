@@ -38,7 +38,7 @@ ENGINES = ("hf", "vllm")
 
 
 def child_regenerate(job: dict) -> dict:
-    from specdraft.data.prepare import prepare
+    from specdraft.api import prepare
 
     engine, dtype, batch = (job["engine"].split(":") + ["", ""])[:3]
     meta = prepare(model=job["model"], source="builtin", out=job["out"], regenerate=True, limit=job["samples"],
@@ -56,9 +56,9 @@ def child_capture(job: dict) -> dict:
 
     from specdraft.data import store as st
     from specdraft.data.capture import hidden_state_engine
-    from specdraft.data.prepared import load_prepared
+    from specdraft.api import load_prepared, load_target
     from specdraft.data.vllm_engine import engine_options
-    from specdraft.targets import default_aux_layers, describe_target, load_target
+    from specdraft.targets import default_aux_layers, describe_target
 
     ds, _ = load_prepared(job["data"])
     rows = ds[:]
@@ -175,7 +175,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from specdraft.kernels import cpu_label
+    from specdraft.api import cpu_label
 
     result = {"model": args.model, "samples": args.samples, "batch": args.batch, "new_tokens": args.new_tokens,
               "rounds": args.rounds, "cpu": cpu_label(),

@@ -34,13 +34,12 @@ from rich.table import Table
 
 from replay import natural_answers, replay_methods
 from specdraft.families import family_of
-from specdraft.formats.checkpoints import load_drafter
+from specdraft.api import load_drafter, load_target
 from specdraft.infer import bench as B
 from specdraft.kernels import cpu_info
 from specdraft.infer.speculative import eos_ids_of
 from specdraft.infer.timing import rotated
 from specdraft.infer.tree import TreeShape
-from specdraft.targets import load_target
 
 QUICK = Path(__file__).parent.parent / "src" / "specdraft" / "recipes" / "quick.yaml"
 PARALLEL = ("peagle", "dflash", "dspark")       # draft a round in one forward; trained with --parallel-steps

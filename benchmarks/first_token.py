@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from verify_cost import cpu_kind  # noqa: E402
 
 from specdraft import kernels  # noqa: E402
-from specdraft.targets import load_tokenizer  # noqa: E402
+from specdraft.api import load_tokenizer  # noqa: E402
 
 CASES = {"greedy": ["--method", "greedy"], "eagle3-untrained-k3": ["--drafter", "untrained", "-k", "3"]}
 

@@ -84,9 +84,8 @@ def build_drafter(model: str, out: Path, draft_vocab: int, prompts: list[list[in
     import torch.nn.functional as F
 
     from specdraft.model.eagle3.config import DrafterConfig
-    from specdraft.formats.checkpoints import save_drafter
+    from specdraft.api import load_target, save_drafter
     from specdraft.model.eagle3.module import DynamicCache, Eagle3Drafter, causal_mask
-    from specdraft.targets import load_target
     from specdraft.vocab import count_tokens, mapping_from_counts
 
     torch.manual_seed(0)
@@ -132,7 +131,7 @@ def build_drafter(model: str, out: Path, draft_vocab: int, prompts: list[list[in
 
 
 def prompt_token_ids(model: str, n: int) -> list[list[int]]:
-    from specdraft.targets import load_tokenizer
+    from specdraft.api import load_tokenizer
 
     tok = load_tokenizer(model)
     return [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
@@ -147,9 +146,7 @@ def measure_ours(model: str, drafter_dir: Path, prompts: list[list[int]], k: int
     import torch
 
     from specdraft.families import family_of
-    from specdraft.infer.speculative import generate
-    from specdraft.formats.checkpoints import load_drafter
-    from specdraft.targets import load_target
+    from specdraft.api import generate, load_drafter, load_target
 
     target = load_target(model, dtype=dtype)
     drafter = load_drafter(drafter_dir, dtype=getattr(torch, dtype), target_model=target.model)
@@ -212,8 +209,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             build_drafter(args.model, drafter, args.draft_vocab, prompts, args.max_tokens, args.fit_steps)
     # What is served is what users ship: `specdraft export --weights-dtype bfloat16 --no-embeddings` (vLLM then
     # shares the target's embeddings); ours loads the same folder, taking the target's embeddings too.
-    from specdraft.errors import SpecdraftError
-    from specdraft.formats.checkpoints import export
+    from specdraft.api import export, SpecdraftError
 
     source = drafter.resolve()
     drafter = DEFAULT_DRAFTER.parent / f"export-{source.name}-bf16-noembed"

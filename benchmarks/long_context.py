@@ -39,8 +39,8 @@ def train_row(model: str, length: int, steps: int, window: int) -> dict:
     from specdraft.analysis.probe import sample_batch, target_hidden
     from specdraft.data.documents import build_document
     from specdraft.families import DEFAULT, family
-    from specdraft.targets import default_aux_layers, load_target
-    from specdraft.train.config import RunConfig
+    from specdraft.api import load_target, RunConfig
+    from specdraft.targets import default_aux_layers
     from specdraft.train.objective import TeacherHead
 
     torch.manual_seed(0)

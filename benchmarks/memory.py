@@ -41,7 +41,7 @@ def make_data(folder: Path, target, tokens: int, seq: int = 512) -> None:
     """Synthetic prepared data: tokens // seq samples of random byte tokens, loss on the second half."""
     import torch
 
-    from specdraft.data.prepared import save_prepared
+    from specdraft.api import save_prepared
 
     n = max(1, tokens // seq)
     g = torch.Generator().manual_seed(0)
@@ -66,7 +66,7 @@ def main() -> None:
     from rich.table import Table
 
     from specdraft import vocab as vocab_mod
-    from specdraft.targets import load_target
+    from specdraft.api import load_target
     from specdraft.testing import save_tiny_target
 
     torch.set_num_threads(1)

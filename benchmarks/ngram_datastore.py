@@ -36,7 +36,7 @@ def answers_to_replay(prepared: Path) -> list[tuple[list[int], int, int]]:
     """(tokens, start, end) of each sample's last assistant turn: the answer generation would write.
     Only float32 answers replay bench's fp32 greedy: prepare's default dtype is measured per machine
     and may be bf16, so a store regenerated in another dtype is refused."""
-    from specdraft.data.prepared import load_prepared
+    from specdraft.api import load_prepared
 
     ds, meta = load_prepared(prepared)
     dtype = (meta.get("regeneration") or {}).get("compute_dtype") or "float32"

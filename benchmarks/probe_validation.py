@@ -28,14 +28,11 @@ import torch
 
 from specdraft import vocab as vocab_mod
 from specdraft.analysis import probe
-from specdraft.metrics import load_run
-from specdraft.data.capture import capture_samples, recording
-from specdraft.data.prepared import save_prepared
+from specdraft.api import capture_samples, load_run, load_target, RunConfig, save_prepared, train
+from specdraft.data.capture import recording
 from specdraft.data.store import StoreWriter, new_manifest
-from specdraft.targets import default_aux_layers, load_target
+from specdraft.targets import default_aux_layers
 from specdraft.testing import tiny_llama, tiny_tokenizer
-from specdraft.train.config import RunConfig
-from specdraft.train.loop import train
 
 RESULTS = Path(__file__).parent / "results"
 SAMPLES, PROMPT, NEW_TOKENS = 160, 4, 60     # per target: sampled continuations of random 4-byte prompts

@@ -23,8 +23,7 @@ from torch import nn
 from specdraft.data import builtin_prompts
 from specdraft.data.regenerate import RegenSettings, generate_batch
 from specdraft.data.render import Chat, end_of_turn_ids
-from specdraft.kernels import cpu_label
-from specdraft.targets import load_target
+from specdraft.api import cpu_label, load_target
 
 
 def main() -> None:

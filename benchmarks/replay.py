@@ -34,13 +34,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ngram_datastore import answers_to_replay  # noqa: E402
 
 from specdraft.analysis.probe import target_hidden  # noqa: E402
-from specdraft.errors import SpecdraftError  # noqa: E402
-from specdraft.infer.bench import build_methods, load_drafter_for, read_prompt_rows  # noqa: E402
+from specdraft.api import load_drafter_for, load_target, Sampling, SpecdraftError  # noqa: E402
+from specdraft.infer.bench import build_methods, read_prompt_rows  # noqa: E402
 from specdraft.infer.ngram import Datastore, assistant_spans  # noqa: E402
-from specdraft.infer.sampling import Sampling  # noqa: E402
 from specdraft.infer.speculative import Profile, per_position_accept  # noqa: E402
 from specdraft.infer.tree import Draft, TreeShape, greedy_path  # noqa: E402
-from specdraft.targets import load_target  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -83,7 +81,7 @@ def natural_answers(prepared: Path, limit: int = 0, max_new_tokens: int = 128) -
 def categories(prepared: Path, prompts: Path, count: int) -> list[str]:
     """The category of each of the first `count` replayed answers, from the prompts file's `category` by
     the first user turn ('' where the prompts file does not hold it); in answers_to_replay's order."""
-    from specdraft.data.prepared import load_prepared
+    from specdraft.api import load_prepared
 
     by_question = {row.messages[0]["content"]: row.category or "" for row in read_prompt_rows(str(prompts))}
     ds, _ = load_prepared(prepared)
@@ -129,7 +127,8 @@ def refuse(line: str) -> None:
 def check_inputs(a, target) -> None:
     """Identities by fingerprint, never by name: the natural answers and the datastore must be this target's
     (prepare.json's fingerprint), and a --check bench.json a bench of this target at this K and length."""
-    from specdraft.data.prepared import check_prepared_for, load_prepared
+    from specdraft.api import load_prepared
+    from specdraft.data.prepared import check_prepared_for
     from specdraft.targets import same_target
 
     try:

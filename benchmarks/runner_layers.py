@@ -35,10 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from verify_cost import cpu_kind  # noqa: E402
 
 from specdraft import kernels  # noqa: E402
-from specdraft.infer.bench import prompt_ids, read_prompts  # noqa: E402
-from specdraft.infer.ngram import NgramProposer  # noqa: E402
-from specdraft.infer.speculative import generate  # noqa: E402
-from specdraft.targets import load_target  # noqa: E402
+from specdraft.api import generate, load_target, NgramProposer, prompt_ids, read_prompts  # noqa: E402
 
 CONFIGS = {"core": dict(pad_rows=False, kernels=False), "pad": dict(pad_rows=True, kernels=False),
            "kernels": dict(pad_rows=False, kernels=True), "pad+kernels": dict(pad_rows=True, kernels=True),

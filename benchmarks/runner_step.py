@@ -40,7 +40,7 @@ from verify_cost import cpu_kind  # noqa: E402
 from specdraft import kernels  # noqa: E402
 from specdraft.infer import speculative  # noqa: E402
 from specdraft.infer.tree import Draft  # noqa: E402
-from specdraft.targets import load_target  # noqa: E402
+from specdraft.api import load_target  # noqa: E402
 
 VARIANTS = ("hf_generate", "bare_forward", "loop_linear", "loop_linear_taps", "loop_measured", "loop_measured_taps")
 

@@ -54,8 +54,7 @@ def measured_bytes_per_token(store: Path, manifest: dict) -> float:
 
 def train_run(store: Path, vocab: Path, model: str, out: Path, overrides: dict) -> dict:
     """The quick recipe on `store`; returns the summary and training tok/s."""
-    from specdraft.train.config import resolve_config
-    from specdraft.train.loop import train
+    from specdraft.api import resolve_config, train
 
     cfg = resolve_config(QUICK, store=str(store), vocab=str(vocab), model=model, out=str(out), overwrite=True,
                          progress=False, **overrides)
@@ -68,7 +67,7 @@ def row_for(store_format: str, ws: Path, model: str, vocab: Path, overrides: dic
             max_new_tokens: int) -> dict:
     from ablations import bench_tau, sim_tau
     from specdraft.data import store_formats as sf
-    from specdraft.infer.bench import load_drafter_for
+    from specdraft.api import load_drafter_for
 
     folder = ws / "store_formats" / store_format
     captured = capture_store(model, ws / "data", folder / "hidden", store_format)
@@ -93,8 +92,7 @@ def row_for(store_format: str, ws: Path, model: str, vocab: Path, overrides: dic
 def smoke_workspace(root: Path) -> tuple[str, dict]:
     """A tiny random target, 16 prepared samples and a 64-token vocab under root: (model, train overrides)."""
     from specdraft import vocab as vocab_mod
-    from specdraft.data.prepared import save_prepared
-    from specdraft.targets import load_target
+    from specdraft.api import load_target, save_prepared
     from specdraft.testing import save_tiny_target
 
     model = str(save_tiny_target(root / "target"))
@@ -124,8 +122,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="a tiny random target in a temp folder (results not written)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from specdraft.infer.bench import read_prompts
-    from specdraft.targets import load_target
+    from specdraft.api import load_target, read_prompts
 
     if args.smoke:
         ws = Path(tempfile.mkdtemp(prefix="store-formats-smoke-"))

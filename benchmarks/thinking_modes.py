@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=48)
     parser.add_argument("--epochs", type=int, default=4)
     args = parser.parse_args()
-    from specdraft.kernels import cpu_label
+    from specdraft.api import cpu_label
 
     cpu = cpu_label()
     results = [one_case(*case, args.samples, args.epochs) for case in CASES]

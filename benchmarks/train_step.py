@@ -265,12 +265,10 @@ def precision_quality(workdir: Path, epochs: int, samples: int, seq: int, hidden
     """The same small run (tiny random target, its fp32 store, train/loop.py) in fp32 and in bf16
     autocast; returns each run's final validation metrics and train loss."""
     from specdraft import vocab as vocab_mod
-    from specdraft.data.capture import capture_samples, recording
+    from specdraft.api import capture_samples, load_target, RunConfig, train
+    from specdraft.data.capture import recording
     from specdraft.data.store import StoreWriter, new_manifest
-    from specdraft.targets import load_target
     from specdraft.testing import save_tiny_target
-    from specdraft.train.config import RunConfig
-    from specdraft.train.loop import train
 
     layers = [2, 4, 5]
     folder = save_tiny_target(workdir / "target", hidden_size=hidden, intermediate_size=2 * hidden)

@@ -35,7 +35,7 @@ from rich.table import Table
 
 from specdraft import kernels
 from specdraft.infer.speculative import Profile, TargetRunner, cache_kwarg, few_row_matmul, target_linears
-from specdraft.targets import load_target
+from specdraft.api import load_target
 
 MODES = ("linear", "mm", "measured", "onednn", "loop")
 

@@ -226,7 +226,7 @@ def child_ours(job: dict) -> dict:
     checkpoints), the same span speculators' train_epoch covers."""
     set_threads(job["threads"])
     from specdraft.train import loop
-    from specdraft.train.config import resolve_config
+    from specdraft.api import resolve_config
 
     epochs = []
     original_run, original_end = loop.run_epoch, loop.end_epoch
@@ -302,7 +302,7 @@ def evaluate_drafter(folder: Path, store, val_ids: list[int], target, vocab, cfg
     """Validation metrics of a drafter checkpoint by our TTT evaluator (same code for both drafters)."""
     import torch
 
-    from specdraft.formats.checkpoints import load_drafter
+    from specdraft.api import load_drafter
     from specdraft.train.batches import StoreBatches
     from specdraft.model.eagle3.objective import TTTObjective
     from specdraft.train.objective import TeacherHead
@@ -396,11 +396,9 @@ def main() -> None:
     import torch
 
     from specdraft import vocab as vocab_mod
-    from specdraft.data.store import HiddenStore
-    from specdraft.formats.checkpoints import import_checkpoint
+    from specdraft.api import HiddenStore, import_checkpoint, resolve_config
     from specdraft.targets import load_target_head, resolve
     from specdraft.train.batches import split_samples
-    from specdraft.train.config import resolve_config
     from specdraft.train.runtime import use_bf16
 
     version = ensure_speculators_env(args.spec_venv)

@@ -201,3 +201,36 @@ def test_the_run_file_check_finds_planted_names(tmp_path):
                        "result = {'best': 1}\n"
                        "def f():\n    'Read RUN/eval.json and RUN/best.'\n    return f'{log}/bench.json'\n")
     assert spelled_run_files(planted, run_file_names()) == ["2: 'metrics.jsonl'", "3: 'best'", "4: 'checkpoints/epoch-1'"]
+
+
+def internal_imports_of_public_names(folder: Path, public: dict[str, str]) -> list[str]:
+    """'file:line name (from module)' for every import under `folder` that takes a name of the public API (name ->
+    the module it comes from) from its internal module instead of specdraft.api."""
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specdraft"):
+                found += [f"{path.name}:{node.lineno} {a.name} (from {node.module})" for a in node.names
+                          if public.get(a.name) == node.module]
+    return found
+
+
+def public_api() -> dict[str, str]:
+    import specdraft.api as api
+
+    return {name: getattr(api, name).__module__ for name in api.__all__}
+
+
+def test_benchmarks_take_the_public_names_from_specdraft_api():
+    """Issue 58: benchmarks/ imported ~100 internal names, so every refactor carried them. The stages' entry points
+    live in specdraft.api (one import for users' scripts too); benchmarks take those from there, and reach inside
+    only for what a measurement probes (the runner, the kernels, a drafter's module)."""
+    public = public_api()
+    assert {"load_target", "generate", "train", "export", "prepare", "capture_samples"} <= set(public)
+    assert internal_imports_of_public_names(SRC.parent / "benchmarks", public) == []
+
+
+def test_the_public_name_check_finds_a_planted_internal_import(tmp_path):
+    (tmp_path / "bench.py").write_text("from specdraft.targets import load_target, resolve\n"
+                                       "from specdraft.api import generate\n")
+    assert internal_imports_of_public_names(tmp_path, public_api()) == ["bench.py:1 load_target (from specdraft.targets)"]
