@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from specdraft import run_layout
+
 ROOT = Path(__file__).parent.parent
 SCALE = {"--limit": "8", "--size": "64", "--epochs": "1"}    # the README's values, scaled down
 EXTRA = {"prepare": ["--max-new-tokens", "12", "--batch-size", "8"],
@@ -72,25 +74,50 @@ def test_scan_tau_finds_a_tau_without_its_k():
         raise AssertionError(f"scan_tau let {bare!r} through")
 
 
+def folder_state(folder: Path) -> dict[str, tuple[int, int]]:
+    """{path under `folder`: (size, mtime_ns)} of every file in it ({} before it exists)."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else {}
+
+
+def changed_names(before: dict, after: dict) -> set[str]:
+    """The top-level names under which a file was created, changed or removed between two folder_states."""
+    return {path.split(os.sep)[0] for path in set(before) | set(after) if before.get(path) != after.get(path)}
+
+
+def test_the_owner_check_finds_a_file_written_by_another_command(tmp_path):
+    (tmp_path / "eval.json").write_text("{}")
+    before = folder_state(tmp_path)
+    (tmp_path / "bench.json").write_text("{}")
+    (tmp_path / "journal.md").write_text("note")
+    written = changed_names(before, folder_state(tmp_path))
+    assert written == {"bench.json", "journal.md"}
+    assert [n for n in written if not run_layout.may_write("eval", n)] == ["bench.json"]
+    assert all(run_layout.may_write("bench", n) for n in written | {"bench.png", ".specdraft.lock"})
+
+
 def test_readme_pipeline_report_has_eval_tau_and_the_cards_data_line(tiny_target, tmp_path):
     commands = readme_commands()
     assert [c[1] for c in commands][:6] == ["info", "prepare", "capture", "vocab", "train", "eval"], commands
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "SPECDRAFT_LOG_EVERY_S": "0"}
     stderr, printed = {}, []
+    run_dir = tmp_path / "ws" / "runs" / "a"
     for argv in commands:
         if argv[1] in SKIP:
             continue
         args = scaled(argv, tiny_target)
+        before = folder_state(run_dir)
         run = subprocess.run([sys.executable, "-m", "specdraft.cli", *args], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, (args, run.stderr[-3000:])
+        written = changed_names(before, folder_state(run_dir))     # issue 58: RUN written by its owners only
+        assert not [n for n in written if not run_layout.may_write(args[0], n)], (args[0], written)
         assert "Traceback" not in run.stderr, run.stderr
         assert not [line for line in run.stderr.splitlines() if line.startswith("error")], run.stderr
         stderr[args[0]] = run.stderr
         printed.append(run.stdout + run.stderr)
     # data-quality notes where they are found: 2 held-out samples (a quarter of 8) make a noisy τ
     assert "warning: τ from 2 sample(s) is noisy" in stderr["eval"], stderr["eval"]
-    run_dir = tmp_path / "ws" / "runs" / "a"
     eval_result = json.loads((run_dir / "eval.json").read_text())
     card = (tmp_path / "ws" / "export" / "vllm" / "README.md").read_text()
     data_line = next(line for line in card.splitlines() if line.startswith("| training data |"))

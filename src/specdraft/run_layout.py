@@ -49,6 +49,17 @@ OWNERS = {EVAL: "eval", BENCH: "bench", BENCH_NATURAL: "bench", BENCH_VLLM: "ben
           **{name: "train" for name in RUN_FILES}}
 
 
+SHARED = (JOURNAL,)      # the decision journal: train, probe, plan and watch append to it (journal.py, under a lock)
+
+
+def may_write(command: str, name: str) -> bool:
+    """Whether `command` may write RUN/`name` (a file of RUN's top level, or its first path part): its own files
+    (OWNERS, train every RUN_FILES name), the shared journal, a lock file, or a bench plot beside its JSON."""
+    stem = name.rsplit(".", 1)[0]
+    return (OWNERS.get(name) == command or name in SHARED or name.endswith(".lock")
+            or name.endswith(".png") and OWNERS.get(stem + ".json") == command)
+
+
 def foreign_result(out: Path, command: str) -> str | None:
     """The command whose result `out` is, when it names a file of a run folder that another command writes."""
     out = Path(out)
