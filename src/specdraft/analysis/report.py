@@ -98,10 +98,10 @@ def run_config(run: Path) -> dict:
 def store_manifest(store: Path) -> dict:
     """The store's manifest through its one reader (data/store.read_manifest); {} where the store is gone or its
     manifest does not read (the report shows the size as unknown rather than stop)."""
-    from specdraft.data.store import read_manifest
+    from specdraft.data.store import MANIFEST, read_manifest
 
     try:
-        return read_manifest(store) if (store / "manifest.json").is_file() else {}
+        return read_manifest(store) if (store / MANIFEST).is_file() else {}
     except SpecdraftError:
         return {}
 
