@@ -367,43 +367,6 @@ def test_good_index_and_eight_layer_target_still_load(ws, tmp_path):
 
 # ----------------------------------------------------------------------------- typed reading of side files (issue 25)
 
-def example_of(fields: dict) -> dict:
-    """A document with every field of a reader's schema at a value of its type ('*' becomes one
-    entry named 'x' of an object, or one item of a list)."""
-    good = {dict: {}, list: [], str: "s", int: 3, float: 0.5, bool: True}
-    doc: dict = {}
-    for name in sorted(fields, key=lambda n: n.count(".")):
-        kinds = fields[name] if isinstance(fields[name], tuple) else (fields[name],)
-        *parents, last = name.split(".")
-        node = doc
-        for part in parents:
-            node = node[0] if isinstance(node, list) else node.setdefault("x" if part == "*" else part, {})
-        value = good[kinds[0]] if kinds[0] not in (dict, list) else type(good[kinds[0]])()
-        if isinstance(node, list):
-            node.append(value) if not node else None
-        elif last == "*":
-            node["x"] = value
-        else:
-            node[last] = value
-    return doc
-
-
-def set_wrong(doc: dict, name: str, kinds) -> object:
-    """Set field `name` of `doc` to a value of none of `kinds`; returns it."""
-    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-    wrong = next(v for v in ("text", 7, ["a"], {"a": 1}, True)
-                 if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds))
-    *parents, last = name.split(".")
-    node = doc
-    for part in parents:
-        node = node[0] if isinstance(node, list) else node["x" if part == "*" else part]
-    if isinstance(node, list):
-        node[0] = wrong
-    else:
-        node["x" if last == "*" else last] = wrong
-    return wrong
-
-
 @pytest.mark.parametrize("setting, value", [("seed", "x"), ("val_fraction", [1]), ("store", 7), ("model", {"a": 1}),
                                             ("epochs", "three")])
 def test_a_runs_config_yaml_has_one_schema_that_train_eval_and_report_read(tmp_path, setting, value):
@@ -433,14 +396,6 @@ def test_a_runs_config_yaml_has_one_schema_that_train_eval_and_report_read(tmp_p
     assert not hasattr(evaluate, "RUN_CONFIG_FIELDS") and not hasattr(report, "CONFIG_FIELDS")
 
 
-def assert_names_the_field(message: str, path, field: str, reader: str) -> None:
-    """One line naming the file and the field by its path in the file ('*' is the entry 'x' of an
-    object or item 0 of a list)."""
-    pattern = r"\.".join("(x|0)" if part == "*" else part for part in field.split("."))
-    assert re.match(rf"{re.escape(str(path))}: field '{pattern}' is .*, expected ", message), (reader, field, message)
-    assert "\n" not in message, message
-
-
 def test_report_with_a_wrongly_typed_bench_json_is_one_line(ws, monkeypatch, capsys):
     def build(ws):
         run = copy(ws, "drafter", "run-badbench")
@@ -453,73 +408,63 @@ def test_report_with_a_wrongly_typed_bench_json_is_one_line(ws, monkeypatch, cap
 
 # ----------------------------------------------------------------------------- typed reading, round 3 part 3 (issue 25)
 
-def model_readers(tmp: Path):
-    """(name, schema, file, write, read, arg, good) of the readers of drafter configs, vocab headers and
-    a checkpoint's inputs.json; `good` holds the values the good document needs to read (a family
-    name that exists, a mapping whose sizes agree)."""
-    from types import SimpleNamespace
-
+def drafter_config_readers(tmp: Path):
+    """(name, schema, config.json, read(folder), good config.json) of every reader of a drafter's config.json: each
+    family's parse_config (the SGLang layout's too), layout detection, and vocab's read of a drafter folder."""
     from safetensors.torch import save_file
 
     from specdraft import vocab
     from specdraft.formats import checkpoints
+    from specdraft.model.dflash import checkpoint as dflash
+    from specdraft.model.dflash.module import DFlashConfig
+    from specdraft.model.dspark import checkpoint as dspark
+    from specdraft.model.dspark.module import DSparkConfig
     from specdraft.model.eagle3 import checkpoint as speculators, sglang
-    from specdraft.train import inputs
+    from specdraft.model.eagle3.config import DrafterConfig
+    from specdraft.schemas.drafter import file_model
 
     folder = tmp / "drafter"
     folder.mkdir(parents=True, exist_ok=True)
-    mapping = {"d2t": torch.zeros(3, dtype=torch.long), "t2d": torch.ones(3, dtype=torch.bool)}
-    save_file(mapping, str(folder / "model.safetensors"))
-    vocab_file = tmp / "vocab.safetensors"
-
-    def as_json(path, doc):
-        path.write_text(json.dumps(doc))
-
-    def as_header(path, doc):
-        save_file(mapping, str(path), metadata={"specdraft": json.dumps(doc)})
-
-    def resume(ckpt):
-        data = SimpleNamespace(source="s", layer_ids=[], hidden_size=3, target={"fingerprint": "s"},
-                               identity={"data_fingerprint": "s", "num_samples": 3, "num_tokens": 3})
-        drafter = SimpleNamespace(config=SimpleNamespace(aux_layer_ids=[]))
-        inputs.check_resume_inputs(ckpt, drafter, data)
-
-    config = folder / "config.json"
+    save_file({"d2t": torch.zeros(3, dtype=torch.long), "t2d": torch.ones(3, dtype=torch.bool)},
+              str(folder / "model.safetensors"))
+    shape = dict(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=2, head_dim=4,
+                 vocab_size=3, draft_vocab_size=3, aux_layer_ids=[1, 2, 3], target_num_layers=4, verifier="t")
+    eagle = DrafterConfig(**shape)
+    block = dict(shape, mask_token_id=0, block_size=4)
+    parse = lambda module, *more: lambda f: module.parse_config(json.loads((f / "config.json").read_text()),  # noqa: E731
+                                                                 str(f), *more)
     return [
-        ("speculators config.json", speculators.SPECULATORS_FIELDS, config, as_json,
-         lambda f: speculators.parse_config(json.loads((f / "config.json").read_text()), str(f)), folder,
-         {"norm_before_fc": False}),
-        ("sglang config.json", sglang.SGLANG_FIELDS, config, as_json,
-         lambda f: sglang.parse_config(json.loads((f / "config.json").read_text()), str(f), None), folder, {}),
-        ("checkpoint layout config.json", checkpoints.LAYOUT_FIELDS, config, as_json, checkpoints.detect_layout,
-         folder, {"speculators_model_type": "eagle3"}),
-        ("drafter config.json as a vocab", vocab.DRAFTER_FIELDS, config, as_json, vocab.load, folder, {}),
-    ]
+        ("speculators config.json", file_model(speculators.Eagle3File, DrafterConfig), parse(speculators),
+         speculators.build_config(eagle, "float32", 3, [])),
+        ("sglang config.json", file_model(sglang.SGLangFile, DrafterConfig), parse(sglang, None), sglang.build_config(eagle, "float32", "x")),
+        ("dflash config.json", file_model(dflash.DFlashFile, DFlashConfig), parse(dflash),
+         dflash.build_config(DFlashConfig(**block), "float32", 3, [])),
+        ("dspark config.json", file_model(dspark.DSparkFile, DSparkConfig), parse(dspark),
+         dspark.build_config(DSparkConfig(**block, markov_rank=2), "float32", 3, [])),
+        ("checkpoint layout config.json", file_model(), checkpoints.detect_layout, {"speculators_model_type": "eagle3"}),
+        ("drafter config.json as a vocab", file_model(), vocab.load, {}),
+    ], folder
 
 
-def test_every_model_file_reader_names_the_file_and_field_of_a_wrong_type(tmp_path):
-    """Generated from each reader's schema, like the side-file test above: drafter configs (ours, the
-    SGLang/EAGLE layout, layout detection, read as a vocab), vocab headers and inputs.json. A wrong
-    type was a traceback (draft_vocab_size "32000" a TypeError in the drafter, a target that is a
-    string an AttributeError in --resume) or, for a header "specdraft" that is not an object, too."""
-    import copy as deep
-
+def test_every_drafter_config_reader_names_the_file_and_field_of_a_wrong_type(tmp_path):
+    """Issue 58: a drafter's config.json has one schema (schemas/drafter.py; the speculators, SGLang, DFlash, DSpark,
+    layout and vocab field tables went). Generated from it: every field, nested ones and the family's drafter_config
+    block too, given a value of another type is one line naming the file and the field, in every reader. A wrong
+    type was a traceback before the tables (draft_vocab_size "32000" a TypeError in the drafter)."""
     from specdraft.errors import SpecdraftError
 
-    checked = 0
-    for name, fields, path, write, read, arg, good in model_readers(tmp_path):
-        write(path, {**example_of(fields), **good})
-        read(arg)   # the good document reads
-        for field, kinds in fields.items():
-            bad = {**example_of(fields), **deep.deepcopy(good)}
-            set_wrong(bad, field, kinds)
-            write(path, bad)
+    readers, folder = drafter_config_readers(tmp_path)
+    path, checked = folder / "config.json", 0
+    for name, model, read, good in readers:
+        path.write_text(json.dumps(good))
+        read(folder)                                                    # the good document reads
+        for field, doc in wrong_documents(model):
+            path.write_text(json.dumps({**good, **doc}))
             with pytest.raises(SpecdraftError) as e:
-                read(arg)
-            assert_names_the_field(str(e.value), path, field, name)
+                read(folder)
+            assert str(e.value).startswith(f"{path}: field '{field}'") and "\n" not in str(e.value), (name, str(e.value))
             checked += 1
-        path.unlink()
-    assert checked >= 80
+    assert checked >= 200
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -759,15 +704,16 @@ def test_each_schema_file_has_one_schema_in_the_code():
     only one of the files in specdraft/schemas holds is a second schema of that file."""
     import re
 
-    from specdraft.schemas import bench, doctor, eval as eval_schema, exports, inputs, plan, prepare, probe, stages
+    from specdraft.schemas import (bench, doctor, drafter, eval as eval_schema, exports, inputs, plan, prepare, probe,
+                                   stages)
 
-    own = {"data_fingerprint", "store_format", "chat_template_sha256", "num_speculative_tokens", "speedup_over_plain",
+    own = {"speculators_model_type", "transformer_layer_config", "speculators_config", "data_fingerprint", "store_format", "chat_template_sha256", "num_speculative_tokens", "speedup_over_plain",
            "per_position_accept", "accept_len_by_k", "cond_acc", "verify_ms", "tokens_per_cycle", "estimated_tau_loss",
            "verdict", "tokens_per_s"}
     fields = set().union(*(m.model_fields for m in (inputs.InputsRecord, prepare.PrepareRecord, exports.ExportEntry,
                                                     bench.MethodResult, eval_schema.EvalFile, plan.PlanFile,
                                                     plan.Option, doctor.Cause, probe.ProbeResult, probe.Best,
-                                                    stages.Stage)))
+                                                    stages.Stage, drafter.DrafterConfigFile)))
     assert own <= fields
     src = Path(__file__).resolve().parents[1] / "src" / "specdraft"
     found = []

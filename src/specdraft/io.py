@@ -303,41 +303,6 @@ def check_model(data: dict, model, path, fix: str):
         raise SpecdraftError(f"{path}: field '{field}' is {given} ({err['msg'].lower()}); {fix}") from None
 
 
-NUMBER = (int, float)
-TYPE_WORDS = {dict: "an object {...}", list: "a list [...]", str: "a string", int: "a whole number",
-              NUMBER: "a number", bool: "true or false"}
-
-
-def check_fields(data, fields: dict, where, fix: str):
-    """Check the types of the fields a reader uses: `fields` maps a dotted path ('config.k',
-    'methods.*.speedup': '*' is every value of an object or item of a list) to a type or a tuple of
-    types. Absent or null fields are left to the reader (it shows them as unknown); a wrong type is
-    one line naming the file, the field and `fix`. bool is never a number. Returns `data`."""
-    for name, kinds in fields.items():
-        for field, value in _values_at(data, name.split("."), []):
-            if value is None:
-                continue
-            kinds_t = kinds if isinstance(kinds, tuple) else (kinds,)
-            if isinstance(value, bool) and bool not in kinds_t or not isinstance(value, kinds_t):
-                words = TYPE_WORDS.get(kinds, " or ".join(TYPE_WORDS.get(k, k.__name__) for k in kinds_t))
-                shown = json.dumps(value) if not isinstance(value, (dict, list)) else type(value).__name__
-                raise SpecdraftError(f"{where}: field '{field}' is {shown[:60]}, expected {words}; {fix}")
-    return data
-
-
-def _values_at(data, parts: list[str], seen: list[str]):
-    if not parts:
-        yield ".".join(seen), data
-        return
-    head, rest = parts[0], parts[1:]
-    if head == "*":
-        items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
-        for key, value in items:
-            yield from _values_at(value, rest, [*seen, str(key)])
-    elif isinstance(data, dict) and head in data:
-        yield from _values_at(data[head], rest, [*seen, head])
-
-
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -22,7 +22,8 @@ import torch
 from specdraft.data.prepared import load_prepared
 from specdraft.data.store import read_manifest, safe_shard_path
 from specdraft.errors import SpecdraftError
-from specdraft.io import atomic_path, check_fields, check_model, read_json
+from specdraft.io import atomic_path, check_model, read_json
+from specdraft.schemas.drafter import read_drafter_config
 from specdraft.schemas.vocab import COUNTS, VocabHeader
 from specdraft.targets import info, load_tokenizer
 from specdraft.weights import index_weight_map, read_weights
@@ -293,8 +294,7 @@ def load(path: str | Path) -> Vocab:
     if path.is_dir():
         if not (path / "config.json").exists():
             raise SpecdraftError(f"{path}: not a drafter folder (no config.json) and not a vocab file")
-        cfg = check_fields(read_json(path / "config.json", "drafter config"), DRAFTER_FIELDS, path / "config.json",
-                           "re-export the drafter or fix its config.json")
+        cfg = read_drafter_config(path)
         tensors = _read_tensors(path, ("d2t", "t2d"))
         if "d2t" not in tensors:
             raise SpecdraftError(f"{path}: the drafter weights hold no d2t (a drafter with the full "
@@ -332,12 +332,6 @@ def load(path: str | Path) -> Vocab:
     check_mapping(d2t, t2d, str(path))
     meta["source"] = str(path)
     return Vocab(d2t, t2d.bool(), meta)
-
-
-# The fields of a drafter's config.json that load() reads for its mapping
-DRAFTER_FIELDS = {"transformer_layer_config": dict, "transformer_layer_config.vocab_size": int, "vocab_size": int,
-                  "speculators_config": dict, "speculators_config.verifier": dict,
-                  "speculators_config.verifier.name_or_path": str}
 
 
 def header_of(raw: dict, path: Path) -> dict:

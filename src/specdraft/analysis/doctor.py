@@ -49,6 +49,7 @@ from specdraft.watch import BaselineWatch, WatchConfig
 from specdraft.weights import read_weights
 from specdraft.schemas.exports import read_exports
 from specdraft.schemas.plan import PlanFile, read_plan
+from specdraft.schemas.drafter import read_drafter_config
 
 REPORT_FILE = run_layout.DOCTOR   # RUN/doctor.json: the last diagnosis (the report shows it)
 
@@ -243,7 +244,7 @@ def drafter_unchecked(folder: Path, target, d2t: torch.Tensor | None = None, as_
     (or `d2t`) even where they break the convention. Its config is the one it trained with (the
     "specdraft" block where there is one) or, `as_served`, the top-level fields a serving engine
     reads. Other layouts load through the checked loader."""
-    config = read_json(folder / "config.json", "drafter config")
+    config = read_drafter_config(folder)
     if "speculators_model_type" not in config:
         tensors, cfg, _ = load_checkpoint(folder)
     else:
@@ -379,7 +380,7 @@ def check_aux_layers(d: Doctor) -> Finding:
         loss = d.tau - tau_of(d.metrics_of(d.drafter, served), d.steps)
         evidence["tau_with_checkpoint_layers"] = fmt(d.tau - loss)
     layers = ",".join(map(str, served))
-    key = aux_ids_key(read_json(d.checkpoint / "config.json", "drafter config"), str(d.checkpoint))
+    key = aux_ids_key(read_drafter_config(d.checkpoint), str(d.checkpoint))
     return Finding("aux_layers", holds, evidence, loss,
                    f"set {key} to {trained} in {d.checkpoint}/config.json (the layers it trained on); or capture "
                    f"those it names and retrain: specdraft capture --model {command_model(d)} --prepared WS/data "
@@ -775,7 +776,7 @@ def check_export_mismatch(d: Doctor) -> Finding:
     d2t, _ = mapping_of(d.checkpoint)
     differ, worst, unread = {}, None, []
     for folder in folders:
-        config = read_json(folder / "config.json", "drafter config")
+        config = read_drafter_config(folder)
         if "speculators_model_type" not in config:
             unread.append(str(folder))          # another engine's layout: formats/ checks it on export
             continue

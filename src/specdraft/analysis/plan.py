@@ -30,6 +30,7 @@ from specdraft.io import read_json, write_json
 from specdraft.metrics import load_run
 from specdraft.progress import track
 from specdraft.targets import load_target
+from specdraft.schemas.drafter import read_drafter_config
 
 
 # ----------------------------------------------------------------------------- acceptance sources
@@ -75,8 +76,8 @@ def check_max_k(drafter, k_max: int) -> int:
     if drafter is None or str(drafter).startswith("untrained"):
         return k_max
     folder = resolve_checkpoint(drafter)
-    config = read_json(folder / "config.json", "drafter config")
-    if not isinstance(config, dict) or "speculators_model_type" not in config:
+    config = read_drafter_config(folder)
+    if "speculators_model_type" not in config:
         return k_max                           # another engine's layout: its family drafts any length
     fam = drafter_family(drafter)
     limit = fam.max_draft(fam.parse_config(config, str(folder)))
@@ -93,8 +94,8 @@ def drafter_family(spec) -> Family:
     `untrained` is the default family), without loading its weights."""
     if str(spec).startswith("untrained"):
         return family(DEFAULT)
-    config = read_json(resolve_checkpoint(spec) / "config.json", "drafter config")
-    return family(config.get("speculators_model_type", DEFAULT) if isinstance(config, dict) else DEFAULT)
+    config = read_drafter_config(resolve_checkpoint(spec))
+    return family(config.get("speculators_model_type") or DEFAULT)
 
 
 def store_sample_batch(sample: dict) -> dict:

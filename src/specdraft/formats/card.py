@@ -19,6 +19,7 @@ from specdraft.io import write_json
 from specdraft.metrics import drafter_method, tau_source, tau_text
 from specdraft.schemas import typed_json
 from specdraft.schemas.bench import BenchFile
+from specdraft.schemas.drafter import read_drafter_config
 from specdraft.schemas.eval import EvalFile
 from specdraft.schemas.exports import EXPORTS_FILE, ExportEntry
 
@@ -312,7 +313,7 @@ def sglang_needs(cfg) -> str | None:
 def export_config(export: str | Path):
     """The drafter config an export folder records (config.json's specdraft block), None when unreadable."""
     try:
-        config = json.loads((Path(export) / "config.json").read_text())
+        config = read_drafter_config(export)
         return family(config.get("speculators_model_type", DEFAULT)).config_type.from_dict(
             config["specdraft"]["drafter_config"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError, SpecdraftError):

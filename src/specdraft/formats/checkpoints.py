@@ -21,14 +21,14 @@ from specdraft.errors import SpecdraftError
 from specdraft import run_layout
 from specdraft.families import Layout, family, family_of, layout as layout_of, layouts, names
 from specdraft.formats import card
-from specdraft.io import (LOCK_NAME, check_fields, clean_leftovers, fsync_dir, os_error_line, read_json, temp_prefix,
+from specdraft.io import (LOCK_NAME, clean_leftovers, fsync_dir, os_error_line, read_json, temp_prefix,
                           with_umask, write_json)
+from specdraft.schemas.drafter import check_drafter_config
 from specdraft.targets import load_target_head
 from specdraft.vocab import check_mapping, integer_d2t, t2d_from_d2t
 from specdraft.weights import WEIGHT_FILES, read_weights, weights_file
 
 IGNORED_KEYS = ("verifier_norm.weight", "verifier_lm_head.weight")  # older speculators saves
-LAYOUT_FIELDS = {"speculators_model_type": str, "architectures": list, "architectures.*": str}  # what _detect reads
 
 
 def written_layouts() -> list[str]:
@@ -188,7 +188,7 @@ def _detect(folder: Path, config: dict | None = None) -> tuple[str, Layout | Non
         if not (folder / "config.json").exists():
             raise SpecdraftError(f"{folder}: unknown checkpoint layout: no config.json; looked for {looked_for}")
         config = read_json(folder / "config.json", "drafter config")
-    check_fields(config, LAYOUT_FIELDS, folder / "config.json", "re-export the drafter or fix config.json")
+    check_drafter_config(config, folder)
     weights = weights_file(folder)
     if weights is None:
         raise SpecdraftError(f"{folder}: unknown checkpoint layout: no weights; looked for {looked_for}")

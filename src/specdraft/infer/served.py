@@ -217,6 +217,7 @@ def merged_counters(results: list[dict]) -> dict:
 def export_for(drafter: str, out_dir: Path, model: str) -> tuple[Path, dict]:
     """The speculators export vLLM loads: `drafter` itself when it is one, else exported into out_dir."""
     from specdraft.formats.checkpoints import detect_layout, export, resolve_checkpoint
+    from specdraft.schemas.drafter import read_drafter_config
 
     source = resolve_checkpoint(drafter)
     if detect_layout(source) == "speculators" and (source / "README.md").is_file():
@@ -224,14 +225,13 @@ def export_for(drafter: str, out_dir: Path, model: str) -> tuple[Path, dict]:
     else:
         folder = out_dir / "export"
         export(source, folder, "speculators", model=model)
-    config = json.loads((folder / "config.json").read_text())
-    return folder, config
+    return folder, read_drafter_config(folder)
 
 
 def export_k(config: dict) -> int:
     methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     k = methods[0].get("speculative_tokens")
-    return k if isinstance(k, int) and k >= 1 else 3
+    return k if k and k >= 1 else 3
 
 
 def ours_tau(model: str, export: Path, prompts: list[list[int]], ks: list[int], max_new_tokens: int) -> dict:

@@ -1,15 +1,12 @@
 """What every family's speculators checkpoint shares: the schema version, the decoder layer as a
-Llama config dict, rope read back from transformers 4 or 5, check_fields' schemas, the one-line
+Llama config dict, rope read back from transformers 4 or 5, the one-line
 errors for missing keys and for missing, unknown or misshapen tensors."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.io import NUMBER
 from specdraft.vocab import check_mapping
 
 SPECULATORS_VERSION = "0.3.0"   # the speculators config schema these files follow
@@ -39,41 +36,6 @@ def rope_from_layer(tl: dict) -> tuple[float, dict | None]:
     if not scaling or scaling.get("rope_type", scaling.get("type")) == "default":
         scaling = None
     return float(theta), scaling
-
-
-# The fields of a drafter's config.json that parse_config reads: a wrong type (draft_vocab_size "32000")
-# is one line naming the file and the field, not a TypeError while the drafter is built
-LLAMA_FIELDS = {"hidden_size": int, "intermediate_size": int, "num_attention_heads": int, "num_key_value_heads": int,
-                "head_dim": int, "vocab_size": int, "rms_norm_eps": NUMBER, "rope_theta": NUMBER,
-                "rope_parameters": dict, "rope_parameters.rope_theta": NUMBER, "rope_scaling": dict,
-                "max_position_embeddings": int, "hidden_act": str}
-
-
-def dataclass_fields(cls, prefix: str) -> dict:
-    """check_fields' schema of a config dataclass's fields (int, float, bool, str, list[int], dict)."""
-    import types
-    import typing
-
-    kinds = {int: int, float: NUMBER, bool: bool, str: str, dict: dict, list: list}
-    out = {}
-    for name, hint in typing.get_type_hints(cls).items():
-        if name not in cls.__dataclass_fields__:
-            continue
-        union = typing.get_origin(hint) in (typing.Union, types.UnionType)   # `dict | None`
-        base = next(a for a in typing.get_args(hint) if a is not type(None)) if union else hint
-        origin = typing.get_origin(base) or base
-        out[f"{prefix}{name}"] = kinds[origin]
-        if origin is list:
-            out[f"{prefix}{name}.*"] = int
-    return out
-
-
-FIX = "re-export the drafter or fix config.json"
-
-
-def config_file(where: str) -> str:
-    """The config.json a checkpoint folder's `where` names, for check_fields' one line."""
-    return str(Path(where) / "config.json") if not where.endswith("config.json") else where
 
 
 def config_from_llama(cls, tl: dict, where: str, **fields):

@@ -9,16 +9,19 @@ Tensors: fc, hidden_norm, layers.{i}.*, norm, lm_head, d2t/t2d, and embed_tokens
 from __future__ import annotations
 
 from specdraft.errors import SpecdraftError
-from specdraft.io import check_fields
 from specdraft.model.dflash.module import DFlashConfig
 from specdraft.model.common import checkpoint as common
+from specdraft.schemas.drafter import DrafterConfigFile, check_drafter_config
 
 MODEL_TYPE = "dflash"
-FIELDS = {"aux_hidden_state_layer_ids": list, "aux_hidden_state_layer_ids.*": int, "mask_token_id": int,
-          "draft_vocab_size": int, "transformer_layer_config": dict, "sample_from_anchor": bool,
-          "specdraft": dict, **common.dataclass_fields(DFlashConfig, "specdraft.drafter_config."),
-          **{f"transformer_layer_config.{k}": v for k, v in common.LLAMA_FIELDS.items()},
-          "transformer_layer_config.num_hidden_layers": int}
+
+
+class DFlashFile(DrafterConfigFile):
+    """A DFlash config.json: the shared fields (schemas/drafter.py) and the block's."""
+    aux_hidden_state_layer_ids: list[int] | None = None
+    mask_token_id: int | None = None
+    sample_from_anchor: bool | None = None
+    block_size: int | None = None
 
 
 def layer_dict(cfg: DFlashConfig, dtype: str) -> dict:
@@ -60,8 +63,10 @@ def build_config(cfg: DFlashConfig, dtype: str, speculative_tokens: int, verifie
     }
 
 
-def parse_config(config: dict, where: str) -> DFlashConfig:
-    check_fields(config, FIELDS, common.config_file(where), common.FIX)
+def parse_config(config: dict, where: str, schema: type[DFlashFile] = DFlashFile,
+                 config_type: type = DFlashConfig) -> DFlashConfig:
+    """DFlashConfig from its config.json (checked as `schema`, its block as `config_type`: DSpark's reads it too)."""
+    check_drafter_config(config, where, schema, config_type)
     common.require_keys(config, ["transformer_layer_config", "draft_vocab_size", "aux_hidden_state_layer_ids",
                                  "mask_token_id"], where,
                         "a DFlash drafter names them; re-export it or fix config.json")

@@ -11,7 +11,6 @@ confidence head, confidence_head.proj.weight [1, H (+r)] and .bias [1]."""
 from __future__ import annotations
 
 from specdraft.errors import SpecdraftError
-from specdraft.io import check_fields
 from specdraft.model.common import checkpoint as common
 from specdraft.model.dflash import checkpoint as dflash_checkpoint
 from specdraft.model.dspark.module import DSparkConfig
@@ -19,10 +18,14 @@ from specdraft.model.dspark.module import DSparkConfig
 MODEL_TYPE = "dspark"
 ARCHITECTURE = "Qwen3DSparkModel"
 MARKOV_HEAD_TYPES = ("vanilla",)
-FIELDS = {**{k: v for k, v in dflash_checkpoint.FIELDS.items() if not k.startswith("specdraft.drafter_config.")},
-          **common.dataclass_fields(DSparkConfig, "specdraft.drafter_config."),
-          "markov_rank": int, "markov_head_type": str, "enable_confidence_head": bool,
-          "confidence_head_with_markov": bool, "block_size": int}
+
+
+class DSparkFile(dflash_checkpoint.DFlashFile):
+    """A DSpark config.json: DFlash's fields and the Markov and confidence heads'."""
+    markov_rank: int | None = None
+    markov_head_type: str | None = None
+    enable_confidence_head: bool | None = None
+    confidence_head_with_markov: bool | None = None
 
 
 def build_config(cfg: DSparkConfig, dtype: str, speculative_tokens: int, verifier_architectures: list[str]) -> dict:
@@ -37,14 +40,13 @@ def build_config(cfg: DSparkConfig, dtype: str, speculative_tokens: int, verifie
 
 
 def parse_config(config: dict, where: str) -> DSparkConfig:
-    check_fields(config, FIELDS, common.config_file(where), common.FIX)
+    base = dflash_checkpoint.parse_config(config, where, DSparkFile, DSparkConfig)    # the schema's check, DFlash's fields
     if config.get("markov_rank") is None:
         raise SpecdraftError(f"{where}: missing config key markov_rank; a DSpark drafter names its Markov head's "
                              "rank; re-export it or fix config.json")
     if config.get("markov_head_type", "vanilla") not in MARKOV_HEAD_TYPES:
         raise SpecdraftError(f"{where}: markov_head_type {config['markov_head_type']!r}: specdraft (like vLLM "
                              "0.32) serves 'vanilla' only; fix config.json")
-    base = dflash_checkpoint.parse_config(config, where)
     block = (config.get("specdraft") or {}).get("drafter_config")
     fields = block if block else {**base.to_dict(), "markov_rank": config["markov_rank"],
                                   "markov_head_type": config.get("markov_head_type", "vanilla"),

@@ -7,15 +7,24 @@ reads `transformer_layer_config` as the draft's Llama config, and takes `draft_v
 
 from __future__ import annotations
 
-
 from specdraft.errors import SpecdraftError
-from specdraft.io import check_fields
-from specdraft.model.common.checkpoint import (FIX, FORMAT_VERSION, LLAMA_FIELDS, SPECULATORS_VERSION, config_file,
-                                               config_from_llama, dataclass_fields, llama_layer_dict, require_keys)
+from specdraft.model.common.checkpoint import (FORMAT_VERSION, SPECULATORS_VERSION, config_from_llama,
+                                               llama_layer_dict, require_keys)
 from specdraft.model.eagle3.config import DrafterConfig
+from specdraft.schemas.drafter import DrafterConfigFile, check_drafter_config, config_file
 
 MODEL_TYPE = "eagle3"
 ARCHITECTURE = "Eagle3Speculator"
+
+
+class Eagle3File(DrafterConfigFile):
+    """An EAGLE-3 config.json: the shared fields (schemas/drafter.py) and the top-level ones vLLM reads."""
+    eagle_aux_hidden_state_layer_ids: list[int] | None = None
+    norm_before_fc: bool | None = None
+    norm_before_residual: bool | None = None
+    norm_output: bool | None = None
+    fc_norm: bool | None = None
+    embed_requires_grad: bool | None = None
 
 
 def build_config(cfg: DrafterConfig, dtype: str, speculative_tokens: int,
@@ -50,14 +59,6 @@ def build_config(cfg: DrafterConfig, dtype: str, speculative_tokens: int,
     return config
 
 
-SPECULATORS_FIELDS = {
-    "transformer_layer_config": dict, **{f"transformer_layer_config.{k}": v for k, v in LLAMA_FIELDS.items()},
-    "draft_vocab_size": int, "speculators_config": dict, "speculators_config.verifier": dict,
-    "speculators_config.verifier.name_or_path": str, "eagle_aux_hidden_state_layer_ids": list,
-    "eagle_aux_hidden_state_layer_ids.*": int, "norm_before_fc": bool, "norm_before_residual": bool,
-    "norm_output": bool, "fc_norm": bool, "embed_requires_grad": bool, "specdraft": dict,
-    **dataclass_fields(DrafterConfig, "specdraft.drafter_config."), "specdraft.drafter_config": dict,
-}
 def sliding_window_of(layer: dict, where: str) -> int:
     """The window a speculators layer config slides over (0: full attention): `sliding_window` where
     `layer_types` names sliding_attention."""
@@ -72,7 +73,7 @@ def sliding_window_of(layer: dict, where: str) -> int:
 
 def parse_config(config: dict, where: str) -> DrafterConfig:
     """DrafterConfig from a speculators config.json (ours round-trips through its "specdraft" block)."""
-    check_fields(config, SPECULATORS_FIELDS, config_file(where), FIX)
+    check_drafter_config(config, where, Eagle3File, DrafterConfig)
     require_keys(config, ["transformer_layer_config", "draft_vocab_size", "speculators_config"], where,
                  "re-export the drafter or fix config.json")
     if config.get("norm_before_fc"):

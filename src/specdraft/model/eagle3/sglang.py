@@ -14,21 +14,27 @@ top-level `eagle_aux_hidden_state_layer_ids` with our meaning, so both are writt
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict
+
 from specdraft.errors import SpecdraftError
-from specdraft.io import check_fields
-from specdraft.model.common.checkpoint import (FIX, FORMAT_VERSION, LLAMA_FIELDS, config_file, config_from_llama,
-                                               dataclass_fields, llama_layer_dict)
+from specdraft.model.common.checkpoint import FORMAT_VERSION, config_from_llama, llama_layer_dict
 from specdraft.model.eagle3.config import DrafterConfig
+from specdraft.model.eagle3.checkpoint import Eagle3File
+from specdraft.schemas.drafter import check_drafter_config
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 OURS, THEIRS = "layers.0.", "midlayer."
-# The fields of an SGLang/EAGLE-repo config.json that parse_config reads
-SGLANG_FIELDS = {**LLAMA_FIELDS, "draft_vocab_size": int, "eagle_config": dict,
-                 "eagle_config.eagle_aux_hidden_state_layer_ids": list,
-                 "eagle_config.eagle_aux_hidden_state_layer_ids.*": int, "eagle_aux_hidden_state_layer_ids": list,
-                 "eagle_aux_hidden_state_layer_ids.*": int, "norm_before_residual": bool, "fc_norm": bool,
-                 "norm_output": bool, "specdraft": dict,
-                 "specdraft.drafter_config": dict, **dataclass_fields(DrafterConfig, "specdraft.drafter_config.")}
+
+
+class EagleConfig(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    eagle_aux_hidden_state_layer_ids: list[int] | None = None   # SGLang's meaning: our id - 1
+
+
+class SGLangFile(Eagle3File):
+    """An SGLang / EAGLE repo config.json: the Llama layer at the top level (the shared schema's), EAGLE-3's fields
+    and SGLang's eagle_config."""
+    eagle_config: EagleConfig | None = None
 
 
 def to_sglang_names(tensors: dict) -> dict:
@@ -88,7 +94,7 @@ def build_config(cfg: DrafterConfig, dtype: str, where: str) -> dict:
 
 
 def parse_config(config: dict, where: str, lm_head_rows: int | None) -> DrafterConfig:
-    check_fields(config, SGLANG_FIELDS, config_file(where), FIX)
+    check_drafter_config(config, where, SGLangFile, DrafterConfig)
     block = config.get("specdraft") or {}
     if block.get("drafter_config"):
         return DrafterConfig.from_dict(block["drafter_config"])
