@@ -84,15 +84,17 @@ def test_verdict_names_the_engine_its_baseline_and_both_batches():
 
 
 def test_report_reader_names_the_bad_field(tmp_path):
+    from specdraft.schemas.bench_vllm import read_report
+
     path = tmp_path / "bench_vllm.json"
-    assert served.read_report(path) is None
+    assert read_report(path) is None
     good = report(1.3, 1.1)
     path.write_text(json.dumps(good))
-    assert served.read_report(path) == good
+    assert read_report(path) == good
     good["results"]["eagle3@k2"]["batches"]["1"]["x_plain"] = "fast"
     path.write_text(json.dumps(good))
     with pytest.raises(SpecdraftError, match=r"bench_vllm.json: field 'results.eagle3@k2.batches.1.x_plain' is \"fast\""):
-        served.read_report(path)
+        read_report(path)
 
 
 def test_specdraft_loop_refuses_vllm_only_options():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specdraft import run_layout
 from specdraft.formats import card
+from specdraft.schemas.bench_vllm import read_report
 from specdraft.schemas.exports import read_exports
 
 
@@ -15,7 +16,7 @@ def served_row(run: Path) -> tuple[str, str]:
     """The export in vLLM against vLLM's plain decoding (RUN/bench_vllm.json), or why it is unknown."""
     from specdraft.infer import served
 
-    report = served.read_report(run / run_layout.BENCH_VLLM)
+    report = read_report(run / run_layout.BENCH_VLLM)
     row = served.drafter_row(report, served_k(run)) if report else None
     if row is None:
         return "unknown", f"no {run_layout.BENCH_VLLM} (specdraft bench --engine vllm --drafter EXPORT --out ...)"

@@ -347,39 +347,6 @@ def run_served_bench(model: str, drafter: str | None, prompts: str, methods: str
                        **environment("cpu", dtype), "cpu": cpu_label()}}
 
 
-# ----------------------------------------------------------------------------- the file (RUN/bench_vllm.json)
-
-def read_report(path: Path) -> dict | None:
-    """bench --engine vllm's JSON, its fields checked (the reader's one-line error); None when absent."""
-    from pydantic import BaseModel, ConfigDict, Field
-
-    from specdraft.io import read_model
-
-    class Batch(BaseModel):
-        model_config = ConfigDict(strict=True)
-        tokens_per_s: float = Field(ge=0)
-        x_plain: float | None = Field(None, ge=0)
-        outputs_equal_plain: bool | None = None
-        vllm_tau: float | None = None
-
-    class Result(BaseModel):
-        model_config = ConfigDict(strict=True)
-        method: str
-        k: int | None = Field(None, ge=1)
-        batches: dict[str, Batch] = Field(min_length=1)
-
-    class Report(BaseModel):
-        results: dict[str, Result]
-        vllm_version: str
-        config: dict
-        errors: dict[str, str] = {}
-
-    if not Path(path).is_file():
-        return None
-    read_model(path, Report, "vLLM bench", f"re-run `specdraft bench --engine vllm --drafter EXPORT --out {path}`")
-    return json.loads(Path(path).read_text())
-
-
 # ----------------------------------------------------------------------------- what is printed
 
 def drafter_rows(report: dict) -> list[dict]:
