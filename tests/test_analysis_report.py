@@ -93,8 +93,9 @@ def test_report_shows_the_plan(tmp_path):
     speedup, the verify costs and the floor line are what plan printed, and the report carries them."""
     run = fake_run(tmp_path / "run", 0.5)
     (run / "plan.json").write_text(json.dumps(plan_result()))
-    (run / "exports.json").write_text(json.dumps({"exports": [{"out": str(tmp_path / "export"), "layout": "speculators",
-                                                               "dtype": "bfloat16", "num_speculative_tokens": 3}]}))
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "export.json").write_text(json.dumps({"run": str(run.resolve()), "layout": "speculators",
+                                                                 "dtype": "bfloat16", "num_speculative_tokens": 3}))
     refs = Refs()
     refs.feed(report.build([run], tmp_path / "report.html").read_text())
     text = " ".join("".join(refs.text).split())

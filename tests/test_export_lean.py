@@ -169,19 +169,21 @@ def test_model_card_and_re_export_over_it(made, tmp_path, monkeypatch, capsys):
     assert "| τ at K=3 (what it serves) | unknown |" in text
 
 
-def test_export_is_recorded_in_the_run_for_its_report(made, tmp_path, monkeypatch, capsys):
-    """RUN/exports.json names each export folder (the latest per folder), so `specdraft report`
-    shows the path and the serve commands; the card's commands are the report's (serve_commands)."""
+def test_export_is_recorded_beside_the_export_for_the_runs_report(made, tmp_path, monkeypatch, capsys):
+    """EXPORT/export.json names the run it came from, so `specdraft report RUN` finds each export near the run
+    (the latest record per folder) and shows the path and the serve commands; the card's commands are the
+    report's (serve_commands)."""
     from specdraft.formats import card
+    from specdraft.schemas.exports import exports_of
 
-    out = tmp_path / "rec"
+    out = made["run"].parent / "rec"
     for k in (3, 5):                                                 # the same folder twice: one entry, the latest
         shutil.rmtree(out, ignore_errors=True)
         code, err = run_main(monkeypatch, capsys, "export", made["run"], "--out", out, "-k", k)
         assert code == 0, err
-    entries = [e for e in json.loads((made["run"] / "exports.json").read_text())["exports"]
-               if e["out"] == str(out.resolve())]
-    assert len(entries) == 1 and entries[0]["num_speculative_tokens"] == 5 and entries[0]["layout"] == "speculators"
+    entries = [e for e in exports_of(made["run"]) if e.out == str(out.resolve())]
+    assert len(entries) == 1 and entries[0].num_speculative_tokens == 5 and entries[0].layout == "speculators"
+    assert json.loads((out / "export.json").read_text())["run"] == str(made["run"].resolve())
     readme = (out / "README.md").read_text()
     for _, _, command in card.serve_commands(made["target"], out.resolve(), 5, "speculators"):
         assert command in readme
@@ -294,7 +296,7 @@ def test_an_export_serves_the_drafters_own_k_not_a_machines(made, tmp_path, monk
         assert code == 0, err
         assert json.loads((out / "config.json").read_text())["speculators_config"]["proposal_methods"][0][
             "speculative_tokens"] == want
-    assert json.loads((run / "exports.json").read_text())["exports"][-1]["num_speculative_tokens"] == 5
+    assert json.loads((tmp_path / "out-5" / "export.json").read_text())["num_speculative_tokens"] == 5
 
 
 def test_the_embedded_defaults_verifier_is_the_gguf_it_was_trained_against(tmp_path, monkeypatch):

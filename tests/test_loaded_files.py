@@ -585,21 +585,26 @@ def test_config_yaml_with_a_key_that_is_not_a_name_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("field, wrong", [("out", 3), ("num_speculative_tokens", "two"), ("num_speculative_tokens", 0),
                                           ("layout", ["speculators"]), ("dtype", {"a": 1})])
-def test_exports_json_has_one_typed_reader(tmp_path, field, wrong):
-    """RUN/exports.json, read by the report, the doctor and the recipe through schemas.exports.read_exports (issue
-    58: one schema per file): a field of the wrong type is one line naming the file and the field, in every reader."""
+def test_an_export_record_has_one_typed_reader(tmp_path, field, wrong):
+    """EXPORT/export.json, read by the report, the doctor and the recipe through schemas.exports (issue 58: one
+    schema per file, kept beside the export): a field of the wrong type is one line naming the file and the field,
+    in every reader. A record naming another run is not this run's export."""
     from specdraft.analysis import report
     from specdraft.errors import SpecdraftError
-    from specdraft.schemas import exports as card
+    from specdraft.schemas import exports
 
-    run = tmp_path / "run"
+    run, export = tmp_path / "run", tmp_path / "e"
     run.mkdir()
-    entry = {"out": str(tmp_path / "e"), "layout": "speculators", "dtype": "bfloat16", "num_speculative_tokens": 2}
-    (run / "exports.json").write_text(json.dumps({"exports": [entry]}))
-    assert card.read_exports(run)[0].num_speculative_tokens == 2 and report.served_k(run) == 2
-    (run / "exports.json").write_text(json.dumps({"exports": [{**entry, field: wrong}]}))
-    for read in (card.read_exports, report.served_k, report.export_html):
-        with pytest.raises(SpecdraftError, match=rf"exports.json: field 'exports.0.{field}' is "):
+    export.mkdir()
+    entry = {"run": str(run.resolve()), "layout": "speculators", "dtype": "bfloat16", "num_speculative_tokens": 2}
+    (export / "export.json").write_text(json.dumps(entry))
+    assert exports.exports_of(run)[0].num_speculative_tokens == 2 and report.served_k(run) == 2
+    assert exports.exports_of(run)[0].out == str(export.resolve())
+    (export / "export.json").write_text(json.dumps({**entry, "run": str(tmp_path / "other")}))
+    assert exports.exports_of(run) == [] and report.served_k(run) is None
+    (export / "export.json").write_text(json.dumps({**entry, field: wrong}))
+    for read in (lambda r: exports.read_export(export), report.served_k, report.export_html):
+        with pytest.raises(SpecdraftError, match=rf"export.json: field '{field}' is "):
             read(run)
 
 
@@ -710,7 +715,7 @@ def test_each_schema_file_has_one_schema_in_the_code():
     own = {"speculators_model_type", "transformer_layer_config", "speculators_config", "data_fingerprint", "store_format", "chat_template_sha256", "num_speculative_tokens", "speedup_over_plain",
            "per_position_accept", "accept_len_by_k", "cond_acc", "verify_ms", "tokens_per_cycle", "estimated_tau_loss",
            "verdict", "tokens_per_s"}
-    fields = set().union(*(m.model_fields for m in (inputs.InputsRecord, prepare.PrepareRecord, exports.ExportEntry,
+    fields = set().union(*(m.model_fields for m in (inputs.InputsRecord, prepare.PrepareRecord, exports.ExportRecord,
                                                     bench.MethodResult, eval_schema.EvalFile, plan.PlanFile,
                                                     plan.Option, doctor.Cause, probe.ProbeResult, probe.Best,
                                                     stages.Stage, drafter.DrafterConfigFile)))

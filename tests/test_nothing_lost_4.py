@@ -152,27 +152,32 @@ def test_doctor_on_stores_of_other_shapes(shapes, name, monkeypatch, capsys):
     ("config.yaml", None, "ttt_steps is 'two'"),
     ("plan.json", '{"verify_ms": [1.0, "2"], "draft_ms": 0.5}', "field 'verify_ms.1' is \"2\""),
     ("plan.json", '{"verify_ms": [1.0, 2.0]}', "field 'draft_ms' is missing"),
+    ("export/export.json", '{"run": "RUN", "num_speculative_tokens": "3"}', "field 'num_speculative_tokens' is \"3\""),
+    ("export/export.json", '{"run": "RUN", "epoch": -1}', "field 'epoch' is -1"),
     ("exports.json", '{"exports": [{"out": 3, "num_speculative_tokens": 3}]}', "field 'exports.0.out' is 3"),
-    ("exports.json", '{"exports": {"out": "x"}}', "field 'exports' is"),
 ])
 def test_doctor_reads_its_inputs_typed(shapes, tmp_path, file, text, field, monkeypatch, capsys):
-    """(class 4) Wrong types in config.yaml, plan.json or exports.json: one line naming the file and
-    the field, never a traceback; nothing in the run changes."""
+    """(class 4) Wrong types in config.yaml, plan.json, an export's export.json (found beside the run) or an older
+    run's exports.json: one line naming the file and the field, never a traceback; nothing in the run changes."""
     from bad_workspace import tree_hash
 
     run = tmp_path / "run"
     shutil.copytree(shapes / "run-aux2", run)
+    path = (run if "/" not in file else tmp_path) / file
+    path.parent.mkdir(exist_ok=True)
     if file == "config.yaml":
-        (run / file).write_text((run / file).read_text().replace("ttt_steps: 2", "ttt_steps: two"))
+        path.write_text(path.read_text().replace("ttt_steps: 2", "ttt_steps: two"))
     else:
-        (run / file).write_text(text)
+        path.write_text(text.replace("RUN", str(run.resolve())))
     if file == "plan.json":   # round_cost reads plan.json only for a run with an export
-        (run / "exports.json").write_text(json.dumps({"exports": [{"out": str(run), "num_speculative_tokens": 2}]}))
+        (tmp_path / "export").mkdir()
+        (tmp_path / "export" / "export.json").write_text(json.dumps({"run": str(run.resolve()),
+                                                                     "num_speculative_tokens": 2}))
     before = tree_hash(run)
     code, err, _ = run_cli(monkeypatch, capsys, ["doctor", run])
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith(f"error: {run / file}: ") and field in lines[0], lines[0]
+    assert lines[0].startswith(f"error: {path}: ") and field in lines[0], lines[0]
     assert tree_hash(run) == before
 
 
@@ -189,30 +194,27 @@ def test_report_out_never_replaces_a_result_it_reads(shapes, tmp_path, name, mon
     assert (run / name).read_text() == '{"kept": true}\n'
 
 
-def test_concurrent_exports_are_both_recorded(shapes, tmp_path, monkeypatch):
-    """Two exports of one run at once: each holds exports.json's lock from read to write, so neither
-    entry is lost (both wrote their own list over the other's before)."""
-    import threading
-    import time
+def test_exports_keep_their_own_records_and_never_write_the_run(shapes, tmp_path):
+    """Issue 58: two exports of one run each write their record in their own folder (EXPORT/export.json), so
+    neither can lose the other's (both wrote one shared RUN/exports.json before, which needed a lock); the run
+    folder is left as it was, and exports_of finds both beside the run, the latest last."""
+    import os
 
-    from specdraft.formats import card
+    from bad_workspace import tree_hash
+    from specdraft.formats.checkpoints import export
+    from specdraft.schemas.exports import exports_of
 
-    run = tmp_path / "run"
+    run = tmp_path / "ws" / "runs" / "a"
     shutil.copytree(shapes / "run-aux2", run)
-    slow_write = card.write_json
-
-    def write_json(path, obj):     # widen the window between reading and writing exports.json
-        time.sleep(0.3)
-        slow_write(path, obj)
-    monkeypatch.setattr(card, "write_json", write_json)
-    threads = [threading.Thread(target=card.record_export, args=(run / "best", tmp_path / out, "speculators",
-                                                                  "bfloat16", 3)) for out in ("A", "B")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    outs = sorted(Path(e["out"]).name for e in json.loads((run / "exports.json").read_text())["exports"])
-    assert outs == ["A", "B"]
+    before = tree_hash(run)
+    for out, k in (("A", 2), ("B", 3)):
+        export(run, tmp_path / "ws" / "export" / out, "speculators", speculative_tokens=k)
+    os.utime(tmp_path / "ws" / "export" / "A" / "export.json", (1e9, 1e9))     # A is the older one
+    assert tree_hash(run) == before and not (run / "exports.json").exists()
+    found = exports_of(run)
+    assert [(Path(e.out).name, e.num_speculative_tokens, e.layout) for e in found] == [("A", 2, "speculators"),
+                                                                                      ("B", 3, "speculators")]
+    assert {e.run for e in found} == {str(run.resolve())} and found[0].checkpoint.endswith("best")
 
 
 # ----------------------------------------------------------------------------- 2. no setting dropped

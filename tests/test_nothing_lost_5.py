@@ -388,7 +388,7 @@ def test_a_folder_out_of_another_commands_kind_is_refused(tmp_path, monkeypatch,
 def test_an_export_while_train_swaps_best_exports_one_epoch_and_records_it(tmp_path, monkeypatch):
     """An export of RUN taken while train replaced RUN/best/ (a new best) exported the older epoch's weights and
     recorded RUN/best as if it were the new one. The read is repeated until one version was read whole, and
-    exports.json records the epoch and step it exported."""
+    export.json records the epoch and step it exported."""
     import json
     import shutil
 
@@ -419,8 +419,8 @@ def test_an_export_while_train_swaps_best_exports_one_epoch_and_records_it(tmp_p
     monkeypatch.setattr(C, "load_checkpoint", load_while_train_swaps)
     C.export(run, tmp_path / "export", "speculators")
     assert len(calls) == 2
-    from specdraft.schemas.exports import read_exports
-    (entry,) = read_exports(run)
+    from specdraft.schemas.exports import exports_of
+    (entry,) = exports_of(run)
     assert (entry.epoch, entry.step) == (2, 20)
     exported, _, _ = real(tmp_path / "export")
     newest, _, _ = real(tmp_path / "epoch2")

@@ -251,7 +251,8 @@ def test_export_replaces_an_earlier_export_readable_by_everyone(ws, monkeypatch,
             assert code == 0, err
     finally:
         os.umask(old)
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]   # + model card
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "export.json",   # + card, record
+                                                    "model.safetensors"]
     assert out.stat().st_mode & 0o777 == 0o755
     for f in out.iterdir():
         assert f.stat().st_mode & 0o777 == 0o644, f

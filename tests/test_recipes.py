@@ -80,7 +80,7 @@ def test_recipe_runs_every_stage_through_the_vllm_engine_and_resumes(tiny_recipe
         assert report["config"]["datastore"]["path"] == str(ws / "data") and report["config"]["datastore"]["answers"] > 0
     export = ws / "export" / "speculators"
     # the export serves the drafter's own K (ttt_steps: 2), whatever -k auto chose on this machine
-    assert json.loads((run / "exports.json").read_text())["exports"][-1]["num_speculative_tokens"] == 2
+    assert json.loads((export / "export.json").read_text())["num_speculative_tokens"] == 2
     assert summary["served_k"].startswith("the export serves K=2, the drafter's own") and f"K={k} " in summary["served_k"]
     page = (run / "report.html").read_text()
     head = page[:page.index("<h2>Run tiny</h2>")]
@@ -174,8 +174,7 @@ def test_the_closing_lines_say_which_engines_serve_the_export(tmp_path, capsys):
                         norm_output=True)
     (export / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3",
                                                     "specdraft": {"drafter_config": cfg.to_dict()}}))
-    (run / "exports.json").write_text(json.dumps({"exports": [{"out": str(export.resolve()),
-                                                               "num_speculative_tokens": 2}]}))
+    (export / "export.json").write_text(json.dumps({"run": str(run.resolve()), "num_speculative_tokens": 2}))
     bench = {"methods": {"eagle3": {"accept_len": 1.9, "speedup": 1.2}}, "config": {"k": 2}}
     lines = closing("default", load_recipe(recipe_file("quick")), run, export, bench, 2, None)
     assert lines["engines"] == (f"vLLM (this export) and SGLang (specdraft export {run} --format sglang --out "

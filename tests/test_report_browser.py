@@ -77,8 +77,8 @@ def run(tmp_path):
     export = ws / "export" / "speculators"
     export.mkdir(parents=True)
     (export / "config.json").write_text("{}")
-    (run / "exports.json").write_text(json.dumps({"exports": [
-        {"out": str(export), "layout": "speculators", "dtype": "bfloat16", "num_speculative_tokens": 4}]}))
+    (export / "export.json").write_text(json.dumps({"run": str(run.resolve()), "layout": "speculators",
+                                                    "dtype": "bfloat16", "num_speculative_tokens": 4}))
     (ws / "stages.json").write_text(json.dumps({
         "prepare": {"command": "specdraft prepare ...", "exit": 0, "seconds": 95.2},
         "train": {"command": "specdraft train ...", "exit": 0, "seconds": 251.0},

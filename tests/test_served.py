@@ -111,8 +111,7 @@ def closing_with(tmp_path, served_report, over_plain=0.95, tau=1.8):
     run, export = tmp_path / "ws" / "runs" / "quick", tmp_path / "ws" / "export" / "speculators"
     run.mkdir(parents=True, exist_ok=True)
     export.mkdir(parents=True, exist_ok=True)
-    (run / "exports.json").write_text(json.dumps({"exports": [{"out": str(export.resolve()),
-                                                               "num_speculative_tokens": 2}]}))
+    (export / "export.json").write_text(json.dumps({"run": str(run.resolve()), "num_speculative_tokens": 2}))
     natural = {"methods": {"plain": {"tokens_per_s": 20.0},
                            "eagle3": {"accept_len": tau, "speedup": 1.3, "speedup_over_plain": over_plain}},
                "config": {"k": 2, "prompts": "natural", "num_prompts": 6, "family": "eagle3"}}

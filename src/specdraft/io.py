@@ -117,7 +117,7 @@ def check_file_target(path: str | os.PathLike) -> Path:
 OWNED_FILES = {"manifest.json", "prepare.json", "regen.jsonl", "questions.jsonl", run_layout.METRICS, run_layout.CONFIG,
                "config.json", "progress.json", "trainer_state.pt", "inputs.json", "model.safetensors",
                "model.safetensors.index.json", run_layout.JOURNAL, run_layout.PROVENANCE, run_layout.REMAP, "val.json",
-               "stages.json", ".specdraft.lock", ".journal.lock", ".exports.lock", "tokenizer.json", "tokenizer_config.json",
+               "stages.json", ".specdraft.lock", ".journal.lock", "export.json", "tokenizer.json", "tokenizer_config.json",
                "generation_config.json", "special_tokens_map.json"}
 # The kinds of folder a command writes, by the files that mark each (any one of them),
 # and the commands that own the kind: an --out folder of another kind is refused before any work (`prepare
@@ -336,7 +336,7 @@ def own_folder(path: str | os.PathLike, command: str) -> Iterator[Path]:
     metrics), so a second writer fails at once with one line naming the holder. The lock is an
     fcntl.flock on PATH/.specdraft.lock: the kernel drops it when the holder dies, so a killed
     run never leaves the folder locked, only a stale file that the next holder reuses. Not filelock
-    (the journal's and exports.json's lock): the refused writer names the holder from the pid and command
+    (the journal's lock): the refused writer names the holder from the pid and command
     the holder wrote into the lock file, which filelock's lock does not carry."""
     import fcntl
 

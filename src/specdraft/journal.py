@@ -43,7 +43,7 @@ def journal_path(run: str | Path) -> Path:
     return Path(run) / run_layout.JOURNAL
 
 
-LOCK = ".journal.lock"   # held while an entry is appended (filelock, as exports.json's writers)
+LOCK = ".journal.lock"   # held while an entry is appended (filelock)
 
 
 def add(run: str | Path, kind: str, text: str, source: str = "", now: datetime | None = None) -> Entry:

@@ -31,7 +31,7 @@ from specdraft.data import mixture as mixtures
 from specdraft.data.conversations import source_kind
 from specdraft.schemas import typed_json
 from specdraft.schemas.bench import BenchFile
-from specdraft.schemas.exports import read_exports
+from specdraft.schemas.exports import read_export
 from specdraft.schemas.prepare import read_prepare_record
 from specdraft.schemas.stages import STAGES_FILE
 from specdraft.templates import parse_template_kwargs
@@ -302,7 +302,7 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     k = served_k(bench)                        # this machine's K (-k auto), said beside the export's
     export = ws / "export" / "speculators"     # at the drafter's own K (its TTT steps), not this machine's choice
     run_stage(console, ["export", str(run), "--format", "speculators", "--out", str(export)], log)
-    bench_natural(console, model, drafter, run, recipe, exported_k(run, export), log, ws / "data",
+    bench_natural(console, model, drafter, run, recipe, exported_k(export), log, ws / "data",
                   tree=recipe.bench_tree or verify_is_flat(bench))
     natural = read_bench(run / run_layout.BENCH_NATURAL)
     served = bench_vllm(console, model, export, run, recipe, log) if recipe.bench_vllm else None
@@ -433,9 +433,10 @@ def served_k(bench: dict) -> int | None:
     return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else None
 
 
-def exported_k(run: Path, export: Path) -> int | None:
-    """The num_speculative_tokens the export at `export` serves (RUN/exports.json), None when unrecorded."""
-    return next((e.num_speculative_tokens for e in read_exports(run) if e.out == str(export.resolve())), None)
+def exported_k(export: Path) -> int | None:
+    """The num_speculative_tokens the export at `export` serves (its export.json), None when unrecorded."""
+    record = read_export(export)
+    return None if record is None else record.num_speculative_tokens
 
 
 FLAT_VERIFY = 1.25     # a verify of the most rows -k auto timed within this of one row's: trees pay for their rows
@@ -528,7 +529,7 @@ def closing(model: str, recipe: Recipe, run: Path, export: Path, natural: dict, 
     name, chain = drafter_method(natural)
     over_plain, tau = chain.get("speedup_over_plain"), chain.get("accept_len")
     cfg = natural.get("config") or {}
-    served = exported_k(run, export)
+    served = exported_k(export)
     headline = card.headline_text(card.tau_measurements(run), served)
     threshold = low_tau_threshold(cfg.get("k"))
     serve = serve_line(export.resolve())

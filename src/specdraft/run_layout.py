@@ -11,8 +11,10 @@
     RUN/eval.json             eval: simulated τ on the run's held-out store samples
     RUN/plan.json             plan --run: the K and speed plan from measured costs
     RUN/doctor.json           doctor: the last diagnosis
-    RUN/exports.json          export: where the run's drafter was exported (schemas/exports.py)
     RUN/report.html           report: the run on one page
+
+An export is not written here: its folder keeps its own record (EXPORT/export.json, schemas/exports.py) naming
+the run, and the run's readers find it there.
 
 train writes it (train/loop.py, train/run_folder.py); eval, bench, export, report, compare and the
 recipe read it through these names, and `checkpoints` is the one lister of RUN/checkpoints. It
@@ -40,12 +42,12 @@ BENCH_VLLM = "bench_vllm.json"
 EVAL = "eval.json"
 PLAN = "plan.json"
 DOCTOR = "doctor.json"
-EXPORTS = "exports.json"
+LEGACY_EXPORTS = "exports.json"   # where exports were listed before EXPORT/export.json (read, no longer written)
 REPORT = "report.html"
 CHECKPOINT_NAME = re.compile(r"^(epoch|step)-(\d+)$")
 # RUN's files and the command that writes each: another command's --out never lands on one
 OWNERS = {EVAL: "eval", BENCH: "bench", BENCH_NATURAL: "bench", BENCH_VLLM: "bench", PLAN: "plan", DOCTOR: "doctor",
-          EXPORTS: "export", REPORT: "report",
+          REPORT: "report",
           **{name: "train" for name in RUN_FILES}}
 
 

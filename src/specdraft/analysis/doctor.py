@@ -1,7 +1,7 @@
 """`specdraft doctor RUN`: why is the acceptance low? Measured causes, ranked by the τ they cost.
 
 Every check is one small function `check_ID(d) -> Finding` that measures one cause on the run's own
-files (config.yaml, metrics.jsonl, the checkpoint, the store and its prepared data, exports.json,
+files (config.yaml, metrics.jsonl, the checkpoint, the store and its prepared data, the exports' export.json,
 plan.json) and, where the doctor can, on the drafter itself: simulated τ on the run's held-out store
 samples (train.objective's metrics, as `eval`), or on hidden states the target computes on the fly
 (as `probe`). A finding that holds names its evidence (numbers), the τ it is estimated to cost
@@ -47,7 +47,7 @@ from specdraft.train.config import MAX_TTT_STEPS, RunConfig, check_type, load_ya
 from specdraft.vocab import check_mapping
 from specdraft.watch import BaselineWatch, WatchConfig
 from specdraft.weights import read_weights
-from specdraft.schemas.exports import read_exports
+from specdraft.schemas.exports import exports_of
 from specdraft.schemas.plan import PlanFile, read_plan
 from specdraft.schemas.drafter import read_drafter_config
 
@@ -744,11 +744,11 @@ def check_round_cost(d: Doctor) -> Finding:
     """plan's cost model with the measured latencies (RUN/plan.json) and the measured acceptance: does
     the K the run was exported with lose to another K? The loss is the τ the chosen K would need on
     top of its own to match the best K's tokens/s."""
-    exports = read_exports(d.run)
+    exports = exports_of(d.run)
     chosen = [e.num_speculative_tokens for e in exports if e.num_speculative_tokens]
     plan_file = d.run / run_layout.PLAN
     if not chosen or not plan_file.is_file():
-        return Finding("round_cost", False, {"skipped": "needs RUN/exports.json (the served K) and RUN/plan.json "
+        return Finding("round_cost", False, {"skipped": "needs an export of the run (its served K) and RUN/plan.json "
                                                         "(measured costs: specdraft plan --run RUN)"})
     timing = plan_timing(d)
     k = int(chosen[-1])
@@ -766,12 +766,12 @@ def check_round_cost(d: Doctor) -> Finding:
 
 
 def check_export_mismatch(d: Doctor) -> Finding:
-    """The run's checkpoint and each export in RUN/exports.json read back as a serving engine reads
+    """The run's checkpoint and each export of the run (exports_of) read back as a serving engine reads
     them (config.json's top-level fields, its d2t), against the config the run trained with (the
     checkpoint's "specdraft" block): vLLM serves the top-level fields, so a config.json whose
     top-level fields disagree with its own block is served differently from how it trained. The loss
     is τ as served minus the run's τ, where the differences are ones the store can measure."""
-    folders = [d.checkpoint] + [Path(e.out) for e in read_exports(d.run) if e.out and Path(e.out).is_dir()]
+    folders = [d.checkpoint] + [Path(e.out) for e in exports_of(d.run) if e.out and Path(e.out).is_dir()]
     trained = d.drafter.config
     d2t, _ = mapping_of(d.checkpoint)
     differ, worst, unread = {}, None, []
@@ -856,10 +856,10 @@ def diagnose(run: str | Path, model: str | None = None, store: str | Path | None
 
 
 def check_typed_inputs(d: Doctor) -> None:
-    """Read the run's small typed files (config.yaml, exports.json, plan.json) up front: a wrong type
+    """Read the run's small typed files (config.yaml, its exports' export.json, plan.json) up front: a wrong type
     in any is refused in one line naming the file and the field, before any check runs."""
     d.config
-    read_exports(d.run)
+    exports_of(d.run)
     if (d.run / run_layout.PLAN).is_file():
         plan_timing(d)
 

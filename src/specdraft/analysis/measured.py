@@ -9,7 +9,7 @@ from pathlib import Path
 from specdraft import run_layout
 from specdraft.formats import card
 from specdraft.schemas.bench_vllm import read_report
-from specdraft.schemas.exports import read_exports
+from specdraft.schemas.exports import exports_of
 
 
 def served_row(run: Path) -> tuple[str, str]:
@@ -25,8 +25,8 @@ def served_row(run: Path) -> tuple[str, str]:
 
 
 def served_k(run: Path) -> int | None:
-    """The K the run's latest export serves (RUN/exports.json), None when not exported."""
-    exports = read_exports(run)
+    """The K the run's latest export serves (its export.json), None when not exported."""
+    exports = exports_of(run)
     return exports[-1].num_speculative_tokens if exports else None
 
 

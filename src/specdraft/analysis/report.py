@@ -28,7 +28,7 @@ from specdraft.formats import card
 from specdraft import kernels
 from specdraft.infer.bench import why_not_faster
 from specdraft.io import atomic_path
-from specdraft.schemas.exports import read_exports
+from specdraft.schemas.exports import exports_of
 from specdraft.schemas.inputs import INPUTS_FILE, read_inputs
 from specdraft.schemas import typed_json
 from specdraft.schemas.bench import BenchFile
@@ -334,9 +334,9 @@ def eval_tau(ev: dict) -> str:
 
 
 def export_html(run: Path) -> str:
-    """Where the drafter was exported (RUN/exports.json, written by `specdraft export`) and the
+    """Where the drafter was exported (the export folders near the run whose export.json names it) and the
     commands that serve it, the same ones as the export's model card."""
-    exports = [e.model_dump() for e in read_exports(run)]
+    exports = [e.model_dump() for e in exports_of(run)]
     if not exports:
         return ("<h3>Export</h3><p class=meta>not exported yet: specdraft export "
                 f"{esc(run)} --out EXPORT_DIR</p>")

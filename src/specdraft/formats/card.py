@@ -10,18 +10,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from filelock import FileLock
 
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT, Family, family, family_of, layout
-from specdraft.io import write_json
 from specdraft.metrics import drafter_method, tau_source, tau_text
 from specdraft.schemas import typed_json
 from specdraft.schemas.bench import BenchFile
 from specdraft.schemas.drafter import read_drafter_config
 from specdraft.schemas.eval import EvalFile
-from specdraft.schemas.exports import EXPORTS_FILE, ExportEntry
+from specdraft.schemas.exports import ExportRecord
 
 UNKNOWN = "unknown"
 
@@ -271,30 +269,19 @@ def render(facts: dict, cfg, *, out: Path, layout: str, dtype: str, embeddings: 
     return "\n".join(lines)
 
 
-EXPORTS_LOCK = ".exports.lock"  # held while an export updates exports.json
-
-
 def checkpoint_position(ckpt: Path) -> dict:
-    """The epoch and step a training checkpoint was saved at (its val.json), what exports.json records."""
+    """The epoch and step a training checkpoint was saved at (its val.json), what export.json records."""
     val = _json(Path(ckpt) / "val.json")
     return {k: val[k] for k in ("epoch", "step") if isinstance(val.get(k), int) and not isinstance(val[k], bool)}
 
 
-def record_export(ckpt: Path, out: Path, layout: str, dtype: str, speculative_tokens: int,
-                  position: dict | None = None) -> None:
-    """Note in the run folder (RUN/exports.json) where its drafter was exported (and the epoch and step of the
-    checkpoint read, `position`), so the run's report can show the path and the serve commands. One entry per
-    export folder, the latest kept; an export of a checkpoint outside any run records nothing."""
+def export_record(ckpt: Path, layout: str, dtype: str, speculative_tokens: int, position: dict | None = None) -> dict:
+    """EXPORT/export.json: the run and checkpoint exported (and the epoch and step of the checkpoint read,
+    `position`), its layout, dtype and K; how the run's report finds its exports and their serve commands."""
     run = run_folder_of(ckpt)
-    if run is None:
-        return
-    with FileLock(run / EXPORTS_LOCK):   # two exports at once: each reads the other's entry
-        entries = _json(run / EXPORTS_FILE).get("exports") or []
-        out_path = str(Path(out).resolve())
-        entries = [e for e in entries if isinstance(e, dict) and e.get("out") != out_path]
-        entries.append(ExportEntry(out=out_path, layout=layout, dtype=dtype, num_speculative_tokens=int(speculative_tokens),
-                                   checkpoint=str(Path(ckpt).resolve()), **(position or {})).model_dump(exclude_none=True))
-        write_json(run / EXPORTS_FILE, {"exports": entries})
+    return ExportRecord(run=None if run is None else str(run.resolve()), layout=layout, dtype=dtype,
+                        num_speculative_tokens=int(speculative_tokens), checkpoint=str(Path(ckpt).resolve()),
+                        **(position or {})).model_dump(exclude_none=True, exclude={"out"})
 
 
 def sglang_missing(cfg) -> str | None:

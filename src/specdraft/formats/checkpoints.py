@@ -24,6 +24,7 @@ from specdraft.formats import card
 from specdraft.io import (LOCK_NAME, clean_leftovers, fsync_dir, os_error_line, read_json, temp_prefix,
                           with_umask, write_json)
 from specdraft.schemas.drafter import check_drafter_config
+from specdraft.schemas.exports import RECORD
 from specdraft.targets import load_target_head
 from specdraft.vocab import check_mapping, integer_d2t, t2d_from_d2t
 from specdraft.weights import WEIGHT_FILES, read_weights, weights_file
@@ -302,7 +303,7 @@ def stable_read(src: str | Path, read):
                          "saving into it?); export when training stops, or export a checkpoints/epoch-N folder")
 
 
-EXPORT_FILES = ("config.json", "model.safetensors", "README.md", "inputs.json")   # everything export and import write
+EXPORT_FILES = ("config.json", "model.safetensors", "README.md", "inputs.json", RECORD)   # what export and import write
 
 
 def check_replaceable(out: Path, command: str) -> None:
@@ -390,11 +391,11 @@ def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: in
     text = card.render(card.facts(ckpt, cfg, target.identity if target else None), cfg, out=out, layout=layout,
                        dtype=dtype_name, embeddings="embed_tokens.weight" in tensors,
                        speculative_tokens=speculative_tokens, weight_bytes=weight_bytes)
-    extra = {"README.md": lambda p: p.write_text(text)}
+    record = card.export_record(ckpt, layout, dtype_name, speculative_tokens, position)
+    extra = {"README.md": lambda p: p.write_text(text), RECORD: lambda p: write_json(p, record)}
     if inputs:                              # eval of the export leaves out the samples it trained on
         extra["inputs.json"] = lambda p: write_json(p, inputs)
     save_checkpoint(out, tensors, cfg, layout=layout, speculative_tokens=speculative_tokens, extra_files=extra)
-    card.record_export(ckpt, out, layout, dtype_name, speculative_tokens, position)
     return {"source": str(ckpt), "source_layout": src_layout, "layout": layout, "out": str(out),
             "dtype": dtype_name, "tensors": len(tensors), "has_embed_tokens": "embed_tokens.weight" in tensors,
             "weight_bytes": weight_bytes}
