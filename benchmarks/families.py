@@ -36,7 +36,7 @@ from replay import natural_answers, replay_methods
 from specdraft.families import family_of
 from specdraft.api import load_drafter, load_target
 from specdraft.infer import bench as B
-from specdraft.kernels import cpu_info
+from specdraft.machine import cpu_info
 from specdraft.infer.speculative import eos_ids_of
 from specdraft.infer.timing import rotated
 from specdraft.infer.tree import TreeShape

@@ -172,7 +172,7 @@ def test_shape_rows_plain_runs_its_own_cheapest_r_in_float32_and_the_chains_othe
 def test_compute_dtype_auto_in_bench_and_the_bf16_reference_is_plain_decoding(tiny_target, tmp_path, monkeypatch):
     """--compute-dtype auto: float32 where timing is off (the suite); where bf16 measures faster, bench runs
     bf16 and adds plain decoding at the chain's R as the lossless reference. A bad value is one line."""
-    from specdraft import kernels
+    from specdraft import dtypes
 
     out = tmp_path / "bench.json"
     args = ["bench", "--model", tiny_target, "--drafter", "untrained:64", "--methods", "greedy,eagle3", "-k", "2",
@@ -181,8 +181,8 @@ def test_compute_dtype_auto_in_bench_and_the_bf16_reference_is_plain_decoding(ti
     assert res.exit_code == 0, res.output
     config = json.loads(out.read_text())["config"]
     assert (config["dtype"], config["dtype_asked"]) == ("float32", "auto")
-    monkeypatch.setattr(kernels, "measuring", lambda: True)
-    monkeypatch.setattr(kernels, "faster_dtype", lambda shapes, rows: ("bfloat16", {"float32": 2.0, "bfloat16": 1.0}))
+    monkeypatch.setattr(dtypes, "measuring", lambda: True)
+    monkeypatch.setattr(dtypes, "faster_dtype", lambda shapes, rows: ("bfloat16", {"float32": 2.0, "bfloat16": 1.0}))
     res = invoke(*args)
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())

@@ -131,7 +131,7 @@ def test_a_damaged_dtype_cache_is_measured_again(tmp_path, monkeypatch, damaged)
 
     import torch
 
-    from specdraft import kernels
+    from specdraft import dtypes, kernels
 
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(kernels, "_TABLES", {})
@@ -140,12 +140,12 @@ def test_a_damaged_dtype_cache_is_measured_again(tmp_path, monkeypatch, damaged)
     def timer(shape, rows, dtype):
         calls.append(dtype)
         return 1.0 if dtype == torch.float32 else 2.0          # bf16 slower: float32 is the honest choice
-    assert kernels.faster_dtype(shapes, 4, timer=timer)[0] == "float32"   # measured: the cache file is written
+    assert dtypes.faster_dtype(shapes, 4, timer=timer)[0] == "float32"   # measured: the cache file is written
     path = next((tmp_path / "cache" / "kernels").glob("dtype-*.json"))
     path.write_text(json.dumps({"ms": damaged}))
     calls.clear()
-    monkeypatch.setattr(kernels, "time_paths", lambda shape, n, dtype, paths=None: {"linear": timer(shape, n, dtype)})
-    assert kernels.faster_dtype(shapes, 4)[0] == "float32" and calls          # measured again, not trusted
+    monkeypatch.setattr(dtypes, "time_paths", lambda shape, n, dtype, paths=None: {"linear": timer(shape, n, dtype)})
+    assert dtypes.faster_dtype(shapes, 4)[0] == "float32" and calls          # measured again, not trusted
     assert kernels.usable_timings({"24x40": {"2": {"linear": 0, "mm": 1.0}}}) == {}
 
 

@@ -589,9 +589,9 @@ AUTO_DTYPE_ROWS = 4      # --compute-dtype auto times matmuls at the rows of a K
 
 def compute_dtype(dtype: str, model: str, device: str, trust_remote_code: bool) -> str:
     """--compute-dtype for bench and generate: as asked, or for auto the faster one on this machine
-    (kernels.auto_dtype: bf16 on a GPU, on a CPU where bf16 matmuls measure faster; float32 under
+    (dtypes.auto_dtype: bf16 on a GPU, on a CPU where bf16 matmuls measure faster; float32 under
     SPECDRAFT_KERNEL_PATH=linear). Outside float32 lossless means plain decoding's tokens at the same R."""
-    from specdraft.kernels import auto_dtype
+    from specdraft.dtypes import auto_dtype
     from specdraft.targets import target_config
 
     return auto_dtype(dtype, target_config(model, trust_remote_code), AUTO_DTYPE_ROWS, gpu=device.startswith("cuda"))

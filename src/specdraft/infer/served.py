@@ -296,7 +296,7 @@ def run_served_bench(model: str, drafter: str | None, prompts: str, methods: str
     from specdraft.data.vllm_engine import vllm_version
     from specdraft.families import family
     from specdraft.infer.bench import environment, prompt_ids, read_prompts
-    from specdraft.kernels import cpu_label
+    from specdraft.machine import cpu_label
     from specdraft.targets import load_tokenizer, resolve
     from specdraft.templates import check_template_kwargs, parse_template_kwargs, thinking_mode
 
