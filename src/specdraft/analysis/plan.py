@@ -22,7 +22,7 @@ from specdraft.families import DEFAULT, Family, family
 from specdraft.formats.checkpoints import resolve_checkpoint
 from specdraft import bandwidth, kernels
 from specdraft.infer.auto import checkpoint_accept, draft_timer, measure_costs
-from specdraft.infer.bench import load_drafter_for
+from specdraft.infer.methods import load_drafter_for
 from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from,  # noqa: F401
                                        expected_tokens, extend)
 from specdraft.infer.timing import busy_warning, interleaved_ms, machine_load, monotonic_warning

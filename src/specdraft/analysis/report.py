@@ -26,7 +26,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT, family, family_of
 from specdraft.formats import card
 from specdraft import bandwidth
-from specdraft.infer.bench import why_not_faster
+from specdraft.infer.bench_output import why_not_faster
 from specdraft.io import atomic_path
 from specdraft.schemas.exports import read_exports
 from specdraft.schemas.inputs import INPUTS_FILE, read_inputs
