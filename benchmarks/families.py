@@ -34,9 +34,10 @@ from rich.table import Table
 
 from replay import natural_answers, replay_methods
 from specdraft.families import family_of
-from specdraft.api import load_drafter, load_target
-from specdraft.infer import bench as B
-from specdraft.kernels import cpu_info
+from specdraft.api import load_drafter, load_target, prompt_ids, read_prompts
+from specdraft.infer.bench import environment, run_one, summarize, summarize_rounds
+from specdraft.infer.methods import DEFAULT_TREE, Method
+from specdraft.machine import cpu_info
 from specdraft.infer.speculative import eos_ids_of
 from specdraft.infer.timing import rotated
 from specdraft.infer.tree import TreeShape
@@ -125,31 +126,31 @@ def main() -> None:
     trained.update({f: train_family(ws, f, args.parallel_steps) for f in PARALLEL})
     target = load_target(args.model)
     drafters = {f: load_drafter(Path(t["run"]) / "best", target_model=target.model) for f, t in trained.items()}
-    methods = [B.Method("greedy", None, hf=True), B.Method("plain", None)]
+    methods = [Method("greedy", None, hf=True), Method("plain", None)]
     for k in (1, 2, 4):
-        methods.append(B.Method(f"eagle3 K={k}", family_of(drafters["eagle3"]).proposer(drafters["eagle3"], k=k)))
-    methods.append(B.Method("eagle3-tree 4,4,16", family_of(drafters["eagle3"]).proposer(
-        drafters["eagle3"], tree=TreeShape.parse(B.DEFAULT_TREE))))
+        methods.append(Method(f"eagle3 K={k}", family_of(drafters["eagle3"]).proposer(drafters["eagle3"], k=k)))
+    methods.append(Method("eagle3-tree 4,4,16", family_of(drafters["eagle3"]).proposer(
+        drafters["eagle3"], tree=TreeShape.parse(DEFAULT_TREE))))
     for family in PARALLEL:
         for k in (2, 4):
-            methods.append(B.Method(f"{family} K={k}", family_of(drafters[family]).proposer(drafters[family], k=k)))
+            methods.append(Method(f"{family} K={k}", family_of(drafters[family]).proposer(drafters[family], k=k)))
     k, stop = args.parallel_steps, args.dspark_stop
-    methods.append(B.Method(f"dspark K={k} stop {stop}", family_of(drafters["dspark"]).proposer(
+    methods.append(Method(f"dspark K={k} stop {stop}", family_of(drafters["dspark"]).proposer(
         drafters["dspark"], k=k, stop=stop)))
 
-    conversations = B.read_prompts(args.prompts, args.limit)
-    prompts = [B.prompt_ids(target.tokenizer, c) for c in conversations]
+    conversations = read_prompts(args.prompts, args.limit)
+    prompts = [prompt_ids(target.tokenizer, c) for c in conversations]
     eos = eos_ids_of(target.model, target.tokenizer)
     for m in methods:                                                               # warm-up
-        B.run_one(target.model, m, prompts[0], 8, eos)
+        run_one(target.model, m, prompts[0], 8, eos)
     runs = {m.name: [] for m in methods}
     for r in range(args.rounds):
         for m in rotated(methods, r):
-            runs[m.name].append([B.run_one(target.model, m, ids, args.max_new_tokens, eos) for ids in prompts])
+            runs[m.name].append([run_one(target.model, m, ids, args.max_new_tokens, eos) for ids in prompts])
             print(f"round {r + 1}/{args.rounds}: {m.name}", file=sys.stderr, flush=True)
     reference = [g.token_ids for g in runs["greedy"][0]]
-    greedy_tps = [B.summarize("greedy", rs, None)["tokens_per_s"] for rs in runs["greedy"]]
-    results = {m.name: B.summarize_rounds(m.name, runs[m.name], reference, greedy_tps) for m in methods}
+    greedy_tps = [summarize("greedy", rs, None)["tokens_per_s"] for rs in runs["greedy"]]
+    results = {m.name: summarize_rounds(m.name, runs[m.name], reference, greedy_tps) for m in methods}
     plain = statistics.median(r["tokens_per_s"] for r in results["plain"]["rounds"])
     for r in results.values():
         r["speedup_over_plain"] = r["tokens_per_s"] / plain
@@ -162,7 +163,7 @@ def main() -> None:
     report = {"benchmark": "families", "natural_prompts": args.natural, "num_natural": len(natural), "workspace": str(ws), "prompts": args.prompts, "num_prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "trained": trained,
               "methods": {n: {k: v for k, v in r.items() if k not in ("profile",)} for n, r in results.items()},
-              "environment": {**B.environment("cpu", "float32"), **cpu_info()}}
+              "environment": {**environment("cpu", "float32"), **cpu_info()}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

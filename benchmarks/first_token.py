@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from verify_cost import cpu_kind  # noqa: E402
 
-from specdraft import kernels  # noqa: E402
+from specdraft import kernels, machine  # noqa: E402
 from specdraft.api import load_tokenizer  # noqa: E402
 
 CASES = {"greedy": ["--method", "greedy"], "eagle3-untrained-k3": ["--drafter", "untrained", "-k", "3"]}
@@ -81,7 +81,7 @@ def main() -> None:
             rows[name] = {"cold": first_token(command, cache), "warm": first_token(command, cache)}
             print(f"{name}: first token {rows[name]['cold']['first_token_s']} s cold, "
                   f"{rows[name]['warm']['first_token_s']} s warm", flush=True)
-    result = {"cpu": kernels.cpu_info()["cpu"], "cpu_kind": cpu_kind(), "threads": os.cpu_count(),
+    result = {"cpu": machine.cpu_info()["cpu"], "cpu_kind": cpu_kind(), "threads": os.cpu_count(),
               "kernel_budget_s": kernels.KERNEL_BUDGET_S, "goal_s": 30,
               "target": {"family": "qwen3 (random weights)", "hidden": args.hidden,
                          "intermediate": args.intermediate, "layers": args.layers},

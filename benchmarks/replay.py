@@ -9,7 +9,7 @@ answer, and the hidden states a drafter reads are the target's over that answer.
 infer/speculative.generate can run without a verify forward: one target forward per prompt computes
 the hidden states of every position (the capture's own hooks, fp32), and each round's accepted path is
 `greedy_path` with the answer's next tokens as the target's choices. The proposers are bench's own
-(`bench.build_methods`: the family's chain, its tree, hybrid, ngram, with the datastore), fed exactly
+(`methods.build_methods`: the family's chain, its tree, hybrid, ngram, with the datastore), fed exactly
 what generate feeds them, so τ and the per-position rates are bench's, in minutes instead of a
 27-minute bench, and on all 96 prompts. The answers come from `prepare --conversations
 benchmarks/prompts/natural.jsonl --regenerate --compute-dtype float32` (batched greedy; a row whose batched answer parts from
@@ -35,8 +35,9 @@ from ngram_datastore import answers_to_replay  # noqa: E402
 
 from specdraft.analysis.probe import target_hidden  # noqa: E402
 from specdraft.api import load_drafter_for, load_target, Sampling, SpecdraftError  # noqa: E402
-from specdraft.infer.bench import build_methods, read_prompt_rows  # noqa: E402
+from specdraft.infer.methods import build_methods  # noqa: E402
 from specdraft.infer.ngram import Datastore, assistant_spans  # noqa: E402
+from specdraft.infer.prompts import read_prompt_rows  # noqa: E402
 from specdraft.infer.speculative import Profile, per_position_accept  # noqa: E402
 from specdraft.infer.tree import Draft, TreeShape, greedy_path  # noqa: E402
 
@@ -100,7 +101,7 @@ def by_category(rows: dict[str, dict], cats: list[str]) -> list[str]:
 
 
 def replay_methods(target, methods, samples, on_prompt=None) -> dict[str, dict]:
-    """Every method (bench.Method with a proposer) replayed over every answer: {name: summary + per-prompt τ}.
+    """Every method (methods.Method with a proposer) replayed over every answer: {name: summary + per-prompt τ}.
     One target forward per answer and aux layer set gives the hidden states all methods read."""
     runs = {m.name: ([], [], []) for m in methods}                      # accepted, proposed, per-prompt τ
     for n, (ids, start, end) in enumerate(samples, 1):

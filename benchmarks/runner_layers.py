@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from verify_cost import cpu_kind  # noqa: E402
 
-from specdraft import kernels  # noqa: E402
+from specdraft import machine  # noqa: E402
 from specdraft.api import generate, load_target, NgramProposer, prompt_ids, read_prompts  # noqa: E402
 
 CONFIGS = {"core": dict(pad_rows=False, kernels=False), "pad": dict(pad_rows=True, kernels=False),
@@ -89,7 +89,7 @@ def main() -> None:
              "identical_to_plain": f"{same[(n, k)]}/{len(prompts)}", "samples": [round(v, 2) for v in speed[(n, k)]]}
             for n, k in cases]
     kind = cpu_kind() + ("-bf16" if args.dtype != "float32" else "")
-    result = {"benchmark": "runner_layers", "cpu": kernels.cpu_info()["cpu"], "cpu_kind": cpu_kind(),
+    result = {"benchmark": "runner_layers", "cpu": machine.cpu_info()["cpu"], "cpu_kind": cpu_kind(),
               "model": args.model, "dtype": args.dtype, "threads": args.threads, "prompts": args.prompts,
               "num_prompts": len(prompts), "tokens": args.tokens, "k": args.k, "rounds": args.rounds, "rows": rows}
     out = Path(__file__).parent / "results" / f"runner_layers-{kind}.json"

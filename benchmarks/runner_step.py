@@ -37,7 +37,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).parent))
 from verify_cost import cpu_kind  # noqa: E402
 
-from specdraft import kernels  # noqa: E402
+from specdraft import kernels, machine  # noqa: E402
 from specdraft.infer import speculative  # noqa: E402
 from specdraft.infer.tree import Draft  # noqa: E402
 from specdraft.api import load_target  # noqa: E402
@@ -142,7 +142,7 @@ def main() -> None:
     report = {"benchmark": "runner_step", "model": args.model, "dtype": args.dtype, "context": args.context,
               "steps": args.steps, "rounds": args.rounds, "threads": args.threads, "taps": taps,
               "rows": rows, "pieces": pieces, "kernels": kernels.describe(model),
-              "cpu": {**kernels.cpu_info(), "kind": cpu_kind()},
+              "cpu": {**machine.cpu_info(), "kind": cpu_kind()},
               "goal": "the loop's 1-token step within 5% of transformers' generate step (issue 23)",
               "environment": {"torch": torch.__version__}}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ under torch.compile (`compiled`: inductor, dynamic=False, compiled once per R be
 shape never changes, so one compile serves every round; the compile seconds are reported), interleaved (each repeat times every n in every mode
 back to back, so machine noise hits all alike), and checks the logits agree. Each time is also read
 against the weight-streaming floor (streamed weight bytes / this machine's copy bandwidth, measured
-in the same run: kernels.weight_floor). Writes one result per CPU kind,
+in the same run: bandwidth.weight_floor). Writes one result per CPU kind,
 benchmarks/results/verify_cost-KIND.json (the CPU's model name and flags inside), and a table.
 """
 
@@ -33,7 +33,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from specdraft import kernels
+from specdraft import bandwidth, kernels, machine
 from specdraft.infer.speculative import Profile, TargetRunner, cache_kwarg, few_row_matmul, target_linears
 from specdraft.api import load_target
 
@@ -42,9 +42,9 @@ MODES = ("linear", "mm", "measured", "onednn", "loop")
 
 def cpu_kind() -> str:
     """A file-name slug for this CPU kind: model name and vector ISA, e.g. amd-epyc-avx512-bf16."""
-    info = kernels.cpu_info()
+    info = machine.cpu_info()
     name = re.sub(r"[^a-z0-9]+", "-", re.sub(r"\(r\)|\(tm\)|processor|cpu|@.*", "", info["cpu"].lower())).strip("-")
-    return f"{name}-{kernels.vector_isa(info)}"
+    return f"{name}-{machine.vector_isa(info)}"
 
 
 def main() -> None:
@@ -138,13 +138,13 @@ def main() -> None:
             max_diff[n] = max(max_diff[n], *(float((logits["linear"] - logits[m]).abs().max()) for m in modes))
 
     med = {key: 1000 * statistics.median(v) for key, v in times.items()}
-    floor = kernels.weight_floor(model)
+    floor = bandwidth.weight_floor(model)
     rows = [{"n": n, **{f"{m}_ms": med[n, m] for m in modes}, **{f"{m}_vs_1": med[n, m] / med[1, m] for m in modes},
              **{f"{m}_vs_floor": med[n, m] / floor["floor_ms"] for m in modes},
              "max_abs_logit_diff": max_diff[n]} for n in ns]
     report = {"benchmark": "verify_cost", "model": args.model, "dtype": args.dtype, "context": args.context,
               "repeats": args.repeats, **({"compile_s": compile_s} if compile_s else {}), "threads": args.threads, "rows": rows, "kernels": described, "floor": floor,
-              "cpu": {**kernels.cpu_info(), "kind": cpu_kind(), "flags": cpu_flags()},
+              "cpu": {**machine.cpu_info(), "kind": cpu_kind(), "flags": cpu_flags()},
               "goal": "verify(K+1) <= 1.15 x verify(1) for K <= 7, verify(1) <= verify(2); bf16 verify <= 1.5x floor (issue 35)",
               "environment": {"torch": torch.__version__}}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +161,7 @@ def main() -> None:
         table.add_row(str(r["n"]), *(f"{r[f'{m}_{k}']:.{2 if k == 'vs_1' else 1}f}" for m in modes for k in ("ms", "vs_1")),
                       f"{r['max_abs_logit_diff']:.1e}")
     Console().print(table)
-    print(kernels.floor_line(floor, [r["loop_ms"] for r in rows]) + " (loop)")
+    print(bandwidth.floor_line(floor, [r["loop_ms"] for r in rows]) + " (loop)")
     print(kernels.format_paths(described))
     print(f"wrote {out}")
 

@@ -179,7 +179,7 @@ def test_moe_weight_floor_counts_the_experts_a_token_reads(saved):
     """-k auto and plan price a verify from the weight floor: an MoE target streams only the share of its
     routed experts a token routes to (Kimi-K2.5: 8 of 384), never all of them."""
     from specdraft.adapter import active_fraction, is_expert_weight
-    from specdraft.kernels import streamed_weight_bytes
+    from specdraft.bandwidth import streamed_weight_bytes
     from specdraft.targets import load_target
 
     for arch in ("qwen3_moe", "deepseek_v3", "gpt_oss"):

@@ -112,7 +112,7 @@ def test_auto_k_is_zero_when_the_faked_costs_make_drafting_a_loss():
 def test_bench_defaults_to_k_auto_and_decodes_plainly_where_no_chain_pays(tiny_target, tmp_path, monkeypatch):
     """No -k: bench's eagle3 chain takes -k auto; with faked costs that make every chain lose it runs as
     plain decoding (identical, τ 1.0), the choice is one line, and the report JSON says why."""
-    from specdraft.infer.bench import why_not_faster
+    from specdraft.infer.bench_output import why_not_faster
 
     def losing_costs(target_model, drafter, n_max, context, rounds=3, repeats=5, label=""):
         return {"verify_ms": [10.0 * (1 + n) for n in range(n_max)], "draft_ms": 5.0}
@@ -157,7 +157,7 @@ def test_bench_runs_the_chain_and_plain_at_the_rows_k_auto_measured_cheapest(tin
 
 
 def test_shape_rows_plain_runs_its_own_cheapest_r_in_float32_and_the_chains_otherwise():
-    from specdraft.infer.bench import shape_rows
+    from specdraft.infer.methods import shape_rows
 
     verify = [10.0, 20.0, 20.5, 21.0, 21.5, 19.0]
     option = chain_options([0.5], verify, 1.0, 5)[1]
@@ -172,7 +172,7 @@ def test_shape_rows_plain_runs_its_own_cheapest_r_in_float32_and_the_chains_othe
 def test_compute_dtype_auto_in_bench_and_the_bf16_reference_is_plain_decoding(tiny_target, tmp_path, monkeypatch):
     """--compute-dtype auto: float32 where timing is off (the suite); where bf16 measures faster, bench runs
     bf16 and adds plain decoding at the chain's R as the lossless reference. A bad value is one line."""
-    from specdraft import kernels
+    from specdraft import dtypes
 
     out = tmp_path / "bench.json"
     args = ["bench", "--model", tiny_target, "--drafter", "untrained:64", "--methods", "greedy,eagle3", "-k", "2",
@@ -181,8 +181,8 @@ def test_compute_dtype_auto_in_bench_and_the_bf16_reference_is_plain_decoding(ti
     assert res.exit_code == 0, res.output
     config = json.loads(out.read_text())["config"]
     assert (config["dtype"], config["dtype_asked"]) == ("float32", "auto")
-    monkeypatch.setattr(kernels, "measuring", lambda: True)
-    monkeypatch.setattr(kernels, "faster_dtype", lambda shapes, rows: ("bfloat16", {"float32": 2.0, "bfloat16": 1.0}))
+    monkeypatch.setattr(dtypes, "measuring", lambda: True)
+    monkeypatch.setattr(dtypes, "faster_dtype", lambda shapes, rows: ("bfloat16", {"float32": 2.0, "bfloat16": 1.0}))
     res = invoke(*args)
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
@@ -195,7 +195,7 @@ def test_compute_dtype_auto_in_bench_and_the_bf16_reference_is_plain_decoding(ti
 
 
 def test_why_not_faster_names_the_slower_methods_and_the_costs():
-    from specdraft.infer.bench import why_not_faster
+    from specdraft.infer.bench_output import why_not_faster
 
     report = {"methods": {"greedy": {"speedup": 1.0}, "ngram": {"speedup": 0.89}, "eagle3": {"speedup": 1.2}},
               "config": {"k_auto": {"k": 2, "verify_ms": [50.0, 89.0, 95.0], "draft_ms": 2.5}}}

@@ -294,12 +294,12 @@ def test_auto_compute_dtype_is_measured_recorded_and_kept_on_resume(tiny_target,
     """capture --compute-dtype auto (the CLI's default): float32 in the suite (SPECDRAFT_KERNEL_PATH=linear,
     the same store on every machine); where bf16 measures faster (AMX) bf16, recorded in the manifest;
     a resumed store keeps the dtype it was started in whatever this machine would measure."""
-    from specdraft import kernels
+    from specdraft import dtypes
 
     assert run(tiny_target, prepared, tmp_path / "suite", compute_dtype="auto")["compute_dtype"] == "float32"
     monkeypatch.setenv("SPECDRAFT_KERNEL_PATH", "")
     asked = []
-    monkeypatch.setattr(kernels, "faster_dtype", lambda shapes, rows: asked.append(rows) or ("bfloat16", {}))
+    monkeypatch.setattr(dtypes, "faster_dtype", lambda shapes, rows: asked.append(rows) or ("bfloat16", {}))
     out = tmp_path / "amx"
     stop = {"n": 0}
     real_write = st.StoreWriter.write_shard
@@ -315,5 +315,5 @@ def test_auto_compute_dtype_is_measured_recorded_and_kept_on_resume(tiny_target,
         run(tiny_target, prepared, out, compute_dtype="auto")
     assert asked == [64] and json.loads((out / "manifest.json").read_text())["compute_dtype"] == "bfloat16"
     monkeypatch.setattr(st.StoreWriter, "write_shard", real_write)
-    monkeypatch.setattr(kernels, "faster_dtype", lambda shapes, rows: ("float32", {}))   # another machine now
+    monkeypatch.setattr(dtypes, "faster_dtype", lambda shapes, rows: ("float32", {}))   # another machine now
     assert run(tiny_target, prepared, out, compute_dtype="auto", resume=True)["compute_dtype"] == "bfloat16"

@@ -40,7 +40,8 @@ def ws(tmp_path_factory, tiny_target):
     from specdraft.data.prepared import load_prepared, save_prepared
     from specdraft.data.render import end_of_turn_ids
     from specdraft.templates import template_sha256
-    from specdraft.infer.bench import hf_greedy, prompt_ids
+    from specdraft.infer.bench import hf_greedy
+    from specdraft.infer.prompts import prompt_ids
     from specdraft.targets import load_target
     from specdraft.train.config import RunConfig
     from specdraft.train.loop import train

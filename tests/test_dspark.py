@@ -324,7 +324,7 @@ def test_generate_with_a_dspark_drafter_on_the_default_paths(dspark_run, ws):  #
     assert res.exit_code == 0, res.output
     assert "-k auto: K=" in res.output and ("draft forward" in res.output or "drafter forward" in res.output)
     answer = json.loads(res.output.strip().splitlines()[-1])
-    from specdraft.infer.bench import prompt_ids
+    from specdraft.infer.prompts import prompt_ids
 
     ids = prompt_ids(ws["target"].tokenizer, [{"role": "user", "content": "hello there"}])
     assert answer["token_ids"] == greedy(ws["target"].model, ids, 12)

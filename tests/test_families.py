@@ -238,17 +238,17 @@ def test_tree_drafting_is_a_family_capability(toy_family, monkeypatch):
     """bench's FAMILY-tree methods and generate --tree ask the family (Family.tree), not the name eagle3."""
     import dataclasses
 
-    from specdraft.infer import bench
+    from specdraft.infer import methods
     from specdraft.infer.generate import generate_one
     from specdraft.infer.sampling import Sampling
 
-    assert "eagle3-tree" in bench.all_methods() and "toy-tree" not in bench.all_methods()
-    assert "dspark-tree" not in bench.all_methods()
+    assert "eagle3-tree" in methods.all_methods() and "toy-tree" not in methods.all_methods()
+    assert "dspark-tree" not in methods.all_methods()
     with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 or hybrid and greedy"):
         generate_one("hi", "default", None, "toy", None, None, "4,4,16", Sampling(), 8, (1, 3), "cpu", "float32",
                      False, False)
     monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(TOY, tree=True))
-    assert "toy-tree" in bench.all_methods()
+    assert "toy-tree" in methods.all_methods()
     with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 or toy or hybrid and greedy"):
         generate_one("hi", "default", None, "toy", None, None, "4,4,16", Sampling(temperature=0.5), 8, (1, 3),
                      "cpu", "float32", False, False)

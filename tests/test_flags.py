@@ -134,7 +134,7 @@ def test_flags_that_live_elsewhere_name_where_not_a_lookalike(calls, tmp_path):
 
 def test_generate_errors_name_its_own_method_flag(tiny_target, tmp_path):
     """generate's flag is --method; its errors said --methods (bench's)."""
-    from specdraft.infer.bench import check_drafter_methods, untrained_drafter
+    from specdraft.infer.methods import check_drafter_methods, untrained_drafter
     from specdraft.targets import load_target
 
     with pytest.raises(SpecdraftError, match=r"^--method eagle3: needs --drafter"):

@@ -231,7 +231,7 @@ def test_the_switch_is_lossless_with_every_familys_drafter(target, name):
 def test_hybrid_tree_grafts_ngram_onto_the_drafters_tree_losslessly(target, drafter):
     """bench's hybrid-tree: the drafter's EAGLE-2 tree with the n-gram continuation as one more branch;
     greedy's tokens, never fewer accepted per round in sum than the tree alone on prompts that repeat."""
-    from specdraft.infer.bench import HYBRID_TREE, build_methods
+    from specdraft.infer.methods import HYBRID_TREE, build_methods
     from specdraft.infer.tree import TreeShape
 
     shape = TreeShape.parse("2,2,4")
@@ -251,7 +251,7 @@ def test_hybrid_tree_grafts_ngram_onto_the_drafters_tree_losslessly(target, draf
 def test_hybrid_tree_needs_a_family_that_drafts_trees(target):
     from specdraft.errors import SpecdraftError
     from specdraft.families import family, names
-    from specdraft.infer.bench import HYBRID_TREE, all_methods, check_drafter_methods
+    from specdraft.infer.methods import HYBRID_TREE, all_methods, check_drafter_methods
 
     assert HYBRID_TREE in all_methods()
     chain_only = next(n for n in names() if not family(n).tree)

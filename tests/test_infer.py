@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdraft.errors import SpecdraftError
-from specdraft.infer.bench import check_drafter_fits
+from specdraft.infer.methods import check_drafter_fits
 from specdraft.infer.tree import TreeShape
 from specdraft.model.eagle3.proposer import EagleProposer
 from specdraft.infer.ngram import NgramProposer, lookup
@@ -220,7 +220,7 @@ def test_greedy_lossless_on_every_kernel_path_and_dtype(target, drafter, dtype, 
 def test_a_divergence_from_greedy_is_located_and_sized_against_the_targets_own_logits(target):
     """bench's check when a method's tokens leave greedy's: where, and whether the target's own top
     logits tie there within rounding (bf16 verify kernels) or not (a real loss of losslessness)."""
-    from specdraft.infer.bench import divergence, divergence_line
+    from specdraft.infer.bench_output import divergence, divergence_line
 
     prompt = prompts(1, seed=3)[0]
     ref = hf_greedy(target, prompt, 12)
@@ -400,7 +400,7 @@ def test_tree_refuses_sampling(target, drafter):
 
 
 def test_read_prompts(tmp_path):
-    from specdraft.infer.bench import read_prompts
+    from specdraft.infer.prompts import read_prompts
 
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
@@ -499,7 +499,8 @@ def test_cli_generate_and_bench(tiny_target, tmp_path):
 def test_smollm2_lossless(smollm2):
     """The embedded SmolLM2 target, 10 prompts x 64 tokens: n-gram and EAGLE-3 (untrained drafter)
     equal transformers' greedy generate token for token."""
-    from specdraft.infer.bench import prompt_ids, untrained_drafter
+    from specdraft.infer.methods import untrained_drafter
+    from specdraft.infer.prompts import prompt_ids
 
     target = smollm2
     drafter = untrained_drafter(target.model, 2048)

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from specdraft import kernels
+from specdraft import dtypes, kernels
 from specdraft.infer.speculative import few_row_matmul
 
 
@@ -106,7 +106,7 @@ def test_measured_paths_run_inside_few_row_matmul_and_match_linear():
 @pytest.mark.parametrize("tie", [False, True])
 def test_streamed_weight_bytes_count_a_tied_head_once_and_skip_an_untied_embedding(tie):
     """The floor's numerator: what one forward reads. A lookup reads one row of an untied embedding."""
-    from specdraft.kernels import streamed_weight_bytes, weight_floor
+    from specdraft.bandwidth import streamed_weight_bytes, weight_floor
     from specdraft.testing import tiny_llama
 
     model = tiny_llama(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=0, tie=tie)
@@ -144,14 +144,14 @@ def test_faster_dtype_needs_a_clear_win_and_is_timed_once_per_machine(tmp_path, 
         timed.append((shape, rows, dtype))
         return speed[dtype]
 
-    dtype, ms = kernels.faster_dtype(shapes, 64, timer=timer)
+    dtype, ms = dtypes.faster_dtype(shapes, 64, timer=timer)
     assert dtype == "float32" and ms == {"float32": 4.0, "bfloat16": 3.6}          # 10% faster: not enough
     assert len(timed) == 4
     speed[torch.bfloat16] = 0.5
-    dtype, ms = kernels.faster_dtype(shapes, 32, timer=timer)
+    dtype, ms = dtypes.faster_dtype(shapes, 32, timer=timer)
     assert dtype == "bfloat16" and ms["bfloat16"] == 2.0
-    monkeypatch.setattr(kernels, "time_paths", lambda *a, **k: pytest.fail("timed again"))
-    assert kernels.faster_dtype(shapes, 32) == (dtype, ms)                          # read from the cache
+    monkeypatch.setattr(dtypes, "time_paths", lambda *a, **k: pytest.fail("timed again"))
+    assert dtypes.faster_dtype(shapes, 32) == (dtype, ms)                          # read from the cache
 
 
 def test_the_whole_forward_picks_its_path_per_row_count_and_the_runner_runs_it(monkeypatch):
@@ -219,7 +219,7 @@ def test_dtype_timing_is_bounded_in_rows_and_seconds(tmp_path, monkeypatch):
     budget lasts; the ratio over the shapes timed decides."""
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
     clock = [0.0]
-    monkeypatch.setattr(kernels.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(dtypes.time, "perf_counter", lambda: clock[0])
     timed = []
 
     def timer(shape, rows, dtype):
@@ -228,7 +228,7 @@ def test_dtype_timing_is_bounded_in_rows_and_seconds(tmp_path, monkeypatch):
         return 1.0 if dtype == torch.float32 else 0.5
 
     shapes = {(64, 4096): 1, (64, 128): 30, (64, 64): 2}   # work: 262144, 245760, 8192
-    dtype, ms = kernels.faster_dtype(shapes, 2048, timer=timer, budget_s=25)
-    assert {rows for _, rows in timed} == {kernels.DTYPE_ROWS_MAX}
+    dtype, ms = dtypes.faster_dtype(shapes, 2048, timer=timer, budget_s=25)
+    assert {rows for _, rows in timed} == {dtypes.DTYPE_ROWS_MAX}
     assert [shape for shape, _ in timed] == [(64, 4096)] * 2 + [(64, 128)] * 2   # largest work first; then over budget
     assert dtype == "bfloat16" and ms == {"float32": 31.0, "bfloat16": 15.5}

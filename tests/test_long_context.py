@@ -37,15 +37,17 @@ def test_rounds_fall_in_the_bucket_of_their_context_length():
 
 
 def test_bench_records_tau_by_context_per_drafting_method(tiny_target, tmp_path, capsys):
-    from specdraft.infer import bench as B
+    from specdraft.infer.bench import run_bench
+    from specdraft.infer.bench_output import print_report
+    from specdraft.infer.prompts import prompt_ids
     from specdraft.targets import load_target
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "say one two one two"}) + "\n")
-    L = len(B.prompt_ids(load_target(str(tiny_target)).tokenizer, [{"role": "user", "content": "say one two one two"}]))
+    L = len(prompt_ids(load_target(str(tiny_target)).tokenizer, [{"role": "user", "content": "say one two one two"}]))
     edges = f"{L},{L + 12}"                                     # 24 new tokens cross the second
-    report = B.run_bench(str(tiny_target), "untrained:64", str(prompts), "greedy,ngram,eagle3", 24, 3, None,
-                         1, None, (1, 3), None, "cpu", "float32", False, None, edges)
+    report = run_bench(str(tiny_target), "untrained:64", str(prompts), "greedy,ngram,eagle3", 24, 3, None,
+                       1, None, (1, 3), None, "cpu", "float32", False, None, edges)
     assert report["config"]["context_buckets"] == [L, L + 12]
     assert "by_context" not in report["methods"]["greedy"]
     for name in ("ngram", "eagle3"):
@@ -59,7 +61,7 @@ def test_bench_records_tau_by_context_per_drafting_method(tiny_target, tmp_path,
         assert rounds == m["target_forwards"] - 1              # one prefill
         assert sum(b["tau"] * b["rounds"] for b in rows) / rounds == pytest.approx(m["accept_len"])
         assert len(rows) == 2, section
-    B.print_report(report, as_json=False)
+    print_report(report, as_json=False)
     out = capsys.readouterr().out
     assert f"eagle3: τ by context at K=3 on 1 of your prompts ({prompts}):" in out
 
@@ -151,23 +153,24 @@ def test_long_prompts_refuse_a_bound_too_small():
 
 
 def test_bench_prompts_long_on_a_tiny_target(tiny_target):
-    from specdraft.infer import bench as B
+    from specdraft.infer.bench import run_bench
+    from specdraft.infer.prompts import read_prompts
 
-    report = B.run_bench(str(tiny_target), None, "long", "greedy,ngram", 8, None, None, 1, None, (1, 3), 2,
-                         "cpu", "float32", False, None, "400,600", 700)
+    report = run_bench(str(tiny_target), None, "long", "greedy,ngram", 8, None, None, 1, None, (1, 3), 2,
+                       "cpu", "float32", False, None, "400,600", 700)
     assert report["config"]["prompts"] == "long" and report["config"]["num_prompts"] == 2
     buckets = report["methods"]["ngram"]["by_context"]["buckets"]
     assert buckets["<400"]["rounds"] > 0 and buckets["400-600"]["rounds"] > 0   # ~200- and ~500-token prompts
     assert buckets[">=600"]["rounds"] == 0                              # 700 - answer - a round's room
     assert report["methods"]["ngram"]["identical_to_greedy"] is True
     with pytest.raises(SpecdraftError, match="--max-context 9000: .* 4096 tokens at most"):
-        B.run_bench(str(tiny_target), None, "long", "greedy", 8, None, None, 1, None, (1, 3), 2,
-                    "cpu", "float32", False, None, None, 9000)
+        run_bench(str(tiny_target), None, "long", "greedy", 8, None, None, 1, None, (1, 3), 2,
+                  "cpu", "float32", False, None, None, 9000)
     with pytest.raises(SpecdraftError, match="--max-context 700: bounds the long-context prompt set only"):
-        B.run_bench(str(tiny_target), None, "natural", "greedy", 8, None, None, 1, None, (1, 3), 2,
-                    "cpu", "float32", False, None, None, 700)
+        run_bench(str(tiny_target), None, "natural", "greedy", 8, None, None, 1, None, (1, 3), 2,
+                  "cpu", "float32", False, None, None, 700)
     with pytest.raises(SpecdraftError, match="--prompts long: .*specdraft bench --prompts long"):
-        B.read_prompts("long")
+        read_prompts("long")
 
 
 def test_doctor_context_decay_holds_when_tau_falls_at_long_context(tmp_path):

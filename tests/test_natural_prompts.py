@@ -11,7 +11,7 @@ from setuptools.config.pyprojecttoml import read_configuration
 
 from specdraft.data.builtin_prompts import builtin_prompts
 from specdraft.errors import SpecdraftError
-from specdraft.infer.bench import NATURAL_FILE, read_prompt_rows, read_prompts
+from specdraft.infer.prompts import NATURAL_FILE, read_prompt_rows, read_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "STEM", "humanities"}

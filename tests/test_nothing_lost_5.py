@@ -8,25 +8,25 @@ import sys
 import pytest
 
 from specdraft.errors import SpecdraftError
-from specdraft.infer import bench as B
+from specdraft.infer import methods
 
 
 def test_k_with_tree_methods_only_is_refused_before_any_load():
     """-k was recorded in bench.json as the K of a bench that ran only trees (whose size is --tree's)."""
     with pytest.raises(SpecdraftError, match="-k 3: no method in --methods eagle3-tree,greedy drafts a chain"):
-        B.check_bench_options(["eagle3-tree", "greedy"], "eagle3-tree,greedy", [], 3, 3, None, None, "float32")
-    B.check_bench_options(["eagle3-tree", "ngram"], "eagle3-tree,ngram", [], 3, 3, None, None, "float32")
+        methods.check_bench_options(["eagle3-tree", "greedy"], "eagle3-tree,greedy", [], 3, 3, None, None, "float32")
+    methods.check_bench_options(["eagle3-tree", "ngram"], "eagle3-tree,ngram", [], 3, 3, None, None, "float32")
 
 
 def test_hybrid_as_the_switch_is_never_recorded_as_reading_the_datastore():
     """generate/bench --method hybrid --datastore on a machine where hybrid runs as the switch: the switch drafts
     from the context alone, so the datastore is said unused and recorded with the methods that read it."""
-    assert B.datastore_readers(["plain", "ngram", "hybrid"], "switch") == ["ngram"]
-    assert B.datastore_readers(["hybrid"], "tree") == ["hybrid"] and B.datastore_readers(["hybrid-tree"], None) == \
+    assert methods.datastore_readers(["plain", "ngram", "hybrid"], "switch") == ["ngram"]
+    assert methods.datastore_readers(["hybrid"], "tree") == ["hybrid"] and methods.datastore_readers(["hybrid-tree"], None) == \
         ["hybrid-tree"]
-    assert "the datastore is unused" in B.unused_datastore_line(["hybrid"], "switch")
-    assert B.unused_datastore_line(["hybrid", "ngram"], "switch") is None     # n-gram reads it
-    assert B.unused_datastore_line(["hybrid"], "tree") is None
+    assert "the datastore is unused" in methods.unused_datastore_line(["hybrid"], "switch")
+    assert methods.unused_datastore_line(["hybrid", "ngram"], "switch") is None     # n-gram reads it
+    assert methods.unused_datastore_line(["hybrid"], "tree") is None
 
 
 def run_cli(monkeypatch, capsys, *args) -> tuple[int, str]:
@@ -96,7 +96,7 @@ def test_an_empty_answer_is_dropped_and_counted_never_trained(tiny_target, tmp_p
     (the target ended its turn at once): only the end of turn was trained. Empty answers are dropped and counted."""
     from specdraft.data.conversations import Conversation
     from specdraft.data.prepare import render_and_filter
-    from specdraft.infer.bench import target_chat
+    from specdraft.infer.prompts import target_chat
     from specdraft.targets import load_target
 
     chat = target_chat(load_target(str(tiny_target)), {})
@@ -131,7 +131,7 @@ def test_a_damaged_dtype_cache_is_measured_again(tmp_path, monkeypatch, damaged)
 
     import torch
 
-    from specdraft import kernels
+    from specdraft import dtypes, kernels
 
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(kernels, "_TABLES", {})
@@ -140,12 +140,12 @@ def test_a_damaged_dtype_cache_is_measured_again(tmp_path, monkeypatch, damaged)
     def timer(shape, rows, dtype):
         calls.append(dtype)
         return 1.0 if dtype == torch.float32 else 2.0          # bf16 slower: float32 is the honest choice
-    assert kernels.faster_dtype(shapes, 4, timer=timer)[0] == "float32"   # measured: the cache file is written
+    assert dtypes.faster_dtype(shapes, 4, timer=timer)[0] == "float32"   # measured: the cache file is written
     path = next((tmp_path / "cache" / "kernels").glob("dtype-*.json"))
     path.write_text(json.dumps({"ms": damaged}))
     calls.clear()
-    monkeypatch.setattr(kernels, "time_paths", lambda shape, n, dtype, paths=None: {"linear": timer(shape, n, dtype)})
-    assert kernels.faster_dtype(shapes, 4)[0] == "float32" and calls          # measured again, not trusted
+    monkeypatch.setattr(dtypes, "time_paths", lambda shape, n, dtype, paths=None: {"linear": timer(shape, n, dtype)})
+    assert dtypes.faster_dtype(shapes, 4)[0] == "float32" and calls          # measured again, not trusted
     assert kernels.usable_timings({"24x40": {"2": {"linear": 0, "mm": 1.0}}}) == {}
 
 

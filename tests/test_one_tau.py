@@ -32,7 +32,7 @@ def bench_report() -> dict:
 
 
 def test_bench_table_names_each_methods_k_and_the_prompts():
-    from specdraft.infer.bench import bench_table
+    from specdraft.infer.bench_output import bench_table
 
     console = Console(width=200, record=True)
     console.print(bench_table(bench_report()))

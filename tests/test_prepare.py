@@ -353,16 +353,16 @@ def test_regeneration_dtype_is_recorded_and_answers_of_another_dtype_are_not_reu
 def test_auto_regeneration_dtype_follows_this_machines_measurement(monkeypatch):
     from transformers import LlamaConfig
 
-    from specdraft import kernels
+    from specdraft import dtypes
 
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=100)
-    assert kernels.auto_dtype("bfloat16", cfg, 64) == "bfloat16"
-    assert kernels.auto_dtype("auto", cfg, 64) == "float32"          # the suite: no timing
+    assert dtypes.auto_dtype("bfloat16", cfg, 64) == "bfloat16"
+    assert dtypes.auto_dtype("auto", cfg, 64) == "float32"          # the suite: no timing
     monkeypatch.setenv("SPECDRAFT_KERNEL_PATH", "")
     asked = []
-    monkeypatch.setattr(kernels, "faster_dtype", lambda shapes, rows: asked.append((shapes, rows)) or ("bfloat16", {}))
-    assert kernels.auto_dtype("auto", cfg, 64) == "bfloat16"
+    monkeypatch.setattr(dtypes, "faster_dtype", lambda shapes, rows: asked.append((shapes, rows)) or ("bfloat16", {}))
+    assert dtypes.auto_dtype("auto", cfg, 64) == "bfloat16"
     shapes, rows = asked[0]
     assert rows == 64
     # per layer q, k, v, o, gate, up, down; the head once

@@ -98,7 +98,7 @@ def test_report_reader_names_the_bad_field(tmp_path):
 
 
 def test_specdraft_loop_refuses_vllm_only_options():
-    from specdraft.infer.bench import check_served_only
+    from specdraft.infer.methods import check_served_only
 
     check_served_only({"--batch": None, "--breakdown": False})
     with pytest.raises(SpecdraftError, match="--batch: applies to --engine vllm only"):

@@ -10,11 +10,12 @@ from specdraft.data.prepared import load_prepared, save_prepared
 from specdraft.data.store import HiddenStore
 from specdraft.errors import SpecdraftError                               # every refusal, as one line
 from specdraft.formats.checkpoints import export, import_checkpoint, load_drafter, save_drafter
-from specdraft.infer.bench import load_drafter_for, prompt_ids, read_prompts
+from specdraft.infer.methods import load_drafter_for
 from specdraft.infer.ngram import NgramProposer
+from specdraft.infer.prompts import prompt_ids, read_prompts
 from specdraft.infer.sampling import Sampling
 from specdraft.infer.speculative import generate                          # speculative decoding, one prompt
-from specdraft.kernels import cpu_label
+from specdraft.machine import cpu_label
 from specdraft.metrics import load_run                                    # a run's metrics.jsonl
 from specdraft.targets import load_target, load_tokenizer                 # the target (hub id, folder, .gguf, default)
 from specdraft.train.config import RunConfig, resolve_config

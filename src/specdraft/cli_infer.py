@@ -58,7 +58,9 @@ def bench(
                                    "(target forward, drafting, sampling, the rest); engines run in one process.")):
     """Wall-clock speed of every method on the same prompts. greedy, plain (specdraft's loop, no
     drafter), n-gram and drafters, in interleaved rounds (median and spread per method)."""
-    from specdraft.infer import bench as B
+    from specdraft.infer.bench import run_bench
+    from specdraft.infer.bench_output import plot, print_report, time_split_lines
+    from specdraft.infer.methods import check_served_only
     from specdraft.io import write_json
 
     check_out(out, [prompts, drafter, datastore], ".json", "bench")
@@ -70,18 +72,18 @@ def bench(
                             "--verify-rows": verify_rows, "--context-buckets": context_buckets, "--max-context":
                             max_context, "--compile": compiled, "--time-split": time_split,
                             "--device": None if device == "auto" else device})
-    B.check_served_only({"--batch": batch, "--breakdown": breakdown})
+    check_served_only({"--batch": batch, "--breakdown": breakdown})
     k, stop = draft_length_option(num_speculative_tokens), parse_draft_stop(draft_stop)   # parsed here, once
-    report = B.run_bench(model, drafter, prompts, methods or f"greedy,plain,ngram,{DEFAULT_FAMILY}", max_new_tokens,
-                         k, stop, rounds, tree, (ngram_min, ngram_max),
-                         limit, device, compute_dtype, trust_remote_code, verify_rows, context_buckets, max_context,
-                         datastore, compiled, chat_template_kwargs)
+    report = run_bench(model, drafter, prompts, methods or f"greedy,plain,ngram,{DEFAULT_FAMILY}", max_new_tokens,
+                       k, stop, rounds, tree, (ngram_min, ngram_max),
+                       limit, device, compute_dtype, trust_remote_code, verify_rows, context_buckets, max_context,
+                       datastore, compiled, chat_template_kwargs)
     say(report["warnings"])
-    B.print_report(report, as_json)
-    say(B.time_split_lines(report) if time_split else [])
+    print_report(report, as_json)
+    say(time_split_lines(report) if time_split else [])
     if out is not None:
         write_json(out, report)
-        B.plot(report, out.with_suffix(".png"))
+        plot(report, out.with_suffix(".png"))
         say(f"bench -> {out}, {out.with_suffix('.png')}")
 
 

@@ -17,18 +17,17 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import platform
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from specdraft.errors import SpecdraftError
+from specdraft.machine import cpu_identity
 
 PATHS = ("linear", "mm")        # F.linear(x, W) | mm(W, x^T)^T (one row runs as two)
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32)   # row counts timed (a verify is K+1, a tree up to ~25)
@@ -57,39 +56,6 @@ def linear_rows(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor
     if bias is not None:
         out += bias
     return out.view(*x.shape[:-1], out.shape[-1])
-
-
-def cpu_identity() -> dict:
-    """What the fastest kernel depends on, besides the shape."""
-    return {**cpu_info(), "torch": torch.__version__, "threads": torch.get_num_threads()}
-
-
-@lru_cache(maxsize=1)
-def cpu_info() -> dict:
-    name, flags = platform.processor() or platform.machine(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and name in ("", platform.machine(), platform.processor()):
-                name = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = value.strip()
-    except OSError:
-        pass
-    return {"cpu": name, "flags_sha": hashlib.sha256(flags.encode()).hexdigest()[:12],
-            "avx512": "avx512f" in flags.split(), "avx512_bf16": "avx512_bf16" in flags.split(),
-            "amx": "amx_tile" in flags.split()}
-
-
-def vector_isa(info: dict | None = None) -> str:
-    """This CPU's widest matrix/vector kind: amx, avx512-bf16, avx512 or avx2 (what timings depend on)."""
-    info = info or cpu_info()
-    return "amx" if info["amx"] else ("avx512-bf16" if info["avx512_bf16"] else "avx512") if info["avx512"] else "avx2"
-
-
-def cpu_label() -> str:
-    """The CPU's model name and vector kind, named beside every timing a benchmark reports."""
-    return f"{cpu_info()['cpu']} ({vector_isa()})"
 
 
 def machine_key(dtype: torch.dtype) -> str:
@@ -324,114 +290,6 @@ def record_whole_forward(linears: list[torch.nn.Linear], ms: dict[int, dict[str,
                                         "ms": {str(r): t for r, t in ms.items()},
                                         "choice": {str(r): c for r, c in choice.items()}})
     return choice
-
-
-DTYPE_MARGIN = 0.2              # another dtype must beat float32 by this much: answers change with it
-DTYPE_BUDGET_S = 15.0           # dtype timing per choice at most (a small Qwen3's capture waited 110-120 s for it)
-DTYPE_ROWS_MAX = 256            # rows timed: past a few hundred rows a matmul is compute-bound, its dtype ratio set
-
-
-def faster_dtype(shapes: dict[Shape, int], rows: int, candidates: tuple[str, ...] = ("float32", "bfloat16"),
-                 timer: Callable[[Shape, int, torch.dtype], float] | None = None,
-                 budget_s: float = DTYPE_BUDGET_S) -> tuple[str, dict[str, float]]:
-    """(the dtype to compute in, each candidate's ms): F.linear over `shapes` (shape -> how many such
-    Linears one forward runs) at `rows` rows (at most DTYPE_ROWS_MAX), the weights cold, timed per dtype on
-    this machine once and cached beside the kernel tables; the shapes with the most work first, each in
-    every dtype, until `budget_s` is spent (the ratio over the shapes timed decides). float32 unless another
-    dtype beats it by DTYPE_MARGIN: a CPU without native bf16 (AVX2) emulates it and loses, one with
-    AVX512-BF16 or AMX may win (issue 33)."""
-    rows = min(rows, DTYPE_ROWS_MAX)
-    names = sorted(shape_name(s) + f"*{n}" for s, n in shapes.items())
-    key = hashlib.sha256(f"{machine_key(torch.float32)}|{names}|{rows}|{candidates}".encode()).hexdigest()[:16]
-    path = cache_file(f"dtype-{key}")
-    saved = read_cache(path, "dtype timing") if timer is None else None
-    ms = saved.get("ms") if isinstance(saved, dict) else None
-    if not (isinstance(ms, dict) and all(positive_ms(ms.get(c)) for c in candidates)):   # damaged: measured again
-        if timer is None:
-            print(f"compute dtype: timing {' vs '.join(candidates)} matmuls at {rows} rows on this machine (at most "
-                  f"{budget_s:.0f} s, once, cached in {path})", file=sys.stderr, flush=True)
-        measure = timer or (lambda shape, n, dtype: time_paths(shape, n, dtype, paths=("linear",))["linear"])
-        ms, timed, started = dict.fromkeys(candidates, 0.0), 0, time.perf_counter()
-        for shape, count in within_budget(sorted(shapes.items(), key=lambda sc: -sc[1] * sc[0][0] * sc[0][1]), budget_s):
-            for c in candidates:
-                ms[c] += count * measure(shape, rows, getattr(torch, c))
-            timed += 1
-        write_cache(path, {"machine": cpu_identity(), "shapes": names, "rows": rows, "ms": ms,
-                           "shapes_timed": timed, "seconds": round(time.perf_counter() - started, 1)})
-    best = min(candidates, key=lambda c: ms[c])
-    return (best if ms[best] < ms["float32"] * (1 - DTYPE_MARGIN) else "float32"), ms
-
-
-def auto_dtype(requested: str, config, rows: int, gpu: bool | None = None) -> str:
-    """The dtype a target runs data in (prepare's answers, capture's hidden states): as asked, or for
-    'auto' bf16 on a GPU and, on a CPU, the faster dtype at `rows` rows per matmul (faster_dtype, timed
-    once per machine: a CPU with AMX or AVX512-BF16 may pick bf16, AVX2 keeps float32). Under
-    SPECDRAFT_KERNEL_PATH=linear (the suite) 'auto' is float32: the same data on every machine. `gpu`:
-    whether the target runs on one (default: whether one is present)."""
-    from specdraft.targets import linear_counts
-
-    if requested != "auto":
-        return requested
-    if torch.cuda.is_available() if gpu is None else gpu:
-        return "bfloat16"
-    if not measuring():
-        return "float32"
-    return faster_dtype(linear_counts(config), rows)[0]
-
-
-FLOOR_BYTES = 256 << 20         # the copy that measures bandwidth: far beyond any last-level cache
-
-
-def copy_bandwidth_gbs(nbytes: int = FLOOR_BYTES, repeats: int = 5) -> float:
-    """This machine's memory bandwidth as a torch copy of `nbytes` sees it: bytes copied per second (GB/s),
-    median of `repeats`, measured now (it depends on the CPU, the memory and what else runs)."""
-    src = torch.ones(nbytes // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)                                                              # first touch
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - start)
-    return nbytes / statistics.median(times) / 1e9
-
-
-def streamed_weight_bytes(model) -> int:
-    """Bytes of the weights one forward of a row reads: every parameter once (tied ones once), the input
-    embedding only where it is the output head too (a lookup reads a row, not the table), and of an MoE
-    target's routed experts only the share a token routes to (adapter.active_fraction: Kimi-K2.5 reads
-    8 of 384)."""
-    from specdraft.adapter import active_fraction, is_expert_weight
-
-    embed = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    tied = head is not None and embed is not None and head.weight.data_ptr() == embed.data_ptr()
-    active = active_fraction(model.config) if hasattr(model, "config") else 1.0
-    seen, total = set(), 0.0
-    for name, p in model.named_parameters():
-        if p.data_ptr() in seen or (p is embed and not tied):
-            continue
-        seen.add(p.data_ptr())
-        total += p.numel() * p.element_size() * (active if is_expert_weight(name) else 1.0)
-    return int(total)
-
-
-def weight_floor(model, bandwidth_gbs: float | None = None) -> dict:
-    """The floor of a forward bound by memory bandwidth (issue 35): streamed weight bytes / copy bandwidth.
-    A forward of a few rows on a CPU reads every weight once whatever the row count, so its time cannot
-    fall below this; verify times are read as multiples of it."""
-    bandwidth = bandwidth_gbs or copy_bandwidth_gbs()
-    nbytes = streamed_weight_bytes(model)
-    return {"weight_mb": nbytes / 1e6, "bandwidth_gbs": bandwidth, "floor_ms": nbytes / bandwidth / 1e6}
-
-
-def floor_line(floor: dict, verify_ms: list[float] | None = None) -> str:
-    """'floor: 538 MB of weights / 19.2 GB/s (copy) = 28.0 ms; verify 1..4 = 2.1 1.9 2.2 2.3x floor'."""
-    line = (f"floor: {floor['weight_mb']:.0f} MB of weights / {floor['bandwidth_gbs']:.1f} GB/s (a torch copy, "
-            f"measured now) = {floor['floor_ms']:.1f} ms per forward")
-    if verify_ms:
-        line += f"; verify 1..{len(verify_ms)} = " + " ".join(f"{v / floor['floor_ms']:.1f}" for v in verify_ms) + "x floor"
-    return line
 
 
 def target_linears(model) -> list[torch.nn.Linear]:

@@ -27,7 +27,7 @@ from specdraft.trackers import open_trackers, scalars
 # ----------------------------------------------------------------------------- τ, named one way
 
 # What a τ was measured on, in the words every printer uses (the report's table, the card, the
-# console): a bench prompt set (bench.PROMPT_SETS), a file of your prompts, or store samples.
+# console): a bench prompt set (prompts.PROMPT_SETS), a file of your prompts, or store samples.
 TAU_SOURCES = {"builtin-holdout": "builtin hold-out prompts", "natural": "natural prompts",
                "long": "long-context prompts",
                "held-out": "held-out store samples", "all": "all store samples (training data included)",

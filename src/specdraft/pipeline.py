@@ -310,7 +310,7 @@ def _run_stages(model: str, ws: Path, recipe: Recipe, data: str, engine: str) ->
     run_stage(console, ["report", str(run)], log)     # -> RUN/report.html
 
     from specdraft.analysis.report import stages_total     # torch: not at the CLI's start
-    from specdraft.infer.bench import why_not_faster
+    from specdraft.infer.bench_output import why_not_faster
 
     summary = summarize(bench, time.perf_counter() - started)
     summary.update(why_not_faster=why_not_faster(bench), doctor=doctor_line, k=k,
@@ -602,7 +602,7 @@ def hybrid_line(run: Path) -> str | None:
     methods, cfg = report.get("methods") or {}, report.get("config") or {}
     if "hybrid" not in methods:
         return None
-    from specdraft.infer.bench import method_k     # torch: not at the CLI's start
+    from specdraft.infer.bench_output import method_k     # torch: not at the CLI's start
 
     def speed(name: str) -> str:
         x = methods[name].get("speedup_over_plain")
@@ -619,7 +619,7 @@ def hybrid_line(run: Path) -> str | None:
 
 
 def summarize(bench: dict, seconds: float) -> dict:
-    from specdraft.infer.bench import method_k     # torch: not at the CLI's start
+    from specdraft.infer.bench_output import method_k     # torch: not at the CLI's start
 
     methods = bench["methods"]
     return {"accept_len": drafter_method(bench)[1].get("accept_len"),

@@ -515,7 +515,7 @@ def load_target_head(model: str, dtype: str = "float32", device: str = "cpu", tr
 
 def linear_counts(config) -> dict[tuple[int, int], int]:
     """(in, out) -> how many such Linears one forward of this decoder runs: attention, MLP and the head
-    (a proxy kernels.faster_dtype times; a field the config lacks takes the Llama default)."""
+    (a proxy dtypes.faster_dtype times; a field the config lacks takes the Llama default)."""
     cfg = text_config(config)
     dims = adapter.drafter_shape(config)           # an MoE layer as the dense width one token runs through
     h, layers, heads, kv = cfg.hidden_size, cfg.num_hidden_layers, dims["num_attention_heads"], dims["num_key_value_heads"]

@@ -36,7 +36,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.families import family, family_of
 from specdraft.formats import card
 from specdraft.formats.checkpoints import load_checkpoint, resolve_checkpoint
-from specdraft.infer.bench import PROMPT_SETS, prompt_ids, read_prompts
+from specdraft.infer.prompts import PROMPT_SETS, prompt_ids, read_prompts
 from specdraft.infer.costmodel import best_option, chain_options
 from specdraft.io import read_json, write_json
 from specdraft.metrics import bucket_text, drafter_method, load_run, measured_buckets, tau_text

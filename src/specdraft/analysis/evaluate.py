@@ -17,7 +17,7 @@ from specdraft.data.store_parts import open_stores
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
-from specdraft.infer.bench import load_drafter_for
+from specdraft.infer.methods import load_drafter_for
 from specdraft.metrics import by_context_section, by_context_text, parse_context_buckets, tau_text
 from specdraft.progress import track
 from specdraft.targets import load_target, same_target

@@ -20,9 +20,9 @@ from specdraft.defaults import LONGEST_CHAIN
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT, Family, family
 from specdraft.formats.checkpoints import resolve_checkpoint
-from specdraft import kernels
+from specdraft import bandwidth, kernels
 from specdraft.infer.auto import checkpoint_accept, draft_timer, measure_costs
-from specdraft.infer.bench import load_drafter_for
+from specdraft.infer.methods import load_drafter_for
 from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from,  # noqa: F401
                                        expected_tokens, extend)
 from specdraft.infer.timing import busy_warning, interleaved_ms, machine_load, monotonic_warning
@@ -180,7 +180,7 @@ def measure(drafter, model: str, verify_ms: list[float] | None, draft_ms: float 
     if verify_ms is None:
         timing = measure_costs(target.model, net, k_max + 1, context, rounds)
         timing["kernels"] = kernels.describe(target.model)        # the paths the verify timings ran
-        timing["floor"] = kernels.weight_floor(target.model)      # what a bandwidth-bound forward can reach
+        timing["floor"] = bandwidth.weight_floor(target.model)      # what a bandwidth-bound forward can reach
         verify_ms = timing["verify_ms"]
         measured["verify"] = f"{target.name}, context {context}, this machine"
     else:
@@ -214,7 +214,7 @@ def format_plan(result: dict) -> str:
              f"{'K':>3s} {'τ':>9s} {'R':>3s} {'cycle ms':>9s} {'tok/s':>8s} {'speedup':>8s} {'draft':>6s} {'verify':>7s}"]
     floor = (result.get("timing") or {}).get("floor")
     if floor:
-        lines.insert(-1, kernels.floor_line(floor, result["verify_ms"]))
+        lines.insert(-1, bandwidth.floor_line(floor, result["verify_ms"]))
     whole = (result.get("timing") or {}).get("whole_forward")
     if whole:                    # the loop's verify timed on each path: F.linear, mm(W, x^T), the table's
         runs = {p: [str(n) for n, c in whole["choice"].items() if c == p] for p in ("table", "mm")}

@@ -22,7 +22,7 @@ from specdraft.data.prepared import load_prepared
 from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.families import family_of
-from specdraft.infer.bench import load_drafter_for
+from specdraft.infer.methods import load_drafter_for
 from specdraft.io import write_json
 from specdraft.metrics import tau_text
 from specdraft.progress import progress, track

@@ -25,8 +25,8 @@ from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
 from specdraft.families import DEFAULT, family, family_of
 from specdraft.formats import card
-from specdraft import kernels
-from specdraft.infer.bench import why_not_faster
+from specdraft import bandwidth
+from specdraft.infer.bench_output import why_not_faster
 from specdraft.io import atomic_path
 from specdraft.schemas.exports import exports_of
 from specdraft.schemas.inputs import INPUTS_FILE, read_inputs
@@ -444,7 +444,7 @@ def plan_html(run: Path) -> str:
     floor = (data.get("timing") or {}).get("floor")
     if isinstance(floor, dict) and all(isinstance(floor.get(f), (int, float))
                                        for f in ("weight_mb", "bandwidth_gbs", "floor_ms")):
-        rows.append(["weight-streaming floor", kernels.floor_line(floor, verify or None)])
+        rows.append(["weight-streaming floor", bandwidth.floor_line(floor, verify or None)])
     options = [[str(o.get("k")) + ("  <- best" if o.get("k") == best.get("k") else ""),
                 number(o.get("tokens_per_cycle")), number(o.get("cycle_ms")), number(o.get("tokens_per_s"), ".1f"),
                 f"{number(o.get('speedup'))}x", number(o.get("draft_share"), ".0%"), number(o.get("verify_share"), ".0%")]

@@ -47,7 +47,7 @@ from specdraft.targets import (
     tap_hidden_states,
     target_config,
 )
-from specdraft.kernels import auto_dtype
+from specdraft.dtypes import auto_dtype
 
 # ---------------------------------------------------------------------------- data
 
@@ -375,7 +375,7 @@ def check_capture_options(out: Path, store_format: str, compute_dtype: str, batc
 
 def capture_dtype(requested: str, out: Path, resume: bool, model: str, target, trust_remote_code: bool,
                   batch_tokens: int, device: str) -> str:
-    """--compute-dtype as asked; 'auto' keeps a resumed store's dtype, else kernels.auto_dtype at a
+    """--compute-dtype as asked; 'auto' keeps a resumed store's dtype, else dtypes.auto_dtype at a
     batch's rows (bf16 on a GPU; on a CPU bf16 where it measures faster, e.g. with AMX). 512 rows
     already show the ratio that batch_tokens rows would."""
     if requested != "auto":

@@ -87,7 +87,7 @@ def prepare(model: str, source: str, out: str | Path, regenerate: bool = False, 
     `follow_ups` (0..1): that share of the self-written conversations get a second user turn that
     the target writes after its first answer, then answers (second_turns).
 
-    `compute_dtype` of the target that writes ('auto': kernels.auto_dtype, measured here);
+    `compute_dtype` of the target that writes ('auto': dtypes.auto_dtype, measured here);
     prepare.json records the one used.
 
     `budget_minutes`: regenerate in rounds (regenerate_in_rounds) until about that many minutes have
@@ -197,7 +197,7 @@ def open_target(model: str, src: Source, regenerate: bool, opts: EngineOptions, 
     regenerates in; another engine holds them, so only config, tokenizer and fingerprint are read here."""
     import torch
 
-    from specdraft.kernels import auto_dtype
+    from specdraft.dtypes import auto_dtype
     from specdraft.targets import (describe_target, generation_config, load_target, load_tokenizer,
                                    target_config)
 

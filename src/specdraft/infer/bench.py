@@ -1,264 +1,40 @@
-"""`specdraft generate` and `specdraft bench`: load the target and the drafter, build proposers,
-run speculative generation against plain greedy decoding, report speed and acceptance."""
+"""`specdraft bench`: every method timed over the same prompts in interleaved rounds, its speed and acceptance
+summarized against transformers' greedy decoding.
+
+run_bench checks the options before any model loads, loads the target and the drafter, and runs bench(): a warm-up
+per method, then the rounds (timing.rotated), each method's result summarized over them (summarize_rounds). The
+methods come from methods.py, the prompts from prompts.py; what the report says to people (the table, the lines on
+departures from greedy, the plot) is bench_output.py's.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
-import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from specdraft.data.builtin_prompts import builtin_prompts
-from specdraft.data.render import Chat, end_of_turn_ids
-from specdraft.templates import check_template_kwargs, parse_template_kwargs
-from specdraft.defaults import DRAFT_LENGTH, check_compute_dtype
-from specdraft.adapter import text_config
+from specdraft.data.render import Chat
+from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
-from specdraft.formats.checkpoints import load_drafter, resolve_checkpoint
-from specdraft.infer.hybrid import HYBRID, TREE_PAYS, HybridProposer, tree_pays
-from specdraft.infer.ngram import Datastore, NgramProposer
+from specdraft.families import family_of
+from specdraft.infer.bench_output import divergence, divergence_line
+from specdraft.infer.methods import (DEFAULT_TREE, TREE, Method, assign_rows, build_methods, check_bench_options,
+                                     check_drafter_methods, compute_dtype, datastore_readers, hybrid_form,
+                                     load_drafter_for, needs_drafter, shape_rows, unused_datastore_line)
+from specdraft.infer.ngram import Datastore
+from specdraft.infer.prompts import LONG, long_prompt_set, prompt_ids, read_prompts, target_chat
 from specdraft.infer.sampling import Sampling
-from specdraft.infer.tree import TreeShape
-from specdraft.infer.speculative import (Generation, Profile, eos_ids_of, generate, per_position_accept,
-                                        checked_rows)
+from specdraft.infer.speculative import Generation, Profile, eos_ids_of, generate, per_position_accept
 from specdraft.infer.timing import busy_warning, machine_load, rotated, spread
-from specdraft.io import atomic_path
-from specdraft.metrics import (CONTEXT_EDGES, by_context_text, drafter_method, parse_context_buckets,
-                               rounds_by_context, tau_source)
-from specdraft import families
-from specdraft.families import family, family_of
-from specdraft.targets import default_aux_layers, resolve_device
+from specdraft.infer.tree import TreeShape
+from specdraft.metrics import CONTEXT_EDGES, parse_context_buckets, rounds_by_context
+from specdraft.targets import resolve_device
+from specdraft.templates import parse_template_kwargs
 
-# greedy: transformers' generate (what a user runs without us; every speedup is against it).
-# plain: specdraft's own loop with no drafter, on the kernel paths measured for this machine
-# (kernels.py): a drafter's speedup over plain is what the drafts alone bring.
-# Then a drafter's own chain under its family's name, FAMILY-tree where the family drafts trees, and hybrid:
-# the drafter's chain and the n-gram continuation verified together (infer/hybrid.py), any family.
-BASE_METHODS = ("greedy", "plain", "ngram")
-TREE = "-tree"
-
-
-HYBRID_TREE = HYBRID + TREE   # the drafter's tree with the n-gram continuation grafted on (greedy)
-
-
-def all_methods() -> tuple[str, ...]:
-    return (*BASE_METHODS, *families.names(), *(n + TREE for n in families.names() if family(n).tree), HYBRID,
-            HYBRID_TREE)
-
-
-def needs_drafter(name: str) -> bool:
-    return name in (HYBRID, HYBRID_TREE) or name.removesuffix(TREE) in families.names()
-
-
-def check_drafter_methods(names: list[str], drafter, flag: str = "--methods") -> None:
-    """A drafter method names the drafter's family: --methods FAMILY runs a drafter of that family
-    (hybrid takes a drafter of any family). `flag`: the option the user typed (bench's --methods,
-    generate's --method)."""
-    wanted = [n for n in names if needs_drafter(n)]
-    if wanted and drafter is None:
-        raise SpecdraftError(f"{flag} {wanted[0]}: needs --drafter (a checkpoint, a run folder, or untrained)")
-    for name in (n for n in wanted if n != HYBRID):
-        have = family_of(drafter).model_type
-        if name == HYBRID_TREE and not family_of(drafter).tree:
-            raise SpecdraftError(f"{flag} {name}: the --drafter is a {have} drafter, which drafts no tree; "
-                                 f"name it {flag} {HYBRID} (its chain with the n-gram continuation)")
-        if name != HYBRID_TREE and name.removesuffix(TREE) != have:
-            tree = TREE if name.endswith(TREE) else ""
-            raise SpecdraftError(f"{flag} {name}: the --drafter is a {have} drafter; name it {flag} {have}{tree}")
-DEFAULT_TREE = "4,4,16"
-UNTRAINED = "untrained"
-
-
-def untrained_drafter(target_model, draft_vocab_size: int = 8192, seed: int = 0, verifier: str = "",
-                      model_type: str = families.DEFAULT):
-    """Random drafter over the first N target ids (timing only: it is almost never accepted)."""
-    from types import SimpleNamespace
-
-    tc = text_config(target_model.config)
-    n = min(draft_vocab_size, tc.vocab_size)
-    torch.manual_seed(seed)
-    fam = family(model_type)
-    drafter = fam.build(fam.new_config(target_model.config, n, default_aux_layers(tc.num_hidden_layers), verifier))
-    t2d = torch.zeros(tc.vocab_size, dtype=torch.bool)
-    t2d[:n] = True
-    fam.init_from_target(drafter, SimpleNamespace(model=target_model), torch.zeros(n, dtype=torch.long), t2d)
-    return drafter.eval()
-
-
-def check_drafter_fits(drafter, target_model, target_name: str = "") -> list[str]:
-    """Raise on shape mismatches; return warnings (e.g. a different verifier name)."""
-    cfg, tc = drafter.config, text_config(target_model.config)
-    where = f"--drafter (verifier {cfg.verifier or 'unnamed'})"
-    if cfg.hidden_size != tc.hidden_size:
-        raise SpecdraftError(f"{where}: hidden size {cfg.hidden_size} != target's {tc.hidden_size}; "
-                             "this drafter was trained for another target")
-    if cfg.vocab_size != tc.vocab_size:
-        raise SpecdraftError(f"{where}: vocab size {cfg.vocab_size} != target's {tc.vocab_size}; "
-                             "this drafter was trained for another target")
-    if not all(0 <= l < tc.num_hidden_layers for l in cfg.aux_layer_ids):
-        raise SpecdraftError(f"{where}: aux layer ids {cfg.aux_layer_ids} do not fit a "
-                             f"{tc.num_hidden_layers}-layer target")
-    warnings = []
-    if cfg.verifier and target_name and cfg.verifier != target_name:
-        warnings.append(f"drafter was trained for {cfg.verifier}, running against {target_name}")
-    return warnings
-
-
-def load_drafter_for(spec: str | Path, target, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """--drafter: a checkpoint folder, a run folder (best/ or newest epoch), or `untrained[:N]`,
-    checked against `target` (shapes, aux layers; a warning for another verifier name)."""
-    spec = str(spec)
-    if spec == UNTRAINED or spec.startswith(UNTRAINED + ":"):
-        try:
-            n = int(spec.split(":", 1)[1]) if ":" in spec else 8192
-        except ValueError:
-            raise SpecdraftError(f"--drafter {spec}: expected untrained or untrained:N (draft vocab size)") from None
-        if n < 1:
-            raise SpecdraftError(f"--drafter {spec}: the draft vocab size N must be >= 1, e.g. untrained:8192")
-        drafter = untrained_drafter(target.model, n, verifier=target.name)
-    else:
-        drafter = load_drafter(resolve_checkpoint(spec), target_model=target.model)  # embeds if shipped without
-    for warning in check_drafter_fits(drafter, target.model, target.name):
-        print(f"warning: {warning}", file=sys.stderr)
-    return drafter.to(device=device, dtype=dtype).eval()
-
-
-def prompt_ids(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
-    """Chat template (with its arguments, --chat-template-kwargs) and the generation prompt; plain text
-    when the tokenizer has no template."""
-    if getattr(tokenizer, "chat_template", None):
-        return Chat(tokenizer, [], template_kwargs or {}).prompt_ids(messages)
-    return tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
-
-
-def tau_by_part(chat: Chat, prompts: list[list[int]], gens: list[Generation]) -> dict | None:
-    """A thinking template's τ split: the verify rounds that draft reasoning (through </think>, or the
-    harmony analysis message) and those that draft the answer after it; None for other templates."""
-    if chat.style is None:
-        return None
-    parts = {"reasoning": [0, 0], "answer": [0, 0]}            # rounds, drafts accepted
-    for ids, g in zip(prompts, gens):
-        cut = chat.reasoning_length(ids, g.token_ids)
-        for context, accepted in zip(g.contexts, g.accepted):
-            part = parts["reasoning" if context - len(ids) < cut else "answer"]
-            part[0] += 1
-            part[1] += accepted
-    return {name: {"tau": (a + r) / r if r else None, "rounds": r} for name, (r, a) in parts.items()}
-
-
-NATURAL = "natural"
-NATURAL_FILE = Path(__file__).resolve().parent.parent / "data" / "natural.jsonl"
-PROMPT_SETS = ("builtin-holdout", NATURAL)
-LONG = "long"          # bench only: built for the target's tokenizer and context (data/documents.py)
-LONG_PROMPTS = 8       # its size without --limit
 ROUND_ROOM = 64        # cache slots kept past prompt and answer for a round's drafted rows
-
-
-def long_prompt_set(target, limit: int | None, max_context: int | None, max_new_tokens: int,
-                    rows: int) -> list[list[dict]]:
-    """`--prompts long`: conversations over long documents (data/documents.py) whose prompts spread up
-    to the target's context (or --max-context, at most that) less the answer and a round's rows."""
-    from specdraft.data.documents import long_prompts
-
-    context = getattr(target.model.config, "max_position_embeddings", None) or max_context or 2048
-    if max_context is not None and max_context > context:
-        raise SpecdraftError(f"--max-context {max_context}: {target.name} attends over {context} tokens at most; "
-                             f"pass --max-context {context} or less")
-    tok = target.tokenizer
-
-    def count_tokens(text: str) -> int:
-        return len(tok(text, add_special_tokens=False)["input_ids"])
-
-    return long_prompts(limit or LONG_PROMPTS, (max_context or context) - max_new_tokens - rows, count_tokens)
-
-
-def prompt_set_path(source: str) -> Path:
-    """--prompts NAME: `natural` is the hand-written set shipped with specdraft; anything else a file."""
-    return NATURAL_FILE if source == NATURAL else Path(source)
-
-
-@dataclass
-class PromptRow:
-    """One prompt of a prompt set: the messages to prompt with and the line's `category` (if any)."""
-    messages: list[dict]
-    category: str | None = None
-
-
-def read_prompts(source: str, limit: int | None = None) -> list[list[dict]]:
-    """`builtin-holdout`, `natural` (hand-written prompts shipped in data/natural.jsonl), or a jsonl
-    file of {"messages": [...]} (or {"prompt": "..."}): the prompt is every message up to and
-    including the last user turn (system, user and earlier assistant turns as context), so a
-    multi-turn line benches its last user turn."""
-    return [row.messages for row in read_prompt_rows(source, limit)]
-
-
-def read_prompt_rows(source: str, limit: int | None = None) -> list[PromptRow]:
-    """read_prompts with each line's optional `category` (natural.jsonl: writing, coding, ...)."""
-    if source == LONG:
-        raise SpecdraftError("--prompts long: the long-context set is built for a target's tokenizer and context; "
-                             "run it with `specdraft bench --prompts long`")
-    if source == "builtin-holdout":
-        rows = [PromptRow([{"role": "user", "content": p}]) for p in builtin_prompts(limit or 32, split="holdout")]
-    else:
-        path = prompt_set_path(source)
-        if path.is_dir():
-            raise SpecdraftError(f"--prompts {source}: is a directory; pass a jsonl file or builtin-holdout")
-        if not path.is_file():
-            raise SpecdraftError(f"--prompts {source}: file not found; pass a jsonl file or builtin-holdout")
-        rows = []
-        for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise SpecdraftError(f"{path}:{n}: not UTF-8 (byte {e.start}); save the file as UTF-8") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SpecdraftError(f"{path}:{n}: not valid JSON ({e.msg}); one object per line") from None
-            category = row.get("category") if isinstance(row, dict) else None
-            if category is not None and not (isinstance(category, str) and category.strip()):
-                raise SpecdraftError(f"{path}:{n}: category is {json.dumps(category)[:40]}, not a name; "
-                                     'give a name such as "coding" or drop the field')
-            if isinstance(row, dict) and isinstance(row.get("prompt"), str):
-                rows.append(PromptRow([{"role": "user", "content": row["prompt"]}], category))
-                continue
-            messages = row.get("messages") if isinstance(row, dict) else None
-            if not isinstance(messages, list):
-                raise SpecdraftError(f"{path}:{n}: no `messages` list; expected "
-                                     '{"messages": [{"role": "user", "content": ...}]}')
-            turns = prompt_turns(messages, f"{path}:{n}")
-            if turns:
-                rows.append(PromptRow(turns, category))
-    if limit is not None:
-        rows = rows[:limit]
-    if not rows:
-        raise SpecdraftError(f"--prompts {source}: no prompts (no line with a user turn); add some or use builtin-holdout")
-    return rows
-
-
-def prompt_turns(messages: list, where: str) -> list[dict]:
-    """Every message up to and including the last user turn ([] without one): the answers before
-    it are context, an answer after it (the reply a dataset line may carry) is not prompted."""
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise SpecdraftError(f"{where}: message {i} is {json.dumps(m)[:40]}, not an object; "
-                                 'write it as {"role": ..., "content": ...}')
-    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
-    turns = []
-    for m in messages[:users[-1] + 1] if users else []:
-        if not isinstance(m.get("content"), str):   # str(None) was prompted as the text "None"
-            raise SpecdraftError(f"{where}: {m.get('role')} content is "
-                                 f"{json.dumps(m.get('content'))[:40]}, not a string; give the turn its text")
-        turns.append({"role": m.get("role"), "content": m["content"]})
-    return turns
 
 
 def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: set[int]) -> Generation:
@@ -276,58 +52,6 @@ def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: set[int]) -> Gene
     seconds = time.perf_counter() - start
     new = out[0, len(ids):].tolist()
     return Generation(token_ids=new, seconds=seconds, target_forwards=len(new))
-
-
-@dataclass
-class Method:
-    name: str
-    proposer: object | None          # None: no drafts (plain decoding)
-    hf: bool = False                 # plain decoding by transformers' generate, not by our loop
-    rows: int | None = None          # R of every round in our loop (assign_rows)
-
-
-def is_chain(name: str) -> bool:
-    """A drafter family's own chain: the method -k auto chooses K (and R) for."""
-    return name in families.names()
-
-
-def assign_rows(methods: list[Method], rows: int | None, chain_rows: int | None, plain_rows: int | None) -> None:
-    """R per loop method, refused before any run where a round needs more: --verify-rows for every one;
-    else `chain_rows` for the drafter's chain and `plain_rows` for plain decoding (shape_rows); the rest at
-    their own round_rows."""
-    for m in methods:
-        if not m.hf:
-            shared = rows or (plain_rows if m.name == "plain" else chain_rows if is_chain(m.name) else None)
-            m.rows = checked_rows(m.proposer, shared, m.name)
-
-
-def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngram_max: int,
-                  ngram_min: int, draft_stop: float | None = None, ngram_k: int | None = None,
-                  datastore: Datastore | None = None, hybrid_tree: bool = True) -> list[Method]:
-    """The methods `names` name, checked by the command that read them (run_bench, generate_one:
-    known names, each drafter method with a drafter of its family) before any model loaded.
-    `datastore`: the target's answers that ngram and hybrid also draft from (infer/ngram.py)."""
-    methods = []
-    for name in names:
-        if name == "greedy":
-            methods.append(Method(name, None, hf=True))
-        elif name == "plain":
-            methods.append(Method(name, None))
-        elif name == "ngram" or (name == HYBRID and k == 0):   # hybrid without a drafter chain that pays
-            methods.append(Method(name, NgramProposer(ngram_k or k or DRAFT_LENGTH, ngram_max, ngram_min, datastore)))
-        elif k == 0 and not name.endswith(TREE):   # -k auto found no chain that pays here: plain decoding
-            methods.append(Method(name, None))
-        elif name == HYBRID:
-            chain = family_of(drafter).proposer(drafter, k=k, stop=draft_stop)
-            methods.append(Method(name, HybridProposer(chain, ngram_k or k, ngram_max, ngram_min, datastore=datastore,
-                                                       tree=hybrid_tree)))
-        elif not name.endswith(TREE):
-            methods.append(Method(name, family_of(drafter).proposer(drafter, k=k, stop=draft_stop)))
-        else:
-            drafted = family_of(drafter).proposer(drafter, tree=tree or TreeShape.parse(DEFAULT_TREE))
-            methods.append(Method(name, drafted if name != HYBRID_TREE else HybridProposer(
-                drafted, ngram_k or k or DRAFT_LENGTH, ngram_max, ngram_min, datastore=datastore)))
-    return methods
 
 
 def run_one(model, method: Method, ids: list[int], max_new_tokens: int, eos: set[int],
@@ -469,63 +193,30 @@ def round_sections(gens: list[Generation], prompts: list[list[int]], chat: Chat,
             "tau_by_part": tau_by_part(chat, prompts, gens)}
 
 
-NEAR_TIE_STEPS = 4      # a divergence within this many representable steps of the logit is a rounding tie
-
-
-@torch.no_grad()
-def divergence(model, ids: list[int], reference: list[int], got: list[int]) -> dict:
-    """Where `got` left greedy's `reference`, and by how much the target preferred greedy's token there.
-
-    A loop that verifies K+1 tokens in one forward runs other kernel shapes than transformers'
-    1-token decode: the sums inside reduce in another order. In fp32 that moves a logit by ~1e-6;
-    in bf16 (8 bits of mantissa) by one representable step, and where the target's top two logits
-    lie within that step the argmax can flip. `steps` is the gap in units of that step."""
-    pos = next((i for i, (a, b) in enumerate(zip(reference, got)) if a != b), min(len(reference), len(got)))
-    row = {"position": pos, "greedy_token": reference[pos] if pos < len(reference) else None,
-           "token": got[pos] if pos < len(got) else None}
-    if row["greedy_token"] is None or row["token"] is None:
-        return {**row, "logit_gap": None, "steps": None, "near_tie": False}
-    device = next(model.parameters()).device
-    logits = model(input_ids=torch.tensor([ids + reference[:pos]], device=device), logits_to_keep=1).logits[0, -1]
-    a, b = logits[row["greedy_token"]], logits[row["token"]]
-    step = torch.finfo(logits.dtype).eps * max(abs(float(a)), abs(float(b)), 1.0)   # one step at that magnitude
-    gap = float(a.float() - b.float())
-    return {**row, "logit_gap": gap, "steps": abs(gap) / step, "near_tie": abs(gap) / step <= NEAR_TIE_STEPS}
-
-
-def divergence_line(name: str, result: dict, num_prompts: int, dtype: str) -> str:
-    """One line on a method whose tokens left greedy's: rounding ties, or a real difference."""
-    rows = result["divergences"]
-    ties = [d for d in rows if d["near_tie"]]
-    where = ", ".join(f"token {d['position']} (gap {d['logit_gap']:.3g}, {d['steps']:.1f} steps)" if d["steps"] is not None
-                      else f"token {d['position']} (length differs)" for d in rows)
-    head = f"note: bench: {name} matched greedy on {num_prompts - len(rows)}/{num_prompts} prompts; it left greedy at {where}"
-    if len(ties) == len(rows):
-        return (f"{head}: each where the target's own top two logits lie within {NEAR_TIE_STEPS} {dtype} rounding "
-                "steps, so a verify forward, which sums in another order than a 1-token decode, may pick the other "
-                "(a rounding tie, not a drafting error; fp32 steps are 2^16 times finer)")
-    return (f"warning: {head}: not a rounding tie (gap beyond {NEAR_TIE_STEPS} {dtype} steps): lossless decoding "
-            "is broken here; please report it with this bench.json")
-
-
-def why_not_faster(report: dict) -> str | None:
-    """One sentence for the demo's summary and the report when a speculative method was not faster
-    than greedy here (or -k auto chose plain decoding), with the measured costs; None otherwise."""
-    cfg = report.get("config") or {}
-    choice = cfg.get("k_auto") or {}
-    if choice.get("k") == 0 and cfg.get("k_auto_line"):
-        chains = [n for n in report.get("methods", {}) if needs_drafter(n) and not n.endswith(TREE)] or ["the chain"]
-        return f"{', '.join(chains)} ran as plain decoding here. {cfg['k_auto_line']}"
-    slower = [n for n, m in report.get("methods", {}).items() if n != "greedy" and m.get("speedup", 1.0) < 1.0]
-    if not slower:
+def tau_by_part(chat: Chat, prompts: list[list[int]], gens: list[Generation]) -> dict | None:
+    """A thinking template's τ split: the verify rounds that draft reasoning (through </think>, or the
+    harmony analysis message) and those that draft the answer after it; None for other templates."""
+    if chat.style is None:
         return None
-    verify, draft = choice.get("verify_ms"), choice.get("draft_ms")
-    cost = (f"on this machine verifying 2 tokens costs {verify[1] / verify[0]:.2f}x a 1-token forward "
-            f"({verify[0]:.1f} -> {verify[1]:.1f} ms) and a drafter step {draft:.1f} ms"
-            if verify and len(verify) > 1 and draft is not None else
-            "`specdraft plan` measures what a verify round and a draft step cost on this machine")
-    return (f"{', '.join(slower)} {'was' if len(slower) == 1 else 'were'} slower than greedy: the tokens "
-            f"accepted per round did not pay for the round ({cost}).")
+    parts = {"reasoning": [0, 0], "answer": [0, 0]}            # rounds, drafts accepted
+    for ids, g in zip(prompts, gens):
+        cut = chat.reasoning_length(ids, g.token_ids)
+        for context, accepted in zip(g.contexts, g.accepted):
+            part = parts["reasoning" if context - len(ids) < cut else "answer"]
+            part[0] += 1
+            part[1] += accepted
+    return {name: {"tau": (a + r) / r if r else None, "rounds": r} for name, (r, a) in parts.items()}
+
+
+def compare_with_plain(results: dict, runs: dict) -> None:
+    """Each method's round-1 tokens against plain decoding's at the same R: identical_to_plain, and on how
+    many prompts (a chain is bit-identical in any dtype, a tree only where its sums fall alike). A
+    method at another R is not compared: its sums differ by design."""
+    plain_tokens = [g.token_ids for g in runs["plain"][0]]
+    for n, r in results.items():
+        if n != "greedy" and r["rows"] == results["plain"]["rows"]:
+            same = [g.token_ids == t for g, t in zip(runs[n][0], plain_tokens)]
+            r["identical_to_plain"], r["prompts_identical_to_plain"] = all(same), sum(same)
 
 
 def environment(device: str, dtype: str) -> dict:
@@ -534,99 +225,6 @@ def environment(device: str, dtype: str) -> dict:
     return {"device": device, "dtype": dtype, "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
             "threads": torch.get_num_threads()}
-
-
-def plot(report: dict, path: Path) -> None:
-    """Bar chart of tokens/s per method, speedup over greedy on each bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(report["methods"])
-    speeds = [report["methods"][n]["tokens_per_s"] for n in names]
-    fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 3.6))
-    bars = ax.bar(names, speeds, color=["#888888"] + ["#3b7dd8"] * (len(names) - 1))
-    for bar, n in zip(bars, names):
-        m = report["methods"][n]
-        tau = "" if n in ("greedy", "plain") else f"\nτ {m['accept_len']:.2f} at K={method_k(n, report['config'])}"
-        ax.annotate(f"{m['speedup']:.2f}x{tau}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel("tokens / s")
-    cfg = report["config"]
-    ax.set_title(f"{cfg['model']} · {cfg['prompts']} ({cfg['num_prompts']}) · {cfg['max_new_tokens']} tokens", fontsize=9)
-    ax.margins(y=0.25)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-
-
-def check_bench_options(names: list[str], methods: str, chains: list[str], k, k_option, stop, tree, dtype: str,
-                        datastore=None) -> None:
-    """bench's settings checked before any model loads: every one names a method that uses it."""
-    bad = [n for n in names if n not in all_methods()]
-    if bad or not names:
-        raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(all_methods())}")
-    check_compute_dtype(dtype)
-    if (k is None or stop is not None) and not chains:
-        raise SpecdraftError("--num-speculative-tokens auto and --draft-stop: for a drafter's chain; add its family "
-                             f"({', '.join(families.names())}) to --methods")
-    # a setting no method uses is refused, never measured as if it took effect
-    if tree is not None and not any(n.endswith(TREE) for n in names):
-        trees = [n for n in all_methods() if n.endswith(TREE)]
-        raise SpecdraftError(f"--tree {tree}: no method in --methods {methods} drafts a tree; add "
-                             f"{' or '.join(trees) or 'a tree method'} or drop --tree")
-    if k_option is not None and all(n in ("greedy", "plain") or n.endswith(TREE) for n in names):
-        raise SpecdraftError(f"-k {k_option}: no method in --methods {methods} drafts a chain (greedy and plain decode "
-                             "one token a step; a tree's size is --tree's); add ngram, hybrid or a drafter family, "
-                             "or drop -k")
-    check_datastore_methods(datastore, names, "--methods")
-
-
-AUTO_DTYPE_ROWS = 4      # --compute-dtype auto times matmuls at the rows of a K=3 chain's verify
-
-
-def compute_dtype(dtype: str, model: str, device: str, trust_remote_code: bool) -> str:
-    """--compute-dtype for bench and generate: as asked, or for auto the faster one on this machine
-    (kernels.auto_dtype: bf16 on a GPU, on a CPU where bf16 matmuls measure faster; float32 under
-    SPECDRAFT_KERNEL_PATH=linear). Outside float32 lossless means plain decoding's tokens at the same R."""
-    from specdraft.kernels import auto_dtype
-    from specdraft.targets import target_config
-
-    return auto_dtype(dtype, target_config(model, trust_remote_code), AUTO_DTYPE_ROWS, gpu=device.startswith("cuda"))
-
-
-def datastore_readers(names: list[str], form: str | None) -> list[str]:
-    """The methods that draft from --datastore: n-gram and the hybrid tree (hybrid-tree, or hybrid in its
-    tree form); hybrid as the switch drafts from the context alone (infer/hybrid.py)."""
-    return [n for n in names if n in ("ngram", HYBRID_TREE) or n == HYBRID and form != "switch"]
-
-
-def unused_datastore_line(names: list[str], form: str | None) -> str | None:
-    """The line said where hybrid runs as the switch with --datastore: nothing it runs reads the datastore."""
-    if HYBRID in names and form == "switch" and not datastore_readers(names, form):
-        return ("--datastore: hybrid runs as the switch on this machine (its verify curve), which drafts from the "
-                "context alone: the datastore is unused; --tree runs the tree form, which reads it")
-    return None
-
-
-def refuse_given(options: dict, line) -> None:
-    """Refuse the first of `options` (flag -> value) that was given (neither None nor False): `line(flag)`."""
-    given = next((flag for flag, value in options.items() if value not in (None, False)), None)
-    if given is not None:
-        raise SpecdraftError(line(given))
-
-
-def check_served_only(options: dict) -> None:
-    """Options of `bench --engine vllm` alone: refused by name in specdraft's own loop."""
-    refuse_given(options, lambda flag: f"{flag}: applies to --engine vllm only; add --engine vllm or drop {flag}")
-
-
-def check_datastore_methods(datastore, names: list[str], option: str) -> None:
-    if datastore is not None and not {"ngram", HYBRID, HYBRID_TREE} & set(names):
-        raise SpecdraftError(f"--datastore {datastore}: only ngram and hybrid draft from it; add one to {option} "
-                             "or drop --datastore")
 
 
 def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int,
@@ -694,152 +292,3 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
                         "chat_template_kwargs": kwargs, "thinking": {"style": chat.style, "mode": chat.mode()},
                         **environment(dev, dtype), "dtype_asked": asked}
     return report
-
-
-def target_chat(target, kwargs: dict) -> Chat:
-    """The target's chat format with --chat-template-kwargs (checked: each one its template reads)."""
-    from specdraft.adapter import architecture
-
-    tok = target.tokenizer
-    if kwargs and not getattr(tok, "chat_template", None):
-        raise SpecdraftError(f"--chat-template-kwargs: {target.name} has no chat template to take them; drop them")
-    check_template_kwargs(tok, kwargs, target.name)
-    ends = end_of_turn_ids(tok, getattr(target.model, "generation_config", None), architecture(target.config).end_tokens)
-    return Chat(tok, ends, kwargs)
-
-
-def hybrid_form(target, names: list[str], choice, k: int, ngram_k: int, ids: list[int],
-                greedy: bool = True) -> str | None:
-    """"tree" or "switch" (infer/hybrid.py) for a hybrid with a drafter chain, None without one: the tree
-    where hybrid.tree_pays on this machine's verify curve (-k auto's, else timed now at this prompt's
-    length), said in one line on stderr. Sampling always runs the switch."""
-    if HYBRID not in names or k == 0:
-        return None
-    if not greedy:
-        return "switch"
-    from rich.console import Console
-
-    from specdraft.infer.auto import measure_costs
-
-    rows = 1 + k + ngram_k
-    verify = choice.verify_ms if choice is not None and len(choice.verify_ms) >= rows else \
-        measure_costs(target.model, None, rows, len(ids), label="hybrid: timing")["verify_ms"]
-    form = "tree" if tree_pays(verify, k, ngram_k) else "switch"
-    switch = 1 + max(k, ngram_k)
-    Console(stderr=True).print(f"hybrid: the {form} (verify of {rows} rows {verify[rows - 1]:.1f} ms, of {switch} "
-                               f"{verify[switch - 1]:.1f} ms; the tree where at most {TREE_PAYS:.2f}x)",
-                               highlight=False, soft_wrap=True, markup=False)
-    return form
-
-
-def shape_rows(choice, k: int, dtype: str) -> dict:
-    """R of the drafter's chain and of plain decoding when --verify-rows is not given. The chain: the R
-    -k auto chose, else K+1 outside float32, else its own round_rows (None). Plain decoding: the
-    chain's R outside float32 (one shape: plain is then the chain's lossless reference), else the R
-    -k auto measured cheapest for one row (its own speed), else 1."""
-    from specdraft.infer.costmodel import cheapest_rows
-
-    chain = choice.rows if choice is not None else k + 1 if dtype != "float32" else None
-    if dtype != "float32":
-        return {"chain_rows": chain, "plain_rows": chain}
-    return {"chain_rows": chain, "plain_rows": cheapest_rows(choice.verify_ms, 1) if choice is not None else None}
-
-
-def compare_with_plain(results: dict, runs: dict) -> None:
-    """Each method's round-1 tokens against plain decoding's at the same R: identical_to_plain, and on how
-    many prompts (a chain is bit-identical in any dtype, a tree only where its sums fall alike). A
-    method at another R is not compared: its sums differ by design."""
-    plain_tokens = [g.token_ids for g in runs["plain"][0]]
-    for n, r in results.items():
-        if n != "greedy" and r["rows"] == results["plain"]["rows"]:
-            same = [g.token_ids == t for g, t in zip(runs[n][0], plain_tokens)]
-            r["identical_to_plain"], r["prompts_identical_to_plain"] = all(same), sum(same)
-
-
-def bench_table(report: dict):
-    """bench's table for people: median tok/s and speedup with their min-max over the rounds, τ."""
-    from rich.table import Table
-
-    c = report["config"]
-    table = Table(title=f"bench: {c['model']}, {tau_source(c.get('prompts'), c['num_prompts'])} x "
-                        f"{c['max_new_tokens']} tokens, median of {c['rounds']} interleaved rounds (min-max); "
-                        "τ = tokens per target forward at K drafts per round (at most K+1)")
-    cut = any(r.get("drafts_cut") for r in report["methods"].values())
-    over_plain = "plain" in report["methods"]
-    plain_rows = report["methods"].get("plain", {}).get("rows")    # lossless: plain decoding's tokens at its R
-    vs_plain = any("identical_to_plain" in r for n, r in report["methods"].items() if n != "plain")
-    for col in ("method", "tokens/s", "speedup") + (("x plain",) if over_plain else ()) + (
-            "τ (K)", "accept per position", "= greedy") + ((f"= plain at R={plain_rows}",) if vs_plain else ()) + (
-            ("drafts cut",) if cut else ()):
-        table.add_column(col)
-    for name, r in report["methods"].items():
-        pos = " ".join(f"{a:.2f}" for a in r["per_position_accept"]) or "-"
-        tps, up = r.get("tokens_per_s_spread"), r.get("speedup_spread")
-        row = [name, f"{r['tokens_per_s']:.1f}" + (f" ({tps['min']:.1f}-{tps['max']:.1f})" if tps else ""),
-               f"{r['speedup']:.2f}x" + (f" ({up['min']:.2f}-{up['max']:.2f})" if up and name != "greedy" else ""),
-               *((f"{r['speedup_over_plain']:.2f}x",) if over_plain else ()),
-               f"{r['accept_len']:.2f} (K={method_k(name, c)})", pos,
-               "yes" if r["identical_to_greedy"] else f"no ({r['prompts_identical']}/{c['num_prompts']})"]
-        if vs_plain:
-            same = r.get("prompts_identical_to_plain")
-            row.append("-" if same is None else "yes" if r["identical_to_plain"] else f"no ({same}/{c['num_prompts']})")
-        table.add_row(*row, *((str(r.get("drafts_cut", 0)),) if cut else ()))
-    return table
-
-
-def print_report(report: dict, as_json: bool) -> None:
-    """bench's stdout: the JSON, or the table and the τ-by-context line."""
-    from rich.console import Console
-
-    if as_json:
-        print(json.dumps(report, indent=2))
-        return
-    Console().print(bench_table(report))
-    for line in [context_line(report), *part_lines(report)]:
-        if line:
-            print(line)
-
-
-def part_lines(report: dict) -> list[str]:
-    """A thinking template's τ per part, per drafting method, with the mode it ran in."""
-    thinking = report["config"].get("thinking") or {}
-    kwargs = report["config"].get("chat_template_kwargs")
-    mode = f"thinking {thinking.get('mode')}" + (f" ({json.dumps(kwargs)})" if kwargs else "")
-    lines = []
-    for name, r in report["methods"].items():
-        parts = r.get("tau_by_part")
-        if parts:
-            shown = " · ".join(f"{p} {v['tau']:.2f} ({v['rounds']} rounds)" if v["tau"] is not None
-                               else f"{p} - (0 rounds)" for p, v in parts.items())
-            lines.append(f"{name}: τ at K={method_k(name, report['config'])} by part, {mode}: {shown}")
-    return lines
-
-
-def context_line(report: dict) -> str | None:
-    """bench's τ-by-context line: the drafter's chain (metrics.drafter_method), else the first method
-    that drafted; None when no method drafted."""
-    name, result = drafter_method(report)
-    if not result.get("by_context"):
-        name, result = next(((n, r) for n, r in report["methods"].items() if r.get("by_context")), ("", {}))
-    if not name:
-        return None
-    c = report["config"]
-    return f"{name}: {by_context_text(result['by_context'], c.get('prompts'), c.get('num_prompts'))}"
-
-
-def method_k(name: str, config: dict):
-    """The draft tokens per round a bench method ran with: none for greedy and plain, the tree's
-    total, n-gram's DRAFT_LENGTH where -k auto chose the chain's K, else the chain's K."""
-    if name in ("greedy", "plain"):
-        return 0
-    if name.endswith(TREE):
-        return (config.get("tree") or [None, None, "?"])[2]
-    if name == "ngram" and (config.get("k_auto") or {}).get("k_auto"):
-        return DRAFT_LENGTH
-    return config.get("k", "?")
-
-
-def time_split_lines(report: dict) -> list[str]:
-    """--time-split: where each method's time went."""
-    return [f"{name:12s} draft {p['draft_frac']:6.1%}  verify {p['verify_frac']:6.1%}  other {p['other_frac']:6.1%}  "
-            f"({p['total_s']:.2f} s)" for name, r in report["methods"].items() if (p := r.get("profile"))]

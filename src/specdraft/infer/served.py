@@ -59,7 +59,7 @@ def parse_ks(text: str | None, default: int) -> list[int]:
 
 def check_unused(options: dict) -> None:
     """Options of specdraft's own loop that vLLM never reads: refused by name, never recorded as applied."""
-    from specdraft.infer.bench import refuse_given
+    from specdraft.infer.methods import refuse_given
 
     refuse_given(options, lambda flag: f"{flag}: applies to specdraft's loop only (--engine specdraft); vLLM's "
                                        f"bench does not read it: drop {flag} or the --engine vllm")
@@ -295,8 +295,9 @@ def run_served_bench(model: str, drafter: str | None, prompts: str, methods: str
     vLLM's. Returns the report that --out writes (RUN/bench_vllm.json in a recipe)."""
     from specdraft.data.vllm_engine import vllm_version
     from specdraft.families import family
-    from specdraft.infer.bench import environment, prompt_ids, read_prompts
-    from specdraft.kernels import cpu_label
+    from specdraft.infer.bench import environment
+    from specdraft.infer.prompts import prompt_ids, read_prompts
+    from specdraft.machine import cpu_label
     from specdraft.targets import load_tokenizer, resolve
     from specdraft.templates import check_template_kwargs, parse_template_kwargs, thinking_mode
 
