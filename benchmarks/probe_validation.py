@@ -152,7 +152,7 @@ def table(result: dict) -> str:
     for name, p in result["pairs"].items():
         lines.append(f"| A -> {name} | {p['probe']['min_aux_cosine']:.3f} | {p['probe']['min_aux_cka']:.3f} | "
                      f"{p['probe']['says']} | {p['winner']} | {'yes' if p['verdict_matches'] else 'NO'} |")
-    lines += ["", f"Drafter for A (val per epoch): " + ", ".join(
+    lines += ["", "Drafter for A (val per epoch): " + ", ".join(
         f"{r['full_acc_0']:.3f}/{r['accept_len']:.2f}" for r in result["drafter_A"]),
         f"Thresholds: close >= {result['settings']['thresholds']['close']}, far < "
         f"{result['settings']['thresholds']['far']}. Wall time {result['seconds']} s.", ""]

@@ -4,21 +4,22 @@ The flags' vocabulary (shared options, bounds, help) is specdraft/flags.py."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from specdraft.defaults import DRAFT_LENGTH, draft_length_option, parse_draft_stop
+from specdraft.defaults import DRAFT_LENGTH
 from specdraft.errors import SpecdraftError
-from specdraft.families import DEFAULT as DEFAULT_FAMILY
-from specdraft.flags import (AS_JSON, BUDGET_MINUTES, CHAT_TEMPLATE_KWARGS, PREPARE_MAX_LENGTH, REGEN_MAX_NEW_TOKENS, CAPTURE_DTYPE, COMPILE, COMPUTE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS, CONVERSATIONS_HELP, DEVICE,
-                             DATASTORE, DRAFT_LENGTH_OR_AUTO, MAX_CONTEXT, REGEN_DTYPE, DRAFT_STOP, DRAFTER_HELP, DRAFTER_OR_UNTRAINED, ENGINE, ENGINE_ARGS, MAX_NEW_TOKENS_HELP,
-                             MODEL, MODEL_HELP, NGRAM_MAX, NGRAM_MIN, NUM_SPEC, PART_HELP, PREPARED_HELP, PROFILE_HELP,
-                             PROMPTS_HELP, SEED_HELP, STORE_FORMAT_HELP, STORE_HELP, TEMPERATURE_HELP, TP, TREE_HELP,
-                             TRUST, VERIFY_ROWS, VERSION, WORKSPACE_HELP, PlainCommand, check_out, command, draft_length_help,
-                             numbers_checked_first, out_option, parse_layers, plain_app, run_cli, say)
+from specdraft.flags import (AS_JSON, BUDGET_MINUTES, CHAT_TEMPLATE_KWARGS, PREPARE_MAX_LENGTH, REGEN_MAX_NEW_TOKENS,
+                             CAPTURE_DTYPE, CONFIG_HELP, CONTEXT_BUCKETS,
+                             CONVERSATIONS_HELP, DEVICE, REGEN_DTYPE, DRAFTER_HELP,
+                             ENGINE, ENGINE_ARGS, MODEL, MODEL_HELP, NUM_SPEC, PART_HELP,
+                             PREPARED_HELP, PROFILE_HELP, SEED_HELP, STORE_FORMAT_HELP,
+                             STORE_HELP, TEMPERATURE_HELP, TP, TRUST, VERSION,
+                             WORKSPACE_HELP, PlainCommand, check_out, command,
+                             draft_length_help, numbers_checked_first, out_option,
+                             parse_layers, plain_app, run_cli, say)
 from specdraft import cli_analysis as analysis_commands
 from specdraft import cli_infer as infer_commands
 from specdraft.train.command import train as train_command

@@ -4,6 +4,3 @@
 class SpecdraftError(Exception):
     """A user-facing problem: the message names the file, the field and the fix."""
 
-
-def fail(msg: str) -> "NoReturn":  # noqa: F821
-    raise SpecdraftError(msg)

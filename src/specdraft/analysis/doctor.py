@@ -34,7 +34,6 @@ from specdraft.templates import template_sha256
 from specdraft.data.store_parts import open_stores
 from specdraft.errors import SpecdraftError
 from specdraft.families import family, family_of
-from specdraft.formats import card
 from specdraft.formats.checkpoints import load_checkpoint, resolve_checkpoint
 from specdraft.infer.prompts import PROMPT_SETS, prompt_ids, read_prompts
 from specdraft.infer.costmodel import best_option, chain_options

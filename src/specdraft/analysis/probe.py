@@ -27,8 +27,8 @@ from specdraft.io import write_json
 from specdraft.metrics import tau_text
 from specdraft.progress import progress, track
 from specdraft.targets import default_aux_layers, load_target
-from specdraft.train.config import RunConfig
-from specdraft.train.objective import MAX_TTT_STEPS, TeacherHead, add_sums, finalize_metrics
+from specdraft.train.config import MAX_TTT_STEPS, RunConfig
+from specdraft.train.objective import TeacherHead, add_sums, finalize_metrics
 from specdraft.vocab import format_diff
 
 # Hidden-state verdict thresholds (per-token cosine and linear CKA, worst aux layer).

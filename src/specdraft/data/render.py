@@ -20,9 +20,6 @@ by the template's style: think tags (<think>...</think>) or harmony channels (an
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any

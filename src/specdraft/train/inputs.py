@@ -5,6 +5,7 @@ own data), each with one line naming both sides."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specdraft.data.store_parts import open_stores
 from specdraft.errors import SpecdraftError
@@ -13,6 +14,9 @@ from specdraft.targets import load_target, load_target_head, same_target
 from specdraft.train.batches import StoreBatches, split_samples
 from specdraft.train.config import RunConfig
 from specdraft.train.runtime import Runtime, TrainData
+
+if TYPE_CHECKING:
+    import torch
 
 STORE_SEPARATOR = " + "      # how a run over several stores (--store A --store B) names its data: "A + B"
 

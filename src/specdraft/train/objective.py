@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.targets import final_norm
-from specdraft.train.config import MAX_TTT_STEPS  # noqa: F401  (the objectives and probe check it here)
 
 ATTENTION = ("sdpa", "flex")   # sdpa: boolean TTT mask (any device); flex: BlockMask + flex_attention (CUDA)
 LOSSES = ("kl", "ce", "tv", "jsd")

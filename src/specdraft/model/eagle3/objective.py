@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from specdraft.model.eagle3.module import DynamicCache, Eagle3Drafter, TTTBlocks, ttt_block_mask
-from specdraft.train.objective import (ATTENTION, LOSSES, MAX_TTT_STEPS, TTT_INPUTS, TeacherHead, add_step_sums,
-                                       in_document, chunked_position_loss, shift_left, teacher_targets, valid_positions)
+from specdraft.train.config import MAX_TTT_STEPS
+from specdraft.train.objective import (ATTENTION, LOSSES, TTT_INPUTS, TeacherHead, add_step_sums, in_document,
+                                       chunked_position_loss, shift_left, teacher_targets, valid_positions)
 
 
 def ttt_forward(drafter: Eagle3Drafter, teacher: TeacherHead, batch: dict[str, torch.Tensor], steps: int = 3,
