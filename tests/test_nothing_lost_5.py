@@ -375,7 +375,7 @@ def test_store_convert_refuses_a_model_it_would_not_read(tmp_path, monkeypatch, 
     (["store", "convert", "STORE", "--store-format", "fp8"], "config.json", "a drafter or model folder")])
 def test_a_folder_out_of_another_commands_kind_is_refused(tmp_path, monkeypatch, capsys, command, marker, kind):
     """`prepare --out WS/hidden` (or a run, an export) wrote prepared data among the store's files, exit 0: every
-    folder writer (io.own_folder) refuses a folder another command wrote, before any work."""
+    folder writer (outputs.own_folder) refuses a folder another command wrote, before any work."""
     out = tmp_path / "out"
     out.mkdir()
     (out / marker).write_text("{}")

@@ -38,10 +38,10 @@ def run(ws):
 
 
 class Holder:
-    """Another specdraft process holding `folder` (io.own_folder) until the block ends."""
+    """Another specdraft process holding `folder` (outputs.own_folder) until the block ends."""
 
     def __init__(self, folder: Path, command: str):
-        code = ("import sys; from specdraft.io import own_folder\n"
+        code = ("import sys; from specdraft.outputs import own_folder\n"
                 f"with own_folder({str(folder)!r}, {command!r}):\n"
                 "    print('held', flush=True); sys.stdin.read()\n")
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -59,7 +59,7 @@ class Holder:
 # ----------------------------------------------------------------------------- the lock
 
 def test_own_folder_is_exclusive_and_leaves_nothing_behind(tmp_path):
-    from specdraft.io import LOCK_NAME, own_folder
+    from specdraft.outputs import LOCK_NAME, own_folder
 
     folder = tmp_path / "out"
     with own_folder(folder, "capture"):
@@ -348,7 +348,7 @@ def test_single_file_out_never_replaces_an_input_or_an_owned_file(ws, run, monke
 
 
 def test_lock_file_planted_as_a_link_is_not_written_through(tmp_path):
-    from specdraft.io import LOCK_NAME, own_folder
+    from specdraft.outputs import LOCK_NAME, own_folder
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")

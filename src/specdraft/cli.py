@@ -78,7 +78,7 @@ def prepare(
     from specdraft.data.prepare import prepare as run_prepare, summary_lines
     from specdraft.data.prepared import parse_part
     from specdraft.data.vllm_engine import engine_options
-    from specdraft.io import own_folder
+    from specdraft.outputs import own_folder
 
     share, opts = parse_part(part), engine_options(engine, tensor_parallel_size, engine_args, endpoint)
     with own_folder(out, "prepare"):
@@ -115,7 +115,7 @@ def capture(
     from specdraft.data.prepared import parse_part
     from specdraft.data.store_formats import check_format
     from specdraft.data.vllm_engine import engine_options
-    from specdraft.io import own_folder
+    from specdraft.outputs import own_folder
 
     check_format(store_format)
     share = parse_part(part)
@@ -146,7 +146,7 @@ def store_convert(
 ):
     """Re-write a store in another store format. Same samples, same shards."""
     from specdraft.data.store_convert import convert_store
-    from specdraft.io import own_folder
+    from specdraft.outputs import own_folder
 
     with own_folder(out, "store convert"):
         manifest = convert_store(src, out, store_format, model, trust_remote_code)
@@ -168,7 +168,7 @@ def vocab_build(
     """Build the draft vocabulary. The top-N target tokens by frequency over loss-masked tokens, as
     d2t offsets / t2d mask."""
     from specdraft import vocab
-    from specdraft.io import check_output_file
+    from specdraft.outputs import check_output_file
 
     if (prepared is None) == (not store):
         raise SpecdraftError("--prepared and --store: pick one (the tokens are counted in one of them)" if store else
@@ -265,7 +265,7 @@ def export_cmd(
     """Write the drafter for a serving engine. In the layout vLLM or SGLang loads, with a model card
     (docs/serving.md)."""
     from specdraft.formats.checkpoints import export, export_line
-    from specdraft.io import own_folder
+    from specdraft.outputs import own_folder
 
     if model is not None and not no_embeddings:      # read only to check --no-embeddings: never taken as applied
         raise SpecdraftError(f"--model {model}: export reads it only to check --no-embeddings against; add "
@@ -283,7 +283,7 @@ def import_cmd(
 ):
     """Read a drafter in any supported layout. It is written in ours."""
     from specdraft.formats.checkpoints import import_checkpoint, import_lines
-    from specdraft.io import own_folder
+    from specdraft.outputs import own_folder
 
     with own_folder(out, "import"):
         summary = import_checkpoint(src, out)

@@ -220,7 +220,8 @@ def check_out(out, inputs: list, suffix: str, command: str | None = None):
     """--out for a results file: checked before minutes of work, not after; never another command's
     result in a run folder (`command`: the one writing it)."""
     if out is not None:
-        from specdraft.io import check_file_target, check_output_file
+        from specdraft.io import check_file_target
+        from specdraft.outputs import check_output_file
         from specdraft.run_layout import foreign_result
 
         check_file_target(out)

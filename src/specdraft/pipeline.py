@@ -36,7 +36,8 @@ from specdraft.schemas.prepare import read_prepare_record
 from specdraft.schemas.stages import STAGES_FILE
 from specdraft.templates import parse_template_kwargs
 from specdraft.errors import SpecdraftError
-from specdraft.io import own_folder, write_json
+from specdraft.io import write_json
+from specdraft.outputs import own_folder
 from specdraft.metrics import drafter_method, tau_source, tau_text
 from specdraft.train.config import RunConfig, load_settings_and_recipe
 
@@ -266,7 +267,7 @@ def run_recipe(model: str, workspace: str | Path, recipe: str | Path = "quick", 
     """Run every stage for `model` into `workspace`; returns the bench summary. `recipe` is a
     shipped recipe's name (quick, full) or a recipe file's Path (tests use a tiny one). `engine` runs
     regeneration and capture (auto: vLLM on CUDA when installed, transformers otherwise). The
-    workspace is held for the whole recipe (io.own_folder): a second recipe into it fails at once
+    workspace is held for the whole recipe (outputs.own_folder): a second recipe into it fails at once
     instead of mixing stages. `data`: prepare's --conversations, the recipe's `conversations` when None."""
     path = recipe_file(recipe) if isinstance(recipe, str) else recipe
     loaded = load_recipe(path)

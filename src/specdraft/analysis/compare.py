@@ -13,7 +13,8 @@ from pathlib import Path
 
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
-from specdraft.io import atomic_path, ensure_writable_dir
+from specdraft.io import atomic_path
+from specdraft.outputs import ensure_writable_dir
 from specdraft.metrics import Run, curve, load_run
 from specdraft.train.config import load_yaml
 from specdraft.watch import WatchConfig, baseline_without_number, replay

@@ -32,7 +32,7 @@ from specdraft.data.vllm_engine import (
 from specdraft.defaults import check_compute_dtype
 from specdraft.adapter import text_config
 from specdraft.errors import SpecdraftError
-from specdraft.io import LOCK_NAME, ensure_writable_dir
+from specdraft.outputs import LOCK_NAME, ensure_writable_dir
 from specdraft.progress import progress as progress_of
 from specdraft.targets import (
     DTYPES,

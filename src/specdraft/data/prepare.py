@@ -24,7 +24,7 @@ from specdraft.templates import check_template_kwargs, parse_template_kwargs, te
 from specdraft.data.vllm_engine import EngineOptions, choose_engine, engine_options, engine_record
 from specdraft.defaults import check_compute_dtype
 from specdraft.errors import SpecdraftError
-from specdraft.io import ensure_writable_dir
+from specdraft.outputs import ensure_writable_dir
 
 
 FORMAT_VERSION = 1

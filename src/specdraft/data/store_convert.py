@@ -18,7 +18,7 @@ import torch
 from specdraft.data import store as st
 from specdraft.data import store_formats as sf
 from specdraft.errors import SpecdraftError
-from specdraft.io import LOCK_NAME
+from specdraft.outputs import LOCK_NAME
 
 # the manifest fields that describe the shards, not the capture: rewritten by the writer
 SHARD_FIELDS = ("shards", "num_samples", "num_tokens", "complete", "store_format", "group_size", "teacher_topk")

@@ -21,8 +21,8 @@ from specdraft.errors import SpecdraftError
 from specdraft import run_layout
 from specdraft.families import Layout, family, family_of, layout as layout_of, layouts, names
 from specdraft.formats import card
-from specdraft.io import (LOCK_NAME, clean_leftovers, fsync_dir, os_error_line, read_json, temp_prefix,
-                          with_umask, write_json)
+from specdraft.io import clean_leftovers, fsync_dir, os_error_line, read_json, temp_prefix, with_umask, write_json
+from specdraft.outputs import LOCK_NAME
 from specdraft.schemas.drafter import check_drafter_config
 from specdraft.schemas.exports import RECORD
 from specdraft.targets import load_target_head

@@ -10,7 +10,7 @@ from pathlib import Path
 from specdraft import journal
 from specdraft import run_layout
 from specdraft.errors import SpecdraftError
-from specdraft.io import own_folder
+from specdraft.outputs import own_folder
 from specdraft.metrics import tau_text
 from specdraft.train.checkpoint import STATE_FILE
 from specdraft.train.config import RunConfig
