@@ -147,6 +147,14 @@ def test_json_schema_of_a_cause_from_the_cli(ws, tmp_path):
         assert cause["id"] in doctor.CHECKS and isinstance(cause["evidence"], dict) and cause["fix"]
         assert cause["estimated_tau_loss"] is None or isinstance(cause["estimated_tau_loss"], float)
     assert all(set(c) == {"id", "evidence"} for c in out["checked"])
+    # --out: the diagnosis goes where it says, and the run keeps its own RUN/doctor.json as it was
+    before = (run / doctor.REPORT_FILE).read_text()
+    res = CliRunner().invoke(app, ["doctor", str(run), "--prompts", str(ws / "same.jsonl"), "--out",
+                                   str(tmp_path / "d.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "d.json").read_text())["causes"] == [] and (run / doctor.REPORT_FILE).read_text() == before
+    res = CliRunner().invoke(app, ["doctor", str(run), "--out", str(run / "eval.json")])   # another command's result
+    assert res.exit_code != 0 and "eval.json: is `specdraft eval`'s result" in str(res.exception)
 
 
 def test_prompt_shift_prompts_from_another_domain(ws, tmp_path):

@@ -86,12 +86,14 @@ def doctor_cmd(run: Path = typer.Argument(..., help="Run folder (specdraft train
                store: Optional[Path] = typer.Option(None, "--store", help=STORE_HELP + " Here: default the run's."),
                prompts: Optional[str] = typer.Option(None, "--prompts", help=PROMPTS_HELP + " Here: the prompts "
                                                      "you serve; τ on them against τ on the store."),
+               out: Optional[Path] = out_option("the diagnosis JSON (default: RUN/doctor.json, which the report shows)."),
                as_json: bool = AS_JSON):
     """Why is the acceptance low? Measured causes, ranked by the τ they cost, each with its evidence
-    and the fix as a command; RUN/doctor.json keeps the result."""
+    and the fix as a command; RUN/doctor.json (or --out) keeps the result."""
     from specdraft.analysis import doctor
 
-    result = doctor.diagnose(run, model=model, store=store, prompts=prompts)
+    check_out(out, [run / "config.yaml", run / "metrics.jsonl", store], ".json", "doctor")
+    result = doctor.diagnose(run, model=model, store=store, prompts=prompts, out=out)
     print(json.dumps(result, indent=2) if as_json else doctor.format_result(result))
 
 

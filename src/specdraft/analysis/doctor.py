@@ -815,9 +815,9 @@ NEEDS_METRICS = ("undertrained", "overfit", "below_baseline")
 # ----------------------------------------------------------------------------- command, output
 
 def diagnose(run: str | Path, model: str | None = None, store: str | Path | None = None,
-             prompts: str | None = None, only: list[str] | None = None) -> dict:
+             prompts: str | None = None, only: list[str] | None = None, out: str | Path | None = None) -> dict:
     """What `specdraft doctor` does: every check, the causes that hold ranked by estimated τ loss
-    (largest first, unestimated after), saved to RUN/doctor.json."""
+    (largest first, unestimated after), saved to `out` (default RUN/doctor.json, the file the report shows)."""
     run = Path(run)
     if not run.is_dir():
         raise SpecdraftError(f"doctor {run}: not found; pass a run folder (specdraft train --out RUN)")
@@ -850,7 +850,7 @@ def diagnose(run: str | Path, model: str | None = None, store: str | Path | None
                           "estimated_tau_loss": None if f.estimated_tau_loss is None else fmt(f.estimated_tau_loss),
                           "fix": f.fix, "summary": f.summary} for f in found],
               "checked": fine, "skipped": skipped, "measured": measured_line(run)}
-    write_json(run / REPORT_FILE, result)
+    write_json(Path(out) if out is not None else run / REPORT_FILE, result)
     return result
 
 
