@@ -92,7 +92,9 @@ def doctor_cmd(run: Path = typer.Argument(..., help="Run folder (specdraft train
     and the fix as a command; RUN/doctor.json (or --out) keeps the result."""
     from specdraft.analysis import doctor
 
-    check_out(out, [run / "config.yaml", run / "metrics.jsonl", store], ".json", "doctor")
+    from specdraft import run_layout
+
+    check_out(out, [run_layout.config_file(run), run_layout.metrics_file(run), store], ".json", "doctor")
     result = doctor.diagnose(run, model=model, store=store, prompts=prompts, out=out)
     print(json.dumps(result, indent=2) if as_json else doctor.format_result(result))
 

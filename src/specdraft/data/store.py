@@ -22,23 +22,20 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
 
 import torch
-from pydantic import (BaseModel, Field, StrictBool, StrictInt, StrictStr, ValidationError, ValidationInfo,
-                      field_validator)
+from pydantic import ValidationError
 
 from specdraft.data import store_formats as sf
-from specdraft.schemas.prepare import Part
+from specdraft.schemas.manifest import MANIFEST, STORE_DTYPE_NAMES, Manifest, safe_shard_path
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_path, read_json, sha256_file, write_json
 
 FORMAT = "specdraft-hidden-store"
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 SHARD_NAME = re.compile(r"^shard-\d{5,}\.safetensors$")
-STORE_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-                "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+STORE_DTYPES = dict(zip(STORE_DTYPE_NAMES, (torch.bfloat16, torch.bfloat16, torch.float16, torch.float16, torch.float32,
+                                             torch.float32)))
 TENSORS = ("input_ids", "loss_mask", "offsets")   # in every shard; the hidden states depend on the format
 MAX_OPEN_SHARDS = 4   # memory-mapped shards a reader keeps open at once
 
@@ -86,15 +83,6 @@ def plan_shards(lengths: list[int], shard_tokens: int) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------------------- manifest
 
 
-def safe_shard_path(root: Path, name: object) -> Path:
-    """A manifest shard entry is a plain file name inside the store; anything else is refused."""
-    if (not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", "..")
-            or Path(name).is_absolute() or Path(name).name != name):
-        raise SpecdraftError(f"{root / MANIFEST}: shard path {name!r} points outside the store; "
-                             "shard entries must be plain file names such as shard-00000.safetensors")
-    return root / name
-
-
 def resumable(root: Path, manifest: dict) -> dict:
     """An unfinished store's manifest cut to its leading shards whose files still hash as recorded
     (what a resumed capture or conversion keeps), with the counts of those shards; never complete."""
@@ -118,45 +106,6 @@ def manifest_error(path: Path, field: str, problem: str, shard: str = "") -> Spe
     where = f"field '{field}'" + (f" of shard {shard}" if shard else "")
     return SpecdraftError(f"{path}: {where} {problem}; the manifest is damaged or hand-edited: "
                           "re-capture into an empty --out")
-
-
-Count = Annotated[StrictInt, Field(ge=0)]
-Positive = Annotated[StrictInt, Field(ge=1)]
-
-
-class ManifestTarget(BaseModel):
-    fingerprint: StrictStr = ""
-    num_layers: Positive = None       # older stores lack these three; a null one is refused
-    hidden_size: Positive = None
-    vocab_size: Positive = None
-
-
-class ShardEntry(BaseModel):
-    file: object                      # a plain file name inside the store (safe_shard_path, via the context)
-    samples: tuple[StrictInt, StrictInt]
-    num_tokens: Count
-    sha256: StrictStr
-
-    @field_validator("file")
-    @classmethod
-    def inside_the_store(cls, name, info: ValidationInfo):
-        try:
-            return safe_shard_path(info.context["root"], name).name
-        except SpecdraftError as e:          # a ValueError, so pydantic reports it in field order
-            raise ValueError(str(e)) from None
-
-
-class Manifest(BaseModel):
-    """The manifest's typed fields (the rest, such as data and capture settings, pass as they are)."""
-    target: ManifestTarget
-    layer_ids: Annotated[list[Count], Field(min_length=1)]
-    dtype: Literal[tuple(STORE_DTYPES)]
-    hidden_size: Positive
-    num_samples: Count
-    num_tokens: Count
-    complete: StrictBool = False
-    shards: list[ShardEntry]
-    part: Part | None = None          # capture --part I/N (train puts parts back in the whole set's order)
 
 
 MUST = {"target": "must be an object naming the target (id, fingerprint)",
