@@ -169,6 +169,50 @@ def test_shape_rows_plain_runs_its_own_cheapest_r_in_float32_and_the_chains_othe
     assert shape_rows(None, 3, "float32") == {"chain_rows": None, "plain_rows": None}
 
 
+def test_plain_decoding_runs_at_the_rows_this_machine_measured_cheapest(target, tiny_target, tmp_path, monkeypatch,
+                                                                        capsys):
+    """Issue 56: one row runs slower than two on some CPUs (this EPYC: 64.3 vs 40.9 ms/token on SmolLM2), so plain
+    decoding's R comes from the verify curve: the one recorded for the model's shapes (-k auto's and plan's
+    whole-forward record), measured once where none is, one row where the kernel timing is off. generate --method
+    greedy and bench's plain (fixed -k) run at it, with a line; the tokens are plain decoding's at that R."""
+    from specdraft import kernels
+    from specdraft.infer.generate import generate_one
+
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
+    assert auto.plain_rows(target, 5) == (1, [])                                # the suite: SPECDRAFT_KERNEL_PATH=linear
+    monkeypatch.setattr(kernels, "measuring", lambda: True)
+    measured = []
+
+    def costs(target_model, drafter, n_max, context, rounds=3, repeats=5, label=""):
+        measured.append(n_max)
+        ms = {n: {"table": t, "linear": t + 1, "mm": t + 2} for n, t in zip(range(1, n_max + 1), [9.0, 6.0, 7.0, 8.0])}
+        kernels.record_whole_forward(kernels.target_linears(target_model), ms)
+        return {"verify_ms": [ms[n]["table"] for n in ms], "draft_ms": None}
+    monkeypatch.setattr(auto, "measure_costs", costs)
+    assert auto.plain_rows(target, 5) == (2, [9.0, 6.0, 7.0, 8.0]) and measured == [4]
+    assert auto.plain_rows(target, 5) == (2, [9.0, 6.0, 7.0, 8.0]) and measured == [4]      # recorded: not again
+    path = kernels.forward_file(kernels.target_linears(target))
+    path.write_text("{not json")                                                # damaged: measured again
+    assert auto.plain_rows(target, 5)[0] == 2 and measured == [4, 4]
+
+    monkeypatch.setattr(auto, "plain_rows", lambda model, context: (2, [9.0, 6.0, 7.0, 8.0]))
+    from specdraft.infer.sampling import Sampling
+    one = dict(prompt="hi", model=tiny_target, drafter=None, method="greedy", k_option=None, stop=None, tree=None,
+               sampling=Sampling(), max_new_tokens=6, ngram=(1, 3), device="cpu", dtype="float32",
+               trust_remote_code=False, stream=False)
+    got, _ = generate_one(**one)
+    assert "note: plain decoding at R=2 rows" in capsys.readouterr().err
+    at_one, _ = generate_one(**one, rows=1)
+    assert "plain decoding at R=" not in capsys.readouterr().err
+    assert got["token_ids"] == at_one["token_ids"]          # a tiny fp32 model: the pad row changes no token
+    out = tmp_path / "bench.json"
+    res = invoke("bench", "--model", tiny_target, "--methods", "greedy,plain,ngram", "-k", "2", "--max-new-tokens",
+                 "6", "--limit", "1", "--rounds", "1", "--out", out)
+    assert res.exit_code == 0, res.output
+    m = json.loads(out.read_text())["methods"]
+    assert m["plain"]["rows"] == 2 and m["ngram"]["rows"] == 3 and m["plain"]["identical_to_greedy"]
+
+
 def test_compute_dtype_auto_in_bench_and_the_bf16_reference_is_plain_decoding(tiny_target, tmp_path, monkeypatch):
     """--compute-dtype auto: float32 where timing is off (the suite); where bf16 measures faster, bench runs
     bf16 and adds plain decoding at the chain's R as the lossless reference. A bad value is one line."""

@@ -21,7 +21,7 @@ from specdraft.defaults import LONGEST_CHAIN
 from specdraft.adapter import text_config
 from specdraft.errors import SpecdraftError
 from specdraft.formats.checkpoints import resolve_checkpoint
-from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cond_rates_from,
+from specdraft.infer.costmodel import (ChainOption, best_option, chain_options, cheapest_rows, cond_rates_from,
                                        stop_threshold)
 from specdraft.families import family_of
 from specdraft.infer.speculative import Profile, TargetRunner, generate
@@ -101,6 +101,34 @@ def measure_costs(target_model, drafter, n_max: int, context: int, rounds: int =
             "draft_ms": stats["draft"]["median"] if drafter is not None else None,
             "context": context, "rounds": rounds, "repeats": repeats, "stats": stats,
             "order": timed["order"], "samples": timed["samples"], "whole_forward": whole}
+
+
+PLAIN_ROWS_MAX = 4    # plain decoding's R is chosen among 1..4 rows: one real row, the rest pad rows
+
+
+def recorded_curve(target_model, n_max: int) -> list[float] | None:
+    """The whole-forward ms at 1..n_max rows this machine recorded for the model's Linear shapes (measure_costs, by
+    -k auto and plan: the path it chose at each R), None where any is missing or damaged."""
+    saved = kernels.read_cache(kernels.forward_file(kernels.target_linears(target_model)), "whole-forward timing")
+    ms, choice = (saved.get("ms"), saved.get("choice")) if isinstance(saved, dict) else (None, None)
+    if not isinstance(ms, dict) or not isinstance(choice, dict):
+        return None
+    curve = [(ms.get(str(r)) or {}).get(choice.get(str(r))) if isinstance(ms.get(str(r)), dict) else None
+             for r in range(1, n_max + 1)]
+    return curve if all(kernels.positive_ms(x) for x in curve) else None
+
+
+def plain_rows(target_model, context: int) -> tuple[int, list[float]]:
+    """(R, the verify curve it was read from) for plain decoding on this machine: the row count whose forward is
+    cheapest (on some CPUs one row runs slower than two, the second a pad row), from the curve recorded for the
+    model's shapes, measured here once where none is; R=1 off the CPU or with the kernel timing off."""
+    if next(target_model.parameters()).device.type != "cpu" or not kernels.measuring():
+        return 1, []
+    curve = recorded_curve(target_model, PLAIN_ROWS_MAX)
+    if curve is None:
+        curve = measure_costs(target_model, None, PLAIN_ROWS_MAX, context, rounds=2, repeats=3,
+                              label="timing plain decoding's rows")["verify_ms"]
+    return cheapest_rows(curve, 1), curve
 
 
 # ----------------------------------------------------------------------------- acceptance

@@ -227,6 +227,15 @@ def environment(device: str, dtype: str) -> dict:
             "threads": torch.get_num_threads()}
 
 
+def plain_rows_of(target, names: list[str], choice, ids: list[int], rows: int | None, compile: bool) -> int | None:
+    """Plain decoding's own R (auto.plain_rows) where bench runs it without --verify-rows, -k auto or --compile."""
+    from specdraft.infer.auto import plain_rows
+
+    if "plain" not in names or rows is not None or choice is not None or compile:
+        return None
+    return plain_rows(target.model, len(ids))[0]
+
+
 def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int,
               k_option: int | str | None, stop: float | str | None, rounds: int, tree: str | None,
               ngram: tuple[int, int], limit: int | None, device: str, dtype: str, trust_remote_code: bool,
@@ -248,12 +257,9 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     names = [n.strip() for n in methods.split(",") if n.strip()]
     chains = [n for n in names if needs_drafter(n) and not n.endswith(TREE)]   # -k auto applies to these
     k = draft_length(k_option, default_auto=bool(chains))
-    check_bench_options(names, methods, chains, k, k_option, stop, tree, dtype, datastore)
+    check_bench_options(names, methods, chains, k, k_option, stop, tree, dtype, datastore, prompts, max_context)
     shape = TreeShape.parse(tree or DEFAULT_TREE)
     edges = parse_context_buckets(context_buckets)
-    if max_context is not None and prompts != LONG:
-        raise SpecdraftError(f"--max-context {max_context}: bounds the long-context prompt set only; add "
-                             "--prompts long or drop --max-context")
     if drafter is None:
         check_drafter_methods(names, None)             # a drafter method without --drafter: before any load
     conversations = read_prompts(prompts, limit) if prompts != LONG else []
@@ -271,12 +277,13 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     k, stop, choice = resolve(target, draft_model, drafter, first, k, stop)
     ngram_k = DRAFT_LENGTH if choice and choice.k_auto else None
     form = hybrid_form(target, names, choice, k, ngram_k or k, first)
+    plain = plain_rows_of(target, names, choice, first, rows, compile)
     total = len(conversations) * len(set(names) | {"greedy"}) * rounds
     with progress("bench", total, 0, "runs", console=Console(stderr=True)) as tracker:
         report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
                        progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
                        ngram_k=ngram_k, rows=rows, context_edges=edges, datastore=answers, compile=compile,
-                       hybrid_tree=form != "switch", chat=chat, **shape_rows(choice, k, dtype))
+                       hybrid_tree=form != "switch", chat=chat, **shape_rows(choice, k, dtype, plain))
     unused = unused_datastore_line(names, form) if answers else None
     report["warnings"] = [*report.get("warnings", []), *([unused] if unused else [])]
     report["config"] = {"model": target.name, "target_fingerprint": target.identity.get("fingerprint"), "drafter": drafter, "prompts": prompts,

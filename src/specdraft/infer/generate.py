@@ -43,6 +43,18 @@ def check_options(method: str, k_option, stop, tree: str | None, sampling, dtype
     return k, shape, name
 
 
+def plain_rows_line(target_model, context: int) -> int:
+    """Plain decoding's R on this machine (auto.plain_rows), said in a line where it is not one row."""
+    from specdraft.infer.auto import plain_rows
+
+    rows, curve = plain_rows(target_model, context)
+    if rows > 1:
+        print(f"note: plain decoding at R={rows} rows, one of them real: a forward measured {curve[rows - 1]:.1f} ms "
+              f"against {curve[0]:.1f} at one row on this machine (--verify-rows 1 runs one row)", file=sys.stderr,
+              flush=True)
+    return rows
+
+
 def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_option: int | str | None,
                  stop: float | str | None,
                  tree: str | None, sampling, max_new_tokens: int, ngram: tuple[int, int], device: str, dtype: str,
@@ -69,6 +81,8 @@ def generate_one(prompt: str, model: str, drafter: str | None, method: str, k_op
     k, stop, choice = resolve(target, draft_model, drafter, ids, k, stop)
     if choice is not None and is_chain(method) and rows is None:
         rows = choice.rows                                    # the R -k auto measured cheapest for its K
+    if method == "greedy" and rows is None and not compile:
+        rows = plain_rows_line(target.model, len(ids))
     answers = Datastore.from_prepared(datastore, target) if datastore else None
     form = hybrid_form(target, [name], choice, k, k, ids, sampling.greedy)
     unused = unused_datastore_line([name], form) if answers else None

@@ -23,6 +23,7 @@ from specdraft.families import family, family_of
 from specdraft.formats.checkpoints import load_drafter, resolve_checkpoint
 from specdraft.infer.hybrid import HYBRID, TREE_PAYS, HybridProposer, tree_pays
 from specdraft.infer.ngram import Datastore, NgramProposer
+from specdraft.infer.prompts import LONG
 from specdraft.infer.speculative import checked_rows
 from specdraft.infer.tree import TreeShape
 from specdraft.targets import default_aux_layers
@@ -175,17 +176,18 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
     return methods
 
 
-def shape_rows(choice, k: int, dtype: str) -> dict:
+def shape_rows(choice, k: int, dtype: str, plain: int | None = None) -> dict:
     """R of the drafter's chain and of plain decoding when --verify-rows is not given. The chain: the R
     -k auto chose, else K+1 outside float32, else its own round_rows (None). Plain decoding: the
     chain's R outside float32 (one shape: plain is then the chain's lossless reference), else the R
-    -k auto measured cheapest for one row (its own speed), else 1."""
+    -k auto measured cheapest for one row, else `plain` (auto.plain_rows: its own speed, the fastest plain
+    decoding this loop has, so that every "x plain" is against it)."""
     from specdraft.infer.costmodel import cheapest_rows
 
     chain = choice.rows if choice is not None else k + 1 if dtype != "float32" else None
     if dtype != "float32":
         return {"chain_rows": chain, "plain_rows": chain}
-    return {"chain_rows": chain, "plain_rows": cheapest_rows(choice.verify_ms, 1) if choice is not None else None}
+    return {"chain_rows": chain, "plain_rows": cheapest_rows(choice.verify_ms, 1) if choice is not None else plain}
 
 
 def hybrid_form(target, names: list[str], choice, k: int, ngram_k: int, ids: list[int],
@@ -213,8 +215,11 @@ def hybrid_form(target, names: list[str], choice, k: int, ngram_k: int, ids: lis
 
 
 def check_bench_options(names: list[str], methods: str, chains: list[str], k, k_option, stop, tree, dtype: str,
-                        datastore=None) -> None:
-    """bench's settings checked before any model loads: every one names a method that uses it."""
+                        datastore=None, prompts: str | None = None, max_context: int | None = None) -> None:
+    """bench's settings checked before any model loads: every one names a method (or prompt set) that uses it."""
+    if max_context is not None and prompts != LONG:
+        raise SpecdraftError(f"--max-context {max_context}: bounds the long-context prompt set only; add "
+                             "--prompts long or drop --max-context")
     bad = [n for n in names if n not in all_methods()]
     if bad or not names:
         raise SpecdraftError(f"--methods {methods}: unknown {bad or 'empty'}; choose from {', '.join(all_methods())}")
