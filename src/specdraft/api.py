@@ -10,6 +10,7 @@ from specdraft.data.prepared import load_prepared, save_prepared
 from specdraft.data.store import HiddenStore
 from specdraft.errors import SpecdraftError                               # every refusal, as one line
 from specdraft.formats.checkpoints import export, import_checkpoint, load_drafter, save_drafter
+from specdraft.infer.auto import plain_rows                                # plain decoding's R on this machine
 from specdraft.infer.methods import load_drafter_for
 from specdraft.infer.ngram import NgramProposer
 from specdraft.infer.prompts import prompt_ids, read_prompts
@@ -23,5 +24,5 @@ from specdraft.train.loop import train
 
 __all__ = ["HiddenStore", "NgramProposer", "RunConfig", "Sampling", "SpecdraftError", "capture_samples", "cpu_label",
            "export", "generate", "import_checkpoint", "load_drafter", "load_drafter_for", "load_prepared", "load_run",
-           "load_target", "load_tokenizer", "prepare", "prompt_ids", "read_prompts", "resolve_config", "save_drafter",
+           "load_target", "load_tokenizer", "plain_rows", "prepare", "prompt_ids", "read_prompts", "resolve_config", "save_drafter",
            "save_prepared", "train"]
