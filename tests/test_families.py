@@ -113,31 +113,57 @@ class ToyProposer:
         return Draft([draft_id + int(self.drafter.d2t[draft_id])], [0])
 
 
-def toy_validate(tensors, cfg, where):
-    H, n_aux = cfg.hidden_size, len(cfg.aux_layer_ids)
-    shapes = {"embed_tokens.weight": (cfg.vocab_size, H), "fc.weight": (H, (n_aux + 1) * H),
-              "lm_head.weight": (cfg.draft_vocab_size, H), "d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)}
-    for name, shape in shapes.items():
-        if name not in tensors or tuple(tensors[name].shape) != shape:
-            raise SpecdraftError(f"{where}: tensor {name} missing or not {list(shape)}")
+class Toy(registry.Family[ToyConfig, ToyDrafter]):
+    """The toy family: what a family's __init__.py defines, here inside the test."""
+
+    model_type = "toy"
+    config_type = ToyConfig
+
+    def new_config(self, target_config, draft_vocab_size, aux_layer_ids, verifier="", run=None) -> ToyConfig:
+        return ToyConfig(target_config.hidden_size, target_config.vocab_size, draft_vocab_size, list(aux_layer_ids),
+                         verifier)
+
+    def build(self, cfg: ToyConfig) -> ToyDrafter:
+        return ToyDrafter(cfg)
+
+    def init_from_target(self, drafter: ToyDrafter, target, d2t, t2d, run=None) -> None:
+        drafter.embed_tokens.weight.data.copy_(target.model.get_input_embeddings().weight.detach())
+        drafter.d2t.copy_(d2t)
+        drafter.t2d.copy_(t2d)
+
+    def objective(self, drafter: ToyDrafter, teacher, run) -> ToyObjective:
+        return ToyObjective(drafter, teacher)
+
+    def proposer(self, drafter: ToyDrafter, k=1, tree=None, stop=None) -> ToyProposer:
+        return ToyProposer(drafter, k, tree, stop)
+
+    def checkpoint_config(self, cfg: ToyConfig, dtype, speculative_tokens, verifier_architectures) -> dict:
+        return {"architectures": ["ToySpeculator"], "speculators_model_type": "toy", "dtype": dtype,
+                "specdraft": {"drafter_config": cfg.to_dict()}}
+
+    def parse_config(self, config: dict, where: str) -> ToyConfig:
+        return ToyConfig.from_dict(config["specdraft"]["drafter_config"])
+
+    def validate(self, tensors, cfg: ToyConfig, where: str) -> None:
+        H, n_aux = cfg.hidden_size, len(cfg.aux_layer_ids)
+        shapes = {"embed_tokens.weight": (cfg.vocab_size, H), "fc.weight": (H, (n_aux + 1) * H),
+                  "lm_head.weight": (cfg.draft_vocab_size, H), "d2t": (cfg.draft_vocab_size,),
+                  "t2d": (cfg.vocab_size,)}
+        for name, shape in shapes.items():
+            if name not in tensors or tuple(tensors[name].shape) != shape:
+                raise SpecdraftError(f"{where}: tensor {name} missing or not {list(shape)}")
+
+    def max_draft(self, cfg: ToyConfig) -> int:
+        return 1
 
 
-def toy_init(drafter, target, d2t, t2d, run=None):
-    drafter.embed_tokens.weight.data.copy_(target.model.get_input_embeddings().weight.detach())
-    drafter.d2t.copy_(d2t)
-    drafter.t2d.copy_(t2d)
+class ToyWithTree(Toy):
+    """The toy family as if its proposer drafted a tree (Family.tree)."""
+
+    tree = True
 
 
-TOY = registry.Family(
-    model_type="toy", config_type=ToyConfig,
-    new_config=lambda tc, n, layers, verifier="", run=None: ToyConfig(tc.hidden_size, tc.vocab_size, n, list(layers),
-                                                                      verifier),
-    build=ToyDrafter, init_from_target=toy_init, objective=lambda drafter, teacher, run: ToyObjective(drafter, teacher),
-    proposer=ToyProposer,
-    checkpoint_config=lambda cfg, dtype, k, archs: {"architectures": ["ToySpeculator"], "speculators_model_type": "toy",
-                                                    "dtype": dtype, "specdraft": {"drafter_config": cfg.to_dict()}},
-    parse_config=lambda config, where: ToyConfig.from_dict(config["specdraft"]["drafter_config"]),
-    validate=toy_validate, max_draft=lambda cfg: 1)
+TOY = Toy()
 
 
 @pytest.fixture
@@ -172,6 +198,23 @@ def test_info_lists_the_registered_families(tiny_target, toy_family):
     res = CliRunner().invoke(app, ["info", "--model", str(tiny_target), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["drafter_families"] == ["dflash", "dspark", "eagle3", "peagle", "toy"]
+
+
+def test_a_family_is_a_subclass_with_every_abstract_method_and_the_defaults_for_the_rest():
+    """Family is an ABC: a subclass that leaves out a method it must define cannot be made (the error
+    names the method), and what it leaves out that has a default takes the default."""
+    class Half(registry.Family):
+        model_type, config_type = "half", ToyConfig
+
+        def build(self, cfg):
+            return ToyDrafter(cfg)
+
+    with pytest.raises(TypeError, match=r"abstract.*new_config"):
+        Half()
+    assert TOY.fsdp_units(nn.Linear(2, 2)) == [] and registry.Family.max_draft(TOY, None) is None
+    assert (TOY.layouts, TOY.draft_vocab_rows, TOY.drafts_in_one_forward, TOY.tree, TOY.title, TOY.shape_flags) == \
+        ((), ("lm_head.weight",), False, False, "", ())
+    assert dict(TOY.vllm_speculative) == {"method": registry.DEFAULT} and TOY.max_draft(None) == 1
 
 
 def test_an_unknown_family_is_one_line_listing_the_registered_ones(ws, tmp_path):  # noqa: F811
@@ -236,8 +279,6 @@ def test_the_toy_family_runs_bench_with_k_auto_and_plan(ws, toy_family, tmp_path
 
 def test_tree_drafting_is_a_family_capability(toy_family, monkeypatch):
     """bench's FAMILY-tree methods and generate --tree ask the family (Family.tree), not the name eagle3."""
-    import dataclasses
-
     from specdraft.infer import methods
     from specdraft.infer.generate import generate_one
     from specdraft.infer.sampling import Sampling
@@ -247,7 +288,7 @@ def test_tree_drafting_is_a_family_capability(toy_family, monkeypatch):
     with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 or hybrid and greedy"):
         generate_one("hi", "default", None, "toy", None, None, "4,4,16", Sampling(), 8, (1, 3), "cpu", "float32",
                      False, False)
-    monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(TOY, tree=True))
+    monkeypatch.setitem(registry.FAMILIES, "toy", ToyWithTree())
     assert "toy-tree" in methods.all_methods()
     with pytest.raises(SpecdraftError, match=r"--tree: only with --method eagle3 or toy or hybrid and greedy"):
         generate_one("hi", "default", None, "toy", None, None, "4,4,16", Sampling(temperature=0.5), 8, (1, 3),
@@ -273,7 +314,7 @@ def test_a_new_family_touches_its_folder_and_one_registry_line(toy_family, tmp_p
     proposer, checkpoint, and an __init__ that registers its Family) plus one line in
     families.BUILTIN; the toy family is the same with its folder being this test. So no other source
     file names a family: train/, infer/, formats/, analysis/, the CLI, the pipeline, the recipes and
-    model/common/ ask the registry (Family's fields, families.DEFAULT). A leak fails here by name."""
+    model/common/ ask the registry (Family's methods and attributes, families.DEFAULT). A leak fails here by name."""
     src = Path(registry.__file__).parent
     folders = {module.rsplit(".", 1)[1] for module in registry.BUILTIN}
     for module in registry.BUILTIN:                      # each registry line is one package under model/
@@ -297,8 +338,6 @@ def test_the_recipe_and_the_readers_of_bench_json_use_the_runs_family(toy_family
     """The recipe benches the family its training settings name (its tree only where the family
     drafts one); the report, the card, plan's rates and the recipe's summary read that family's
     chain from bench.json (`config.family`), and older files without it their first drafter method."""
-    import dataclasses
-
     from specdraft.infer.costmodel import cond_rates_from
     from specdraft.metrics import drafter_method
     from specdraft.pipeline import bench_methods, load_recipe, natural_methods
@@ -310,7 +349,7 @@ def test_the_recipe_and_the_readers_of_bench_json_use_the_runs_family(toy_family
     assert recipe.family == "toy"
     assert bench_methods(recipe.family, tree=True) == ["greedy", "plain", "ngram", "toy"]  # no toy tree
     assert natural_methods(recipe.family, tree=True) == ["plain", "ngram", "toy", "hybrid"]         # nor hybrid-tree
-    monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(TOY, tree=True))
+    monkeypatch.setitem(registry.FAMILIES, "toy", ToyWithTree())
     assert bench_methods("toy", tree=True)[-1] == "toy-tree" and "toy-tree" not in bench_methods("toy", tree=False)
     assert natural_methods("toy", tree=True) == ["plain", "ngram", "toy", "hybrid", "hybrid-tree"]
     assert natural_methods("toy", tree=False) == ["plain", "ngram", "toy", "hybrid"]

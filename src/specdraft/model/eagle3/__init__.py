@@ -8,43 +8,35 @@ config.json · tensors.py the tensor names and shapes · sglang.py the SGLang / 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from specdraft.errors import SpecdraftError
 from specdraft.families import Family, Layout, register
-from specdraft.model.eagle3 import checkpoint, sglang, tensors
+from specdraft.model.eagle3 import checkpoint, sglang
 from specdraft.model.common.config import SHAPE_FLAGS as COMMON_SHAPE_FLAGS
 from specdraft.model.eagle3.config import DrafterConfig
 from specdraft.model.eagle3.module import Eagle3Drafter
 from specdraft.model.eagle3.objective import TTTObjective
 from specdraft.model.eagle3.proposer import EagleProposer
+from specdraft.model.eagle3.tensors import validate as validate_tensors
 from specdraft.targets import last_layer_tensors
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from transformers import PretrainedConfig
 
-def new_config(target_config, draft_vocab_size: int, aux_layer_ids: list[int], verifier: str = "", run=None):
-    if run is not None and run.draft_layers != 1:
-        raise SpecdraftError(f"--draft-layers {run.draft_layers}: an {run.family} drafter has one decoder layer "
-                             "(vLLM serves it so); drop --draft-layers or train --family dflash")
-    options = {} if run is None else {"norm_before_residual": run.norm_before_residual, "fc_norm": run.fc_norm,
-                                      "norm_output": run.norm_output, "sliding_window": run.sliding_window}
-    return DrafterConfig.from_target(target_config, draft_vocab_size=draft_vocab_size, aux_layer_ids=aux_layer_ids,
-                                     verifier=verifier, run=run, **options)
-
-
-def init_from_target(drafter, target, d2t, t2d, run=None) -> None:
-    """Embeddings and lm_head rows from the target; the decoder layer too with init_layer=target."""
-    drafter.init_from_target(target.model, d2t, t2d)
-    if run is not None and run.init_layer == "target":
-        drafter.init_layer_from_target(last_layer_tensors(target))
+    from specdraft.infer.tree import TreeShape
+    from specdraft.targets import Target
+    from specdraft.train.config import RunConfig
+    from specdraft.train.objective import TeacherHead
 
 
-def training_objective(drafter, teacher, run, parallel: bool = False) -> TTTObjective:
+def training_objective(drafter: Eagle3Drafter, teacher: TeacherHead, run: RunConfig,
+                       parallel: bool = False) -> TTTObjective:
+    """The TTT unroll; `parallel` (P-EAGLE): every step after the first a mask slot."""
     return TTTObjective(drafter, teacher, run.ttt_steps, run.step_decay, run.loss, run.aux_noise, run.attention,
                         "data" if parallel else run.ttt_inputs, parallel=parallel)
-
-
-def fsdp_units(drafter) -> list:
-    """The wide matrices (V x H, nH x H, N x H); the decoder layer stays in the root unit (its KV cache
-    must be the same object across TTT steps, and FSDP2 copies dataclass arguments)."""
-    return [drafter.embed_tokens, drafter.fc, drafter.lm_head]
 
 
 def sglang_detect(config: dict, weights) -> str | None:
@@ -71,8 +63,58 @@ SGLANG = Layout("sglang", sglang_detect, sglang_read, sglang_write, sglang.unsup
 SHAPE_FLAGS = (("fc_norm", "--fc-norm"), ("norm_output", "--norm-output"),
                ("norm_before_residual", "--norm-before-residual")) + COMMON_SHAPE_FLAGS
 
-FAMILY = register(Family(model_type="eagle3", config_type=DrafterConfig, new_config=new_config, build=Eagle3Drafter,
-                         init_from_target=init_from_target, objective=training_objective, proposer=EagleProposer,
-                         checkpoint_config=checkpoint.build_config, parse_config=checkpoint.parse_config,
-                         validate=tensors.validate, fsdp_units=fsdp_units, layouts=(SGLANG,), tree=True,
-                         title="EAGLE-3", shape_flags=SHAPE_FLAGS))
+
+class Eagle3(Family[DrafterConfig, Eagle3Drafter]):
+    """EAGLE-3: a chain drafted one token a forward (or an EAGLE-2 tree); SGLang's layout read and written too."""
+
+    model_type = "eagle3"
+    config_type = DrafterConfig
+    layouts = (SGLANG,)
+    tree = True
+    title = "EAGLE-3"
+    shape_flags = SHAPE_FLAGS
+
+    def new_config(self, target_config: PretrainedConfig, draft_vocab_size: int, aux_layer_ids: list[int],
+                   verifier: str = "", run: RunConfig | None = None) -> DrafterConfig:
+        if run is not None and run.draft_layers != 1:
+            raise SpecdraftError(f"--draft-layers {run.draft_layers}: an {run.family} drafter has one decoder layer "
+                                 "(vLLM serves it so); drop --draft-layers or train --family dflash")
+        options = {} if run is None else {"norm_before_residual": run.norm_before_residual, "fc_norm": run.fc_norm,
+                                          "norm_output": run.norm_output, "sliding_window": run.sliding_window}
+        return DrafterConfig.from_target(target_config, draft_vocab_size=draft_vocab_size,
+                                         aux_layer_ids=aux_layer_ids, verifier=verifier, run=run, **options)
+
+    def build(self, cfg: DrafterConfig) -> Eagle3Drafter:
+        return Eagle3Drafter(cfg)
+
+    def init_from_target(self, drafter: Eagle3Drafter, target: Target, d2t: torch.Tensor, t2d: torch.Tensor,
+                         run: RunConfig | None = None) -> None:
+        """Embeddings and lm_head rows from the target; the decoder layer too with init_layer=target."""
+        drafter.init_from_target(target.model, d2t, t2d)
+        if run is not None and run.init_layer == "target":
+            drafter.init_layer_from_target(last_layer_tensors(target))
+
+    def objective(self, drafter: Eagle3Drafter, teacher: TeacherHead, run: RunConfig) -> TTTObjective:
+        return training_objective(drafter, teacher, run)
+
+    def proposer(self, drafter: Eagle3Drafter, k: int = 4, tree: TreeShape | None = None,
+                 stop: float | None = None) -> EagleProposer:
+        return EagleProposer(drafter, k, tree, stop)
+
+    def checkpoint_config(self, cfg: DrafterConfig, dtype: str, speculative_tokens: int,
+                          verifier_architectures: list[str]) -> dict:
+        return checkpoint.build_config(cfg, dtype, speculative_tokens, verifier_architectures)
+
+    def parse_config(self, config: dict, where: str) -> DrafterConfig:
+        return checkpoint.parse_config(config, where)
+
+    def validate(self, tensors: dict[str, torch.Tensor], cfg: DrafterConfig, where: str) -> None:
+        validate_tensors(tensors, cfg, where)
+
+    def fsdp_units(self, drafter: Eagle3Drafter) -> list[nn.Module]:
+        """The wide matrices (V x H, nH x H, N x H); the decoder layer stays in the root unit (its KV cache
+        must be the same object across TTT steps, and FSDP2 copies dataclass arguments)."""
+        return [drafter.embed_tokens, drafter.fc, drafter.lm_head]
+
+
+FAMILY = register(Eagle3())
