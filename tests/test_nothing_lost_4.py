@@ -215,6 +215,8 @@ def test_exports_keep_their_own_records_and_never_write_the_run(shapes, tmp_path
     assert [(Path(e.out).name, e.num_speculative_tokens, e.layout) for e in found] == [("A", 2, "speculators"),
                                                                                       ("B", 3, "speculators")]
     assert {e.run for e in found} == {str(run.resolve())} and found[0].checkpoint.endswith("best")
+    shutil.move(tmp_path / "ws", tmp_path / "moved")          # a workspace copied elsewhere keeps its pairs
+    assert [Path(e.out).name for e in exports_of(tmp_path / "moved" / "runs" / "a")] == ["A", "B"]
 
 
 # ----------------------------------------------------------------------------- 2. no setting dropped

@@ -275,11 +275,16 @@ def checkpoint_position(ckpt: Path) -> dict:
     return {k: val[k] for k in ("epoch", "step") if isinstance(val.get(k), int) and not isinstance(val[k], bool)}
 
 
-def export_record(ckpt: Path, layout: str, dtype: str, speculative_tokens: int, position: dict | None = None) -> dict:
-    """EXPORT/export.json: the run and checkpoint exported (and the epoch and step of the checkpoint read,
-    `position`), its layout, dtype and K; how the run's report finds its exports and their serve commands."""
+def export_record(ckpt: Path, out: Path, layout: str, dtype: str, speculative_tokens: int,
+                  position: dict | None = None) -> dict:
+    """EXPORT/export.json: the run (its path, and from `out`, the export folder, so a workspace copied elsewhere still
+    pairs them) and checkpoint exported (and the epoch and step of the checkpoint read, `position`), its layout, dtype
+    and K; how the run's report finds its exports and their serve commands."""
+    import os
+
     run = run_folder_of(ckpt)
     return ExportRecord(run=None if run is None else str(run.resolve()), layout=layout, dtype=dtype,
+                        run_from_export=None if run is None else os.path.relpath(run.resolve(), Path(out).resolve()),
                         num_speculative_tokens=int(speculative_tokens), checkpoint=str(Path(ckpt).resolve()),
                         **(position or {})).model_dump(exclude_none=True, exclude={"out"})
 

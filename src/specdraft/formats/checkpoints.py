@@ -391,7 +391,7 @@ def export(src: str | Path, out: str | Path, layout: str, speculative_tokens: in
     text = card.render(card.facts(ckpt, cfg, target.identity if target else None), cfg, out=out, layout=layout,
                        dtype=dtype_name, embeddings="embed_tokens.weight" in tensors,
                        speculative_tokens=speculative_tokens, weight_bytes=weight_bytes)
-    record = card.export_record(ckpt, layout, dtype_name, speculative_tokens, position)
+    record = card.export_record(ckpt, out, layout, dtype_name, speculative_tokens, position)
     extra = {"README.md": lambda p: p.write_text(text), RECORD: lambda p: write_json(p, record)}
     if inputs:                              # eval of the export leaves out the samples it trained on
         extra["inputs.json"] = lambda p: write_json(p, inputs)

@@ -21,6 +21,7 @@ class ExportRecord(BaseModel):
     model_config = ConfigDict(strict=True)
     out: str = ""                             # the export folder (filled in on reading: the record's own folder)
     run: str | None = None                    # the training run (None: a checkpoint outside any run)
+    run_from_export: str | None = None        # the same, relative to the export folder (a workspace moved whole)
     layout: str | None = None
     dtype: str | None = None
     num_speculative_tokens: int | None = Field(None, ge=1)
@@ -49,12 +50,15 @@ def read_export(folder: str | Path) -> ExportRecord | None:
 
 
 def names_run(path: Path, run: Path) -> bool:
-    """Whether the export record at `path` names `run` (read as it is: another folder's broken record is not ours to
-    refuse; ours is then read through its schema)."""
+    """Whether the export record at `path` names `run`, by its path or by its place relative to the export (read as
+    it is: another folder's broken record is not ours to refuse; ours is then read through its schema)."""
     from specdraft.schemas import raw_json
 
     data = raw_json(path)
-    return isinstance(data, dict) and data.get("run") == str(run)
+    if not isinstance(data, dict):
+        return False
+    relative = data.get("run_from_export")
+    return data.get("run") == str(run) or isinstance(relative, str) and (path.parent / relative).resolve() == run
 
 
 def exports_of(run: str | Path) -> list[ExportRecord]:
