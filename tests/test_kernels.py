@@ -177,6 +177,9 @@ def test_the_whole_forward_picks_its_path_per_row_count_and_the_runner_runs_it(m
                                                     2: {"table": 0.97, "linear": 1.0, "mm": 0.98},
                                                     3: {"table": 2.0, "linear": 2.0, "mm": 1.0}})
     assert choice == {1: "table", 2: "linear", 3: "mm"}
+    kernels.record_whole_forward(linears, {5: {"table": 1.0, "linear": 1.0, "mm": 0.5}})   # more rows: kept beside
+    saved = json.loads(kernels.forward_file(linears).read_text())
+    assert saved["choice"] == {"1": "table", "2": "linear", "3": "mm", "5": "mm"} and set(saved["ms"]) == set(saved["choice"])
     flags = speculative.TargetRunner(model, None, speculative.Profile(), rows=3, max_len=16).mm_flags
     assert all(f[1] and not f[2] and f[3] and not f[4] for f in flags)     # 4 rows: unmeasured, the table's
     monkeypatch.setenv("SPECDRAFT_KERNEL_PATH", "linear")                # the suite's setting: nothing measured

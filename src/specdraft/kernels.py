@@ -284,11 +284,16 @@ def whole_forward_flags(linears: list[torch.nn.Linear], flags: list[tuple[bool, 
 
 def record_whole_forward(linears: list[torch.nn.Linear], ms: dict[int, dict[str, float]]) -> dict[int, str]:
     """Per row count, the whole forward's ms on each of FORWARD_PATHS -> the path kept (`pick`, as per Linear),
-    saved for this machine."""
+    saved for this machine beside the row counts measured before (plain decoding's 1..4 rows never drop a -k auto
+    record of 1..9)."""
     choice = {rows: pick(t) for rows, t in ms.items()}
-    write_cache(forward_file(linears), {"machine": cpu_identity(), "dtype": str(linears[0].weight.dtype),
-                                        "ms": {str(r): t for r, t in ms.items()},
-                                        "choice": {str(r): c for r, c in choice.items()}})
+    path = forward_file(linears)
+    saved = read_cache(path, "whole-forward timing")
+    kept = saved if isinstance(saved, dict) and all(isinstance(saved.get(k), dict) for k in ("ms", "choice")) \
+        else {"ms": {}, "choice": {}}
+    write_cache(path, {"machine": cpu_identity(), "dtype": str(linears[0].weight.dtype),
+                       "ms": {**kept["ms"], **{str(r): t for r, t in ms.items()}},
+                       "choice": {**kept["choice"], **{str(r): c for r, c in choice.items()}}})
     return choice
 
 

@@ -110,11 +110,10 @@ def recorded_curve(target_model, n_max: int) -> list[float] | None:
     """The whole-forward ms at 1..n_max rows this machine recorded for the model's Linear shapes (measure_costs, by
     -k auto and plan: the path it chose at each R), None where any is missing or damaged."""
     saved = kernels.read_cache(kernels.forward_file(kernels.target_linears(target_model)), "whole-forward timing")
-    ms, choice = (saved.get("ms"), saved.get("choice")) if isinstance(saved, dict) else (None, None)
-    if not isinstance(ms, dict) or not isinstance(choice, dict):
+    try:
+        curve = [saved["ms"][str(r)][saved["choice"][str(r)]] for r in range(1, n_max + 1)]
+    except (KeyError, TypeError):            # no record, a row count never measured, or a damaged one
         return None
-    curve = [(ms.get(str(r)) or {}).get(choice.get(str(r))) if isinstance(ms.get(str(r)), dict) else None
-             for r in range(1, n_max + 1)]
     return curve if all(kernels.positive_ms(x) for x in curve) else None
 
 
