@@ -123,6 +123,11 @@ class Doctor:
         return resolve_checkpoint(self.run)
 
     @cached_property
+    def exports(self) -> list:
+        """The run's exports (their export.json records, found beside the run), latest last."""
+        return exports_of(self.run)
+
+    @cached_property
     def target(self):
         return load_target(self.model or self.config.get("model", "default"),
                            trust_remote_code=bool(self.config.get("trust_remote_code")))
@@ -743,7 +748,7 @@ def check_round_cost(d: Doctor) -> Finding:
     """plan's cost model with the measured latencies (RUN/plan.json) and the measured acceptance: does
     the K the run was exported with lose to another K? The loss is the τ the chosen K would need on
     top of its own to match the best K's tokens/s."""
-    exports = exports_of(d.run)
+    exports = d.exports
     chosen = [e.num_speculative_tokens for e in exports if e.num_speculative_tokens]
     plan_file = d.run / run_layout.PLAN
     if not chosen or not plan_file.is_file():
@@ -770,7 +775,7 @@ def check_export_mismatch(d: Doctor) -> Finding:
     checkpoint's "specdraft" block): vLLM serves the top-level fields, so a config.json whose
     top-level fields disagree with its own block is served differently from how it trained. The loss
     is τ as served minus the run's τ, where the differences are ones the store can measure."""
-    folders = [d.checkpoint] + [Path(e.out) for e in exports_of(d.run) if e.out and Path(e.out).is_dir()]
+    folders = [d.checkpoint] + [Path(e.out) for e in d.exports if e.out and Path(e.out).is_dir()]
     trained = d.drafter.config
     d2t, _ = mapping_of(d.checkpoint)
     differ, worst, unread = {}, None, []
@@ -858,7 +863,7 @@ def check_typed_inputs(d: Doctor) -> None:
     """Read the run's small typed files (config.yaml, its exports' export.json, plan.json) up front: a wrong type
     in any is refused in one line naming the file and the field, before any check runs."""
     d.config
-    exports_of(d.run)
+    d.exports
     if (d.run / run_layout.PLAN).is_file():
         plan_timing(d)
 
