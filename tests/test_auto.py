@@ -164,8 +164,10 @@ def test_shape_rows_plain_runs_its_own_cheapest_r_in_float32_and_the_chains_othe
     choice = auto.AutoChoice(1, None, option, [0.5], "v", verify, 1.0, True, False)
     assert choice.rows == 6
     assert shape_rows(choice, 1, "float32") == {"chain_rows": 6, "plain_rows": 1}
-    assert shape_rows(choice, 1, "bfloat16") == {"chain_rows": 6, "plain_rows": 6}
-    assert shape_rows(None, 3, "bfloat16") == {"chain_rows": 4, "plain_rows": 4}
+    assert shape_rows(choice, 1, "bfloat16") == {"chain_rows": 6, "plain_rows": 6, "fastest_plain_rows": 1}
+    assert shape_rows(None, 3, "bfloat16") == {"chain_rows": 4, "plain_rows": 4, "fastest_plain_rows": None}
+    assert shape_rows(None, 3, "bfloat16", 2) == {"chain_rows": 4, "plain_rows": 4, "fastest_plain_rows": 2}
+    assert shape_rows(None, 3, "bfloat16", 4) == {"chain_rows": 4, "plain_rows": 4, "fastest_plain_rows": None}
     assert shape_rows(None, 3, "float32") == {"chain_rows": None, "plain_rows": None}
 
 
@@ -215,7 +217,10 @@ def test_plain_decoding_runs_at_the_rows_this_machine_measured_cheapest(target, 
 
 def test_compute_dtype_auto_in_bench_and_the_bf16_reference_is_plain_decoding(tiny_target, tmp_path, monkeypatch):
     """--compute-dtype auto: float32 where timing is off (the suite); where bf16 measures faster, bench runs
-    bf16 and adds plain decoding at the chain's R as the lossless reference. A bad value is one line."""
+    bf16 and adds plain decoding at the chain's R as the lossless reference. There plain slowed to the chain's R
+    is no speed baseline: where plain's own R differs, bench runs it there too and "x plain" is against the
+    faster (a bf16 bench on the AVX-512 EPYC had plain at R=4, 42 ms a token, where R=2 runs ~37). A bad value
+    is one line."""
     from specdraft import dtypes
 
     out = tmp_path / "bench.json"
@@ -233,6 +238,14 @@ def test_compute_dtype_auto_in_bench_and_the_bf16_reference_is_plain_decoding(ti
     assert report["config"]["dtype"] == "bfloat16"
     assert report["methods"]["plain"]["rows"] == report["methods"]["eagle3"]["rows"] == 3
     assert report["methods"]["eagle3"]["identical_to_plain"] is True
+    monkeypatch.setattr(auto, "plain_rows", lambda model, context: (2, [9.0, 6.0, 7.0, 8.0]))
+    res = invoke(*[a if a != "greedy,eagle3" else "greedy,plain,eagle3" for a in args])
+    assert res.exit_code == 0, res.output
+    m = json.loads(out.read_text())["methods"]                  # plain twice: the reference and the speed baseline
+    assert m["plain"]["rows"] == 3 and m["plain"]["fastest"]["rows"] == 2 and "plain (its own R)" not in m
+    baseline = max(m["plain"]["tokens_per_s"], m["plain"]["fastest"]["tokens_per_s"])
+    assert m["eagle3"]["speedup_over_plain"] == pytest.approx(m["eagle3"]["tokens_per_s"] / baseline)
+    assert "at R=2" in res.stdout                              # the table's row of it ("plain at R=2", wrapped)
     res = invoke("generate", "--model", tiny_target, "--prompt", "hi", "--compute-dtype", "int8")
     assert isinstance(res.exception, SpecdraftError)
     assert str(res.exception) == "--compute-dtype int8: use auto, float32, bfloat16, float16"

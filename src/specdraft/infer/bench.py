@@ -10,6 +10,7 @@ departures from greedy, the plot) is bench_output.py's.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 import platform
 import statistics
 import time
@@ -35,6 +36,7 @@ from specdraft.targets import resolve_device
 from specdraft.templates import parse_template_kwargs
 
 ROUND_ROOM = 64        # cache slots kept past prompt and answer for a round's drafted rows
+FASTEST_PLAIN = "plain (its own R)"    # outside float32: plain's speed run, kept under plain's "fastest"
 
 
 def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: set[int]) -> Generation:
@@ -122,14 +124,15 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
           rounds: int = 3, draft_stop: float | None = None, ngram_k: int | None = None,
           rows: int | None = None, context_edges=CONTEXT_EDGES, datastore: Datastore | None = None,
           chain_rows: int | None = None, plain_rows: int | None = None, compile: bool = False,
-          hybrid_tree: bool = True, chat: Chat | None = None) -> dict:
+          hybrid_tree: bool = True, chat: Chat | None = None, fastest_plain_rows: int | None = None) -> dict:
     """Same prompts for every method, batch 1, one warm-up generation per method first (which compiles, under
     `compile`); then `rounds` rounds, each running every method on every prompt, the order rotated per round.
     rows: every loop method at that row count; chain_rows, plain_rows: the drafter's chain's and plain
     decoding's (assign_rows). Plain decoding is the reference of every method at its R (the same tokens
     in any dtype: `identical_to_plain`), and is added to the methods when rows are given, or when
     chain_rows are and the target computes in a dtype other than float32 (where transformers' greedy
-    sums in other orders). `chat`: the template with its arguments (default: none), which renders the
+    sums in other orders); there `fastest_plain_rows` (shape_rows) also runs plain decoding at its own R, and
+    every "x plain" is against the faster of the two (plain's `fastest`). `chat`: the template with its arguments (default: none), which renders the
     prompts and splits τ into reasoning and answer (tau_by_part)."""
     if rounds < 1:
         raise SpecdraftError(f"--rounds {rounds}: must be >= 1 (3 or more to see the spread)")
@@ -143,6 +146,42 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
         names.append("plain")
     methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min, draft_stop, ngram_k, datastore, hybrid_tree)
     assign_rows(methods, rows, chain_rows, plain_rows)
+    if fastest_plain_rows and "plain" in names and not rows:          # the speed baseline at plain's own R
+        methods.append(replace(next(m for m in methods if m.name == "plain"), name=FASTEST_PLAIN,
+                               rows=fastest_plain_rows))
+    runs, order, (load_start, load_end) = run_rounds(model, methods, prompts, rounds, max_new_tokens, eos, compile,
+                                                     progress)
+    reference = [g.token_ids for g in runs["greedy"][0]]
+    greedy_tps = [summarize("greedy", rs, None)["tokens_per_s"] for rs in runs["greedy"]]
+    results = {n: summarize_rounds(n, runs[n], reference, greedy_tps) for n in names}
+    for m in methods:
+        if m.name in results:
+            results[m.name]["rows"] = m.rows
+    if "plain" in results:             # lossless against this loop's own plain decoding, any dtype
+        compare_with_plain(results, runs)
+    for n, r in results.items():
+        if r["identical_to_greedy"] is False:
+            r["divergences"] = [divergence(model, ids, ref, g.token_ids)
+                                for ids, ref, g in zip(prompts, reference, runs[n][0]) if g.token_ids != ref]
+    for n, r in results.items():
+        if n not in ("greedy", "plain"):
+            k_n = tree.total if n.endswith(TREE) and tree else (ngram_k or k) if n == "ngram" else k
+            r.update(round_sections(runs[n][0], prompts, chat, context_edges, k_n))
+    if "plain" in results:
+        over_plain(results, runs, reference, greedy_tps, fastest_plain_rows)
+    warnings = [w for w in [busy_warning("bench", load_start, load_end, torch.get_num_threads())] if w]
+    warnings += [divergence_line(n, r, len(prompts), str(next(model.parameters()).dtype).replace("torch.", ""))
+                 for n, r in results.items() if r.get("divergences")]
+    warnings += [f"warning: bench: {n} gave different tokens or acceptance in different rounds (greedy decoding "
+                 "should be deterministic)" for n, r in results.items() if not r["same_in_every_round"]]
+    return {"methods": results, "rounds": rounds, "order": order,
+            "load": {"start": load_start, "end": load_end, "cores": os.cpu_count()}, "warnings": warnings}
+
+
+def run_rounds(model, methods: list[Method], prompts: list[list[int]], rounds: int, max_new_tokens: int,
+               eos: set[int], compile: bool, progress) -> tuple[dict[str, list[list[Generation]]], list, tuple]:
+    """One warm-up generation per method, then `rounds` rounds of every method on every prompt, the order rotated
+    per round: (runs per method and round, the orders, the machine's load before and after)."""
     for m in methods:                                                 # warm-up
         run_one(model, m, prompts[0], min(8, max_new_tokens), eos, compile=compile)
     load_start = machine_load()
@@ -156,33 +195,20 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
                 runs[m.name][-1].append(run_one(model, m, ids, max_new_tokens, eos, compile=compile))
                 if progress:
                     progress(m.name)
-    load_end = machine_load()
-    reference = [g.token_ids for g in runs["greedy"][0]]
-    greedy_tps = [summarize("greedy", rs, None)["tokens_per_s"] for rs in runs["greedy"]]
-    results = {n: summarize_rounds(n, runs[n], reference, greedy_tps) for n in names}
-    for m in methods:
-        results[m.name]["rows"] = m.rows
-    if "plain" in results:             # lossless against this loop's own plain decoding, any dtype
-        compare_with_plain(results, runs)
-    for n, r in results.items():
-        if r["identical_to_greedy"] is False:
-            r["divergences"] = [divergence(model, ids, ref, g.token_ids)
-                                for ids, ref, g in zip(prompts, reference, runs[n][0]) if g.token_ids != ref]
-    for n, r in results.items():
-        if n not in ("greedy", "plain"):
-            k_n = tree.total if n.endswith(TREE) and tree else (ngram_k or k) if n == "ngram" else k
-            r.update(round_sections(runs[n][0], prompts, chat, context_edges, k_n))
-    if "plain" in results:             # what drafting adds over the same loop with no drafter
-        plain = results["plain"]["tokens_per_s"]
-        for r in results.values():
-            r["speedup_over_plain"] = r["tokens_per_s"] / plain if plain else 0.0
-    warnings = [w for w in [busy_warning("bench", load_start, load_end, torch.get_num_threads())] if w]
-    warnings += [divergence_line(n, r, len(prompts), str(next(model.parameters()).dtype).replace("torch.", ""))
-                 for n, r in results.items() if r.get("divergences")]
-    warnings += [f"warning: bench: {n} gave different tokens or acceptance in different rounds (greedy decoding "
-                 "should be deterministic)" for n, r in results.items() if not r["same_in_every_round"]]
-    return {"methods": results, "rounds": rounds, "order": order,
-            "load": {"start": load_start, "end": load_end, "cores": os.cpu_count()}, "warnings": warnings}
+    return runs, order, (load_start, machine_load())
+
+
+def over_plain(results: dict, runs: dict, reference: list[list[int]], greedy_tps: list[float],
+               fastest_rows: int | None) -> None:
+    """What drafting adds over the same loop with no drafter: each method's `speedup_over_plain`, against plain
+    decoding's faster run (outside float32 also its own-R run, kept as plain's `fastest`)."""
+    if FASTEST_PLAIN in runs:
+        own = summarize_rounds(FASTEST_PLAIN, runs[FASTEST_PLAIN], reference, greedy_tps)
+        results["plain"]["fastest"] = {"rows": fastest_rows, "tokens_per_s": own["tokens_per_s"],
+                                       "tokens_per_s_spread": own["tokens_per_s_spread"]}
+    plain = max(results["plain"]["tokens_per_s"], results["plain"].get("fastest", {}).get("tokens_per_s", 0.0))
+    for r in results.values():
+        r["speedup_over_plain"] = r["tokens_per_s"] / plain if plain else 0.0
 
 
 def round_sections(gens: list[Generation], prompts: list[list[int]], chat: Chat, context_edges, k) -> dict:
@@ -236,6 +262,14 @@ def plain_rows_of(target, names: list[str], choice, ids: list[int], rows: int | 
     return plain_rows(target.model, len(ids))[0]
 
 
+def methods_run(names: list[str], shapes: dict, rows: int | None, dtype: str) -> int:
+    """How many methods bench() runs per prompt and round (its progress total): greedy, plain where bench() adds it,
+    and plain's own-R run outside float32."""
+    runs_plain = "plain" in names or bool(rows) or bool(shapes["chain_rows"] and dtype != "float32")
+    own = runs_plain and bool(shapes.get("fastest_plain_rows")) and not rows
+    return len(set(names) | {"greedy"} | ({"plain"} if runs_plain else set())) + own
+
+
 def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int,
               k_option: int | str | None, stop: float | str | None, rounds: int, tree: str | None,
               ngram: tuple[int, int], limit: int | None, device: str, dtype: str, trust_remote_code: bool,
@@ -278,12 +312,13 @@ def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_n
     ngram_k = DRAFT_LENGTH if choice and choice.k_auto else None
     form = hybrid_form(target, names, choice, k, ngram_k or k, first)
     plain = plain_rows_of(target, names, choice, first, rows, compile)
-    total = len(conversations) * len(set(names) | {"greedy"}) * rounds
+    shapes = shape_rows(choice, k, dtype, plain)
+    total = len(conversations) * rounds * methods_run(names, shapes, rows, dtype)
     with progress("bench", total, 0, "runs", console=Console(stderr=True)) as tracker:
         report = bench(target, draft_model, conversations, names, max_new_tokens, k, shape, ngram[1], ngram[0],
                        progress=lambda name: tracker.advance(1, method=name), rounds=rounds, draft_stop=stop,
                        ngram_k=ngram_k, rows=rows, context_edges=edges, datastore=answers, compile=compile,
-                       hybrid_tree=form != "switch", chat=chat, **shape_rows(choice, k, dtype, plain))
+                       hybrid_tree=form != "switch", chat=chat, **shapes)
     unused = unused_datastore_line(names, form) if answers else None
     report["warnings"] = [*report.get("warnings", []), *([unused] if unused else [])]
     report["config"] = {"model": target.name, "target_fingerprint": target.identity.get("fingerprint"), "drafter": drafter, "prompts": prompts,

@@ -178,16 +178,18 @@ def build_methods(names: list[str], drafter, k: int, tree: TreeShape | None, ngr
 
 def shape_rows(choice, k: int, dtype: str, plain: int | None = None) -> dict:
     """R of the drafter's chain and of plain decoding when --verify-rows is not given. The chain: the R
-    -k auto chose, else K+1 outside float32, else its own round_rows (None). Plain decoding: the
-    chain's R outside float32 (one shape: plain is then the chain's lossless reference), else the R
-    -k auto measured cheapest for one row, else `plain` (auto.plain_rows: its own speed, the fastest plain
-    decoding this loop has, so that every "x plain" is against it)."""
+    -k auto chose, else K+1 outside float32, else its own round_rows (None). Plain decoding: its own R,
+    the one -k auto measured cheapest for one row, else `plain` (auto.plain_rows), the fastest plain
+    decoding this loop has, so that every "x plain" is against it. Outside float32 plain runs at the chain's
+    R too (its tokens depend on R there: that run is the chain's lossless reference), and its own R, where
+    that differs, is `fastest_plain_rows`: the speed baseline."""
     from specdraft.infer.costmodel import cheapest_rows
 
     chain = choice.rows if choice is not None else k + 1 if dtype != "float32" else None
+    own = cheapest_rows(choice.verify_ms, 1) if choice is not None else plain
     if dtype != "float32":
-        return {"chain_rows": chain, "plain_rows": chain}
-    return {"chain_rows": chain, "plain_rows": cheapest_rows(choice.verify_ms, 1) if choice is not None else plain}
+        return {"chain_rows": chain, "plain_rows": chain, "fastest_plain_rows": own if own != chain else None}
+    return {"chain_rows": chain, "plain_rows": own}
 
 
 def hybrid_form(target, names: list[str], choice, k: int, ngram_k: int, ids: list[int],

@@ -6,6 +6,13 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 
+class FastestPlain(BaseModel):
+    """Outside float32, plain decoding at its own R (the "x plain" baseline), beside plain at the chains' R."""
+    model_config = ConfigDict(strict=True, extra="allow")
+    rows: StrictInt
+    tokens_per_s: float
+
+
 class MethodResult(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     tokens_per_s: float | None = None
@@ -16,6 +23,7 @@ class MethodResult(BaseModel):
     identical_to_greedy: StrictBool | None = None
     prompts_identical: StrictInt | None = None
     by_context: dict | None = None
+    fastest: FastestPlain | None = None           # plain's only: its speed run at its own R (outside float32)
 
 
 class BenchConfig(BaseModel):
