@@ -10,10 +10,10 @@ departures from greedy, the plot) is bench_output.py's.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 import platform
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
@@ -132,8 +132,8 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
     in any dtype: `identical_to_plain`), and is added to the methods when rows are given, or when
     chain_rows are and the target computes in a dtype other than float32 (where transformers' greedy
     sums in other orders); there `fastest_plain_rows` (shape_rows) also runs plain decoding at its own R, and
-    every "x plain" is against the faster of the two (plain's `fastest`). `chat`: the template with its arguments (default: none), which renders the
-    prompts and splits τ into reasoning and answer (tau_by_part)."""
+    every "x plain" is against the faster of the two (plain's `fastest`). `chat`: the template with its
+    arguments (default: none), which renders the prompts and splits τ into reasoning and answer (tau_by_part)."""
     if rounds < 1:
         raise SpecdraftError(f"--rounds {rounds}: must be >= 1 (3 or more to see the spread)")
     model, tok = target.model, target.tokenizer
