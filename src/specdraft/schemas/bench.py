@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 class FastestPlain(BaseModel):
     """Outside float32, plain decoding at its own R (the "x plain" baseline), beside plain at the chains' R."""
     model_config = ConfigDict(strict=True, extra="allow")
-    rows: StrictInt
-    tokens_per_s: float
+    rows: StrictInt | None = None
+    tokens_per_s: float | None = None
 
 
 class MethodResult(BaseModel):
