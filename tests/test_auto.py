@@ -215,6 +215,28 @@ def test_plain_decoding_runs_at_the_rows_this_machine_measured_cheapest(target, 
     assert m["plain"]["rows"] == 2 and m["ngram"]["rows"] == 3 and m["plain"]["identical_to_greedy"]
 
 
+def test_x_plain_is_against_the_faster_plain_run():
+    """Outside float32 plain runs at the chains' R (the tokens' reference) and at its own R: "x plain" takes the
+    faster, whichever it is, and the own-R run is kept under plain's `fastest`, not as a method of its own."""
+    from specdraft.infer.bench import FASTEST_PLAIN, over_plain
+    from specdraft.infer.speculative import Generation
+
+    def run(tps: float) -> list[list[Generation]]:             # one round, one prompt of 10 tokens
+        return [[Generation(token_ids=[1] * 10, seconds=10 / tps, target_forwards=10)]]
+
+    for reference_tps, own_tps in ((10.0, 12.5), (12.5, 10.0)):
+        results = {"plain": {"tokens_per_s": reference_tps}, "ngram": {"tokens_per_s": 15.0}}
+        runs = {"plain": run(reference_tps), FASTEST_PLAIN: run(own_tps)}
+        over_plain(results, runs, [[1] * 10], [5.0], 2)
+        assert results["plain"]["fastest"]["rows"] == 2
+        assert results["plain"]["fastest"]["tokens_per_s"] == pytest.approx(own_tps)
+        assert results["ngram"]["speedup_over_plain"] == pytest.approx(15.0 / 12.5)
+        assert set(results) == {"plain", "ngram"}
+    results = {"plain": {"tokens_per_s": 10.0}, "ngram": {"tokens_per_s": 15.0}}
+    over_plain(results, {"plain": run(10.0)}, [[1] * 10], [5.0], None)          # float32: one plain run
+    assert "fastest" not in results["plain"] and results["ngram"]["speedup_over_plain"] == pytest.approx(1.5)
+
+
 def test_compute_dtype_auto_in_bench_and_the_bf16_reference_is_plain_decoding(tiny_target, tmp_path, monkeypatch):
     """--compute-dtype auto: float32 where timing is off (the suite); where bf16 measures faster, bench runs
     bf16 and adds plain decoding at the chain's R as the lossless reference. There plain slowed to the chain's R
