@@ -230,6 +230,8 @@ def test_x_plain_is_against_the_faster_plain_run():
         over_plain(results, runs, [[1] * 10], [5.0], 2)
         assert results["plain"]["fastest"]["rows"] == 2
         assert results["plain"]["fastest"]["tokens_per_s"] == pytest.approx(own_tps)
+        assert results["plain"]["fastest"]["speedup_over_plain"] == pytest.approx(own_tps / 12.5)
+        assert results["plain"]["fastest"]["speedup"] == pytest.approx(own_tps / 5.0)
         assert results["ngram"]["speedup_over_plain"] == pytest.approx(15.0 / 12.5)
         assert set(results) == {"plain", "ngram"}
     results = {"plain": {"tokens_per_s": 10.0}, "ngram": {"tokens_per_s": 15.0}}

@@ -202,13 +202,14 @@ def over_plain(results: dict, runs: dict, reference: list[list[int]], greedy_tps
                fastest_rows: int | None) -> None:
     """What drafting adds over the same loop with no drafter: each method's `speedup_over_plain`, against plain
     decoding's faster run (outside float32 also its own-R run, kept as plain's `fastest`)."""
-    if FASTEST_PLAIN in runs:
-        own = summarize_rounds(FASTEST_PLAIN, runs[FASTEST_PLAIN], reference, greedy_tps)
-        results["plain"]["fastest"] = {"rows": fastest_rows, "tokens_per_s": own["tokens_per_s"],
-                                       "tokens_per_s_spread": own["tokens_per_s_spread"]}
-    plain = max(results["plain"]["tokens_per_s"], results["plain"].get("fastest", {}).get("tokens_per_s", 0.0))
+    own = summarize_rounds(FASTEST_PLAIN, runs[FASTEST_PLAIN], reference, greedy_tps) if FASTEST_PLAIN in runs else None
+    plain = max(results["plain"]["tokens_per_s"], own["tokens_per_s"] if own else 0.0)
     for r in results.values():
         r["speedup_over_plain"] = r["tokens_per_s"] / plain if plain else 0.0
+    if own:
+        results["plain"]["fastest"] = {"rows": fastest_rows, "tokens_per_s": own["tokens_per_s"],
+                                       "tokens_per_s_spread": own["tokens_per_s_spread"], "speedup": own["speedup"],
+                                       "speedup_over_plain": own["tokens_per_s"] / plain if plain else 0.0}
 
 
 def round_sections(gens: list[Generation], prompts: list[list[int]], chat: Chat, context_edges, k) -> dict:

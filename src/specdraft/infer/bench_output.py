@@ -105,16 +105,10 @@ def bench_table(report: dict):
             row.append("-" if same is None else "yes" if r["identical_to_plain"] else f"no ({same}/{c['num_prompts']})")
         table.add_row(*row, *((str(r.get("drafts_cut", 0)),) if cut else ()))
         if r.get("fastest"):           # outside float32: plain at its own R, the "x plain" baseline
-            table.add_row(*fastest_plain_row(r["fastest"], report["methods"]["greedy"]["tokens_per_s"], r),
-                          *(("-",) * (len(table.columns) - 4)))
+            f = r["fastest"]
+            table.add_row(f"plain at R={f['rows']}", f"{f['tokens_per_s']:.1f}", f"{f['speedup']:.2f}x",
+                          f"{f['speedup_over_plain']:.2f}x", *(("-",) * (len(table.columns) - 4)))
     return table
-
-
-def fastest_plain_row(fastest: dict, greedy_tps: float, plain: dict) -> list[str]:
-    """The table's row of plain decoding at its own R (bench's `fastest`): method, tok/s, speedup, x plain."""
-    tps = fastest["tokens_per_s"]
-    return [f"plain at R={fastest['rows']}", f"{tps:.1f}", f"{tps / greedy_tps:.2f}x" if greedy_tps else "-",
-            f"{tps / max(tps, plain['tokens_per_s']):.2f}x"]
 
 
 def print_report(report: dict, as_json: bool) -> None:

@@ -11,6 +11,8 @@ class FastestPlain(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     rows: StrictInt | None = None
     tokens_per_s: float | None = None
+    speedup: float | None = None                  # over transformers' greedy generate
+    speedup_over_plain: float | None = None       # 1.0 where it is the baseline
 
 
 class MethodResult(BaseModel):
