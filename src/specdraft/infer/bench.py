@@ -140,10 +140,7 @@ def bench(target, drafter, conversations: list[list[dict]], method_names: list[s
     eos = eos_ids_of(model, tok)
     chat = chat or Chat(tok, sorted(eos))
     prompts = [prompt_ids(tok, c, chat.kwargs) for c in conversations]
-    names = ["greedy"] + [n for n in method_names if n != "greedy"]   # greedy is the reference
-    not_fp32 = next(model.parameters()).dtype != torch.float32
-    if (rows or (chain_rows and not_fp32)) and "plain" not in names:  # ... and plain, at the same rows
-        names.append("plain")
+    names = bench_names(method_names, rows, chain_rows, next(model.parameters()).dtype != torch.float32)
     methods = build_methods(names, drafter, k, tree, ngram_max, ngram_min, draft_stop, ngram_k, datastore, hybrid_tree)
     assign_rows(methods, rows, chain_rows, plain_rows)
     if fastest_plain_rows and "plain" in names and not rows:          # the speed baseline at plain's own R
@@ -263,12 +260,20 @@ def plain_rows_of(target, names: list[str], choice, ids: list[int], rows: int | 
     return plain_rows(target.model, len(ids))[0]
 
 
+def bench_names(method_names: list[str], rows: int | None, chain_rows: int | None, not_fp32: bool) -> list[str]:
+    """The methods bench() reports: greedy first (the reference), and plain at the same rows where rows are given,
+    or chain rows outside float32 (plain is then the lossless reference)."""
+    names = ["greedy"] + [n for n in method_names if n != "greedy"]
+    if (rows or (chain_rows and not_fp32)) and "plain" not in names:
+        names.append("plain")
+    return names
+
+
 def methods_run(names: list[str], shapes: dict, rows: int | None, dtype: str) -> int:
-    """How many methods bench() runs per prompt and round (its progress total): greedy, plain where bench() adds it,
-    and plain's own-R run outside float32."""
-    runs_plain = "plain" in names or bool(rows) or bool(shapes["chain_rows"] and dtype != "float32")
-    own = runs_plain and bool(shapes.get("fastest_plain_rows")) and not rows
-    return len(set(names) | {"greedy"} | ({"plain"} if runs_plain else set())) + own
+    """How many methods bench() runs per prompt and round (its progress total): bench_names, and plain's own-R run
+    outside float32."""
+    reported = bench_names(names, rows, shapes["chain_rows"], dtype != "float32")
+    return len(set(reported)) + bool(shapes.get("fastest_plain_rows") and "plain" in reported and not rows)
 
 
 def run_bench(model: str, drafter: str | None, prompts: str, methods: str, max_new_tokens: int,
